@@ -1,0 +1,27 @@
+# The README's commands. Each target installs what it needs first (scripts/setup.sh).
+PY := .venv/bin/python
+
+.PHONY: setup test run bench lint clean
+
+setup:
+	@bash scripts/setup.sh
+
+## Run the test suite against real redis-server and Azurite (started by the tests).
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## Run the daemon with a throw-away local redis-server (Ctrl-C / SIGTERM stops both).
+run: setup
+	$(PY) scripts/run_local.py
+
+## Benchmarks; results go to bench/results/.
+bench: setup
+	$(PY) bench/ingest.py
+
+lint: setup
+	.venv/bin/ruff check sidecar spark_bridge tests bench scripts
+	.venv/bin/ruff format --check sidecar spark_bridge tests bench scripts
+	.venv/bin/mypy
+
+clean:
+	rm -rf .venv .tools .pytest_cache .mypy_cache .ruff_cache

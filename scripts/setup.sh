@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Prepare a fresh machine for `make test`, `make run`, `make bench`:
+#   - .venv/ with this package and its test dependencies
+#   - redis-server (Debian package, when missing and running as root)
+#   - Node.js + the Azure Storage emulator Azurite, pinned, in .tools/azurite
+# Idempotent and quick when everything is already there (stamp files).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+AZURITE_VERSION="3.37.0"
+PYTHON="${PYTHON:-python3}"
+VENV=".venv"
+TOOLS=".tools"
+
+log() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+APT_UPDATED=""
+apt_install() {
+    # Install Debian packages when we can; otherwise say exactly what to do.
+    if [ "$(id -u)" != "0" ] || ! command -v apt-get >/dev/null 2>&1; then
+        die "missing: $*. Install it (Debian/Ubuntu: 'sudo apt-get install -y $*') and re-run."
+    fi
+    if [ -z "$APT_UPDATED" ]; then
+        log "apt-get update"
+        apt-get update -qq >/dev/null
+        APT_UPDATED=1
+    fi
+    log "apt-get install $*"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# --- Python --------------------------------------------------------------------------
+"$PYTHON" - <<'PY' || die "Python >= 3.11 is required (found $("$PYTHON" --version 2>&1)); set PYTHON=/path/to/python3.11"
+import sys
+sys.exit(0 if sys.version_info >= (3, 11) else 1)
+PY
+stamp="$VENV/.installed"
+if [ ! -x "$VENV/bin/python" ]; then
+    log "creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    log "installing the package and test dependencies into $VENV"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test,dev]'
+    touch "$stamp"
+fi
+
+# --- redis-server -----------------------------------------------------------------------
+if ! command -v redis-server >/dev/null 2>&1; then
+    apt_install redis-server
+    # The Debian package starts a system-wide instance; tests start their own on free ports.
+fi
+log "redis-server: $(redis-server --version | awk '{print $3}')"
+
+# --- Azurite (Azure Storage emulator) ----------------------------------------------------
+if ! command -v npm >/dev/null 2>&1; then
+    apt_install nodejs npm
+fi
+azurite_dir="$TOOLS/azurite"
+azurite_stamp="$azurite_dir/.version"
+if [ "$(cat "$azurite_stamp" 2>/dev/null)" != "$AZURITE_VERSION" ]; then
+    log "installing azurite@$AZURITE_VERSION into $azurite_dir"
+    mkdir -p "$azurite_dir"
+    npm install --silent --no-audit --no-fund --prefix "$azurite_dir" "azurite@$AZURITE_VERSION" >/dev/null
+    echo "$AZURITE_VERSION" > "$azurite_stamp"
+fi
+log "azurite: $AZURITE_VERSION ($azurite_dir/node_modules/.bin/azurite-blob)"
+log "ready"

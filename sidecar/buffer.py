@@ -1,0 +1,226 @@
+"""The Redis buffer: latest checkpoint per query, applied atomically and never backwards.
+
+Invariant: a query's stored ``batch_id`` only grows. The comparison and the write happen in
+one Lua script, so concurrent connections (or two daemons) cannot interleave into a
+regression. Batch ids are compared as canonical decimal strings, exact beyond 2**53.
+
+The daemon acknowledges an update only after the script that stored it has returned, and
+concurrent updates are coalesced by :class:`WriteCoalescer` into one script call (one Redis
+round trip) per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import anyio
+import redis.asyncio as aioredis
+import redis.exceptions as rex
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from sidecar import checkpoint as ckpt
+from sidecar.checkpoint import Checkpoint
+from sidecar.config import redact_url
+from sidecar.errors import BufferError_, BufferUnavailable
+from sidecar.keys import Keys
+
+log = logging.getLogger(__name__)
+
+# KEYS[1] pending zset, KEYS[2] queries set, KEYS[2+i] hash of update i.
+# ARGV[3i-2], ARGV[3i-1], ARGV[3i]: query id, batch id (canonical decimal), checkpoint JSON.
+# Returns one integer per update: 1 applied, 0 stale.
+_APPLY_LUA = """
+local function newer(a, b)
+  if #a ~= #b then return #a > #b end
+  return a > b
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for i = 1, #KEYS - 2 do
+  local key = KEYS[i + 2]
+  local qid, batch = ARGV[3 * i - 2], ARGV[3 * i - 1]
+  local cur = redis.call('HGET', key, 'batch_id')
+  if cur and not newer(batch, cur) then
+    out[i] = 0
+  else
+    local pending = redis.call('HINCRBY', key, 'pending', 1)
+    redis.call('HINCRBY', key, 'version', 1)
+    redis.call('HSET', key, 'batch_id', batch, 'checkpoint', ARGV[3 * i], 'updated_ms', now)
+    if pending == 1 then
+      redis.call('HSET', key, 'first_pending_ms', now)
+      redis.call('ZADD', KEYS[1], now, qid)
+    end
+    redis.call('SADD', KEYS[2], qid)
+    out[i] = 1
+  end
+end
+return out
+"""
+
+# Redis error replies that mean "not now" rather than "never".
+_TRANSIENT_REPLIES = ("LOADING", "BUSY", "READONLY", "OOM", "MISCONF", "TRYAGAIN", "CLUSTERDOWN",
+                      "MASTERDOWN", "NOREPLICAS")
+
+
+class RedisBuffer:
+    """All Redis operations of the daemon, each one round trip, errors translated.
+
+    Raises (every method):
+        BufferUnavailable: Redis is unreachable or refusing writes; nothing changed. Retry.
+        BufferError_: Redis rejected the command for a reason retrying will not fix.
+    """
+
+    def __init__(self, url: str, namespace: str, *, timeout_s: float = 2.0) -> None:
+        self.keys = Keys(namespace)
+        self._url = redact_url(url)
+        self._redis = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            # No client-side retries: the caller sees the failure and the client retries the
+            # request; a blind retry here could only repeat an update the script already took.
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=30,
+        )
+        self._apply = self._redis.register_script(_APPLY_LUA)
+        #: Outcome of the last Redis call (None before the first); transitions are logged once.
+        self.available: bool | None = None
+
+    @property
+    def url(self) -> str:
+        """The Redis URL with any password redacted."""
+        return self._url
+
+    def _mark(self, available: bool, detail: str = "") -> None:
+        if available != self.available:
+            if available:
+                log.info("Redis at %s is reachable", self._url)
+            else:
+                log.warning("Redis at %s is unavailable: %s", self._url, detail)
+        self.available = available
+
+    @contextmanager
+    def _translate(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
+            self._mark(False, str(exc))
+            raise BufferUnavailable(
+                f"Redis at {self._url} is unreachable during {what} ({exc}); nothing was "
+                "stored, retry — the daemon reconnects by itself when Redis is back"
+            ) from exc
+        except rex.ResponseError as exc:
+            if str(exc).startswith(_TRANSIENT_REPLIES):
+                self._mark(False, str(exc))
+                raise BufferUnavailable(
+                    f"Redis at {self._url} refused {what}: {exc}; retry later"
+                ) from exc
+            raise BufferError_(f"Redis at {self._url} rejected {what}: {exc}") from exc
+        self._mark(True)
+
+    async def ping(self) -> None:
+        with self._translate("PING"):
+            await self._redis.ping()
+
+    async def apply(self, checkpoints: Sequence[Checkpoint]) -> list[bool]:
+        """Store each checkpoint unless its query already holds that batch or a newer one.
+
+        Updates are applied in order, so a later update of the same query in the same call
+        sees the earlier one. Returns, per update, True when applied and False when stale.
+        """
+        if not checkpoints:
+            return []
+        keys = [self.keys.pending, self.keys.queries]
+        args: list[str | bytes] = []
+        for c in checkpoints:
+            keys.append(self.keys.query(c.query_id))
+            args += (c.query_id, str(c.batch_id), ckpt.encode(c))
+        with self._translate("apply"):
+            result = await self._apply(keys=keys, args=args)
+        return [bool(r) for r in result]
+
+    async def get(self, query_id: str) -> bytes | None:
+        """The stored checkpoint JSON of ``query_id``, or None when the query is unknown."""
+        with self._translate("get"):
+            value: bytes | None = await self._redis.hget(self.keys.query(query_id), "checkpoint")
+        return value
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+
+class _Slot:
+    """Where the coalescer puts one update's outcome; the submitter waits on it."""
+
+    __slots__ = ("done", "error", "result")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.result = False
+        self.error: BaseException | None = None
+
+    async def wait(self) -> bool:
+        """True when applied, False when stale; raises the buffer's error otherwise."""
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class WriteCoalescer:
+    """Coalesce concurrent updates from all connections into one Redis round trip.
+
+    Submissions go through a bounded stream (``max_queued``): when Redis is slow the
+    submitters wait, which stops their connections from reading — backpressure reaches the
+    clients instead of growing memory. One task drains whatever is queued, up to
+    ``max_batch``, and applies it with a single script call.
+    """
+
+    def __init__(self, buffer: RedisBuffer, *, max_batch: int = 256, max_queued: int = 4096):
+        self._buffer = buffer
+        self._max_batch = max_batch
+        self._send: MemoryObjectSendStream[tuple[Checkpoint, _Slot]]
+        self._recv: MemoryObjectReceiveStream[tuple[Checkpoint, _Slot]]
+        self._send, self._recv = anyio.create_memory_object_stream(max_queued)
+
+    @property
+    def queued(self) -> int:
+        """Updates waiting for their round trip (for the fill-level gauge)."""
+        return self._send.statistics().current_buffer_used
+
+    async def submit(self, checkpoint: Checkpoint) -> _Slot:
+        """Queue one update; await the returned slot's ``wait()`` for its outcome."""
+        slot = _Slot()
+        await self._send.send((checkpoint, slot))
+        return slot
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        async with self._recv:
+            async for first in self._recv:
+                batch = [first]
+                while len(batch) < self._max_batch:
+                    try:
+                        batch.append(self._recv.receive_nowait())
+                    except anyio.WouldBlock:
+                        break
+                await self._flush(batch)
+
+    async def _flush(self, batch: list[tuple[Checkpoint, _Slot]]) -> None:
+        try:
+            results = await self._buffer.apply([c for c, _ in batch])
+        except Exception as exc:  # every submitter gets the error; none is left waiting
+            for _, slot in batch:
+                slot.error = exc
+                slot.done.set()
+            return
+        for (_, slot), applied in zip(batch, results, strict=True):
+            slot.result = applied
+            slot.done.set()
+

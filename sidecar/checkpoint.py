@@ -1,0 +1,107 @@
+"""The checkpoint record: what the daemon keeps per streaming query. Pure, no I/O.
+
+A checkpoint is derived from one Spark ``StreamingQueryProgress`` (as serialized by
+``StreamingQueryProgress.json``): the query's identity, the finished micro-batch id, and for
+each source its offsets *as JSON values* (numbers for the rate source, objects such as
+``{"topic": {"0": 42}}`` for Kafka, or null). Spark's ``endOffset`` is the next offset to
+read, so resuming from it neither skips nor repeats the batch.
+
+Ordering rule: a query's checkpoint only moves forward. Spark keeps a query's ``id`` across
+restarts from the same checkpoint directory (``runId`` changes on every start), and batch
+ids grow by one per finished micro-batch, so "newer" means "greater ``batch_id`` for the same
+query id". The rule is enforced atomically in Redis (see ``sidecar.buffer``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+#: Longest accepted query id / run id. Spark uses UUIDs (36 characters).
+MAX_ID_CHARS = 256
+
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+BatchId = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class SparkSourceProgress(msgspec.Struct, rename="camel"):
+    """One entry of ``StreamingQueryProgress.sources`` (fields we do not use are ignored)."""
+
+    description: str
+    start_offset: Any = None
+    end_offset: Any = None
+    latest_offset: Any = None
+    num_input_rows: int | None = None
+
+
+class SparkProgress(msgspec.Struct, rename="camel"):
+    """The parts of Spark's ``StreamingQueryProgress`` JSON that a checkpoint needs."""
+
+    id: Id
+    run_id: Id
+    batch_id: BatchId
+    timestamp: str
+    sources: list[SparkSourceProgress]
+    name: str | None = None
+
+
+class SourceOffsets(msgspec.Struct, frozen=True):
+    """A source's offsets after one micro-batch, as the JSON values Spark reported."""
+
+    description: str
+    start_offset: Any
+    end_offset: Any
+    latest_offset: Any
+    num_input_rows: int | None = None
+
+
+class Checkpoint(msgspec.Struct, frozen=True):
+    """The latest known position of one streaming query."""
+
+    query_id: str
+    run_id: str
+    name: str | None
+    batch_id: int
+    timestamp: str
+    sources: list[SourceOffsets]
+
+    @property
+    def label(self) -> str:
+        """How the query is named in logs and metrics: its name, or its id when unnamed."""
+        return self.name or self.query_id
+
+
+def from_progress(progress: SparkProgress) -> Checkpoint:
+    """Build the checkpoint record for a validated Spark progress event."""
+    return Checkpoint(
+        query_id=progress.id,
+        run_id=progress.run_id,
+        name=progress.name,
+        batch_id=progress.batch_id,
+        timestamp=progress.timestamp,
+        sources=[
+            SourceOffsets(
+                description=s.description,
+                start_offset=s.start_offset,
+                end_offset=s.end_offset,
+                latest_offset=s.latest_offset,
+                num_input_rows=s.num_input_rows,
+            )
+            for s in progress.sources
+        ],
+    )
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Checkpoint)
+
+
+def encode(checkpoint: Checkpoint) -> bytes:
+    """Serialize a checkpoint to compact JSON (the form stored in Redis)."""
+    return _encoder.encode(checkpoint)
+
+
+def decode(data: bytes) -> Checkpoint:
+    """Parse a checkpoint previously produced by :func:`encode`."""
+    return _decoder.decode(data)

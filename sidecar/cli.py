@@ -1,0 +1,119 @@
+"""Command line: ``checkpoint-sidecar run`` (the daemon) and helpers.
+
+Exit codes: 0 clean stop, 1 runtime failure, 2 bad configuration or usage, 130 forced stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import anyio
+
+from sidecar import __version__
+from sidecar.app import Daemon
+from sidecar.config import Config
+from sidecar.errors import ConfigError, SidecarError
+
+log = logging.getLogger("sidecar")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FORCED = 0, 1, 2, 130
+
+
+def _add_settings(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "settings", "each flag overrides its environment variable; validated at start"
+    )
+    for f in Config.settings():
+        default = f.default
+        if f.name == "socket_mode":
+            default = f"{default:o}"
+        group.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            dest=f.name,
+            metavar=f.metadata["env"],
+            help=f"{f.metadata['help']} (default: {default})",
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="checkpoint-sidecar",
+        description="Sidecar daemon beside a Spark driver: receives each finished micro-batch's "
+        "offsets on a local socket and buffers them in Redis.",
+        epilog="Configuration comes from SIDECAR_* environment variables; "
+        "'checkpoint-sidecar run --help' lists them.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser(
+        "run", help="run the daemon until SIGTERM/SIGINT",
+        description="Run the daemon. SIGTERM or SIGINT stops it gracefully (stop accepting, "
+        "answer what was read, close Redis); a second signal forces exit.",
+    )
+    _add_settings(run)
+    show = sub.add_parser("config", help="print the effective configuration (secrets redacted)")
+    _add_settings(show)
+    return parser
+
+
+def _config_from(args: argparse.Namespace) -> Config:
+    overrides = {f.name: getattr(args, f.name) for f in Config.settings()}
+    return Config.from_env(os.environ, overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = _config_from(args)
+    except ConfigError as exc:
+        print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=config.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if args.command == "config":
+        for f in Config.settings():
+            print(f"{f.metadata['env']}={getattr(config, f.name) if not f.metadata.get('secret') else '(set)'}")
+        return EXIT_OK
+    if "SIDECAR_NAMESPACE" not in os.environ and args.namespace is None:
+        log.warning("SIDECAR_NAMESPACE is not set; using %r. Set one per Spark application "
+                    "when several share a Redis", config.namespace)
+    try:
+        return anyio.run(_run, config)
+    except SidecarError as exc:
+        log.error("%s", exc)
+        return EXIT_FAILURE
+
+
+async def _run(config: Config) -> int:
+    daemon = Daemon(config)
+    forced = False
+
+    async def watch_signals(scope: anyio.CancelScope) -> None:
+        nonlocal forced
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if not daemon_stopping.is_set():
+                    log.info("received %s: stopping gracefully (send it again to force)",
+                             signal.Signals(signum).name)
+                    daemon_stopping.set()
+                    daemon.request_stop()
+                else:
+                    log.warning("received %s again: forcing exit", signal.Signals(signum).name)
+                    forced = True
+                    scope.cancel()
+                    return
+
+    daemon_stopping = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch_signals, tg.cancel_scope)
+        await daemon.run()
+        tg.cancel_scope.cancel()
+    return EXIT_FORCED if forced else EXIT_OK

@@ -1,0 +1,199 @@
+"""Configuration: one typed, validated object built once at the edge.
+
+Every setting has an environment variable (the daemon runs in containers) and an equivalent
+``checkpoint-sidecar run`` flag; a flag wins over the environment. Values are validated when
+the :class:`Config` is built, so a bad value stops the daemon at start with a message that
+names the variable and what it accepts. Unknown ``SIDECAR_*`` variables are refused (a typo
+must not silently fall back to a default), except the ``SIDECAR_SERVICE_*``/``SIDECAR_PORT*``
+variables Kubernetes injects for a Service named ``sidecar``. Secrets are redacted in ``repr``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from sidecar.errors import ConfigError
+
+ENV_PREFIX = "SIDECAR_"
+# Variables Kubernetes adds for a Service named "sidecar" (docker-link style service env).
+_K8S_SERVICE_ENV = re.compile(r"^SIDECAR_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\w+)?)$")
+# A namespace goes inside a Redis hash tag and a blob prefix: keep it to a safe alphabet.
+_NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def _setting(env: str, help: str, parse: Callable[[str], Any], default: Any, **kw: Any) -> Any:
+    return field(default=default, metadata={"env": env, "help": help, "parse": parse, **kw})
+
+
+def _int(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if not lo <= value <= hi:
+            raise ValueError(f"must be between {lo} and {hi}")
+        return value
+
+    return parse
+
+
+def _float(lo: float, hi: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = float(text)
+        if not lo <= value <= hi:
+            raise ValueError(f"must be between {lo} and {hi}")
+        return value
+
+    return parse
+
+
+def _optional_port(text: str) -> int | None:
+    return None if text.strip() in ("", "0", "off", "none") else _int(1, 65535)(text)
+
+
+def _mode(text: str) -> int:
+    value = int(text, 8)
+    if value & ~0o777:
+        raise ValueError("must be a permission mode in octal, e.g. 600 or 660")
+    return value
+
+
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
+    return level
+
+
+def _namespace(text: str) -> str:
+    if not _NAMESPACE.match(text):
+        raise ValueError("must be 1-64 characters of A-Z a-z 0-9 . _ - (starting alphanumeric)")
+    return text
+
+
+def _redis_url(text: str) -> str:
+    if urlsplit(text).scheme not in ("redis", "rediss", "unix"):
+        raise ValueError("must be a redis://, rediss:// or unix:// URL")
+    return text
+
+
+def _loopback(text: str) -> str:
+    try:
+        if not ipaddress.ip_address(text).is_loopback:
+            raise ValueError("must be a loopback address (127.0.0.0/8 or ::1)")
+    except ValueError as exc:
+        raise ValueError(f"must be a loopback IP address: {exc}") from None
+    return text
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` with any password replaced by ``***`` (safe for logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:" if parts.username else ":"
+    return urlunsplit(parts._replace(netloc=f"{user}***@{netloc}"))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Config:
+    """All daemon settings. Build with :meth:`from_env`; fields are validated values."""
+
+    socket_path: str = _setting(
+        "SIDECAR_SOCKET_PATH", "Unix socket the Spark listener connects to",
+        str, "/tmp/checkpoint-sidecar.sock",
+    )
+    socket_mode: int = _setting(
+        "SIDECAR_SOCKET_MODE", "permission bits of the socket file, octal (660 to share with a group)",
+        _mode, 0o600,
+    )
+    tcp_port: int | None = _setting(
+        "SIDECAR_TCP_PORT", "also listen on this TCP port on a loopback address (0/unset: off)",
+        _optional_port, None,
+    )
+    tcp_host: str = _setting(
+        "SIDECAR_TCP_HOST", "loopback address for the optional TCP listener", _loopback, "127.0.0.1"
+    )
+    redis_url: str = _setting(
+        "SIDECAR_REDIS_URL", "Redis holding the offset buffer (password is never logged)",
+        _redis_url, "redis://127.0.0.1:6379/0", secret=True,
+    )
+    namespace: str = _setting(
+        "SIDECAR_NAMESPACE", "isolates one Spark application's keys and blobs",
+        _namespace, "default",
+    )
+    metrics_host: str = _setting(
+        "SIDECAR_METRICS_HOST", "address for /metrics, /healthz, /readyz", str, "0.0.0.0"
+    )
+    metrics_port: int = _setting(
+        "SIDECAR_METRICS_PORT", "port for /metrics, /healthz, /readyz (0: pick a free one)",
+        _int(0, 65535), 9400,
+    )
+    max_frame_bytes: int = _setting(
+        "SIDECAR_MAX_FRAME_BYTES", "largest accepted request line, in bytes",
+        _int(1024, 64 * 1024 * 1024), 1024 * 1024,
+    )
+    redis_timeout_s: float = _setting(
+        "SIDECAR_REDIS_TIMEOUT_S", "timeout of one Redis call, seconds", _float(0.05, 60), 2.0
+    )
+    shutdown_grace_s: float = _setting(
+        "SIDECAR_SHUTDOWN_GRACE_S", "time allowed for a graceful stop, seconds",
+        _float(0.1, 3600), 20.0,
+    )
+    log_level: str = _setting(
+        "SIDECAR_LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR", _log_level, "INFO"
+    )
+
+    def __repr__(self) -> str:
+        shown = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata.get("secret"):
+                value = redact_url(value)
+            shown.append(f"{f.name}={value!r}")
+        return f"Config({', '.join(shown)})"
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str], overrides: Mapping[str, str | None] | None = None
+    ) -> Config:
+        """Build from environment variables, then ``overrides`` (CLI flags, by field name).
+
+        Raises:
+            ConfigError: naming every invalid or unknown setting at once.
+        """
+        known = {f.metadata["env"]: f for f in dataclasses.fields(cls)}
+        problems: list[str] = []
+        for name in sorted(env):
+            if name.startswith(ENV_PREFIX) and name not in known and not _K8S_SERVICE_ENV.match(name):
+                hint = difflib.get_close_matches(name, known, n=1)
+                problems.append(
+                    f"{name}: unknown setting" + (f" (did you mean {hint[0]}?)" if hint else "")
+                )
+        values: dict[str, Any] = {}
+        for env_name, f in known.items():
+            raw = (overrides or {}).get(f.name)
+            source = f"--{f.name.replace('_', '-')}"
+            if raw is None:
+                raw, source = env.get(env_name), env_name
+            if raw is None:
+                continue
+            try:
+                values[f.name] = f.metadata["parse"](raw)
+            except ValueError as exc:
+                shown = "(hidden)" if f.metadata.get("secret") else repr(raw)
+                problems.append(f"{source}={shown}: {exc}")
+        if problems:
+            raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+        return cls(**values)
+
+    @classmethod
+    def settings(cls) -> list[dataclasses.Field[Any]]:
+        """The settings with their metadata (env, help, default), for ``--help`` and docs."""
+        return list(dataclasses.fields(cls))

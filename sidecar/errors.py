@@ -1,0 +1,39 @@
+"""The daemon's own exception hierarchy.
+
+SDK exceptions are translated at each edge (Redis in ``buffer``, Azure in ``blobstore``) so
+the rest of the code reads one attribute, ``retriable``, to decide whether to try again.
+Messages say what happened and what to do next.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class SidecarError(Exception):
+    """Base class for every error the daemon raises on purpose."""
+
+    retriable: ClassVar[bool] = False
+    #: Machine-readable code used when the error reaches a client as an error reply.
+    code: ClassVar[str] = "internal"
+
+
+class ConfigError(SidecarError):
+    """Configuration is invalid; the message names the setting and the accepted values."""
+
+
+class SocketInUse(SidecarError):
+    """Another live process is serving the configured socket path."""
+
+
+class BufferUnavailable(SidecarError):
+    """Redis cannot be reached (or is refusing writes); nothing was stored. Retry later."""
+
+    retriable = True
+    code = "unavailable"
+
+
+class BufferError_(SidecarError):
+    """Redis answered with an error that retrying will not fix (a bug or a misconfiguration)."""
+
+    code = "internal"

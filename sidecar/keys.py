@@ -1,0 +1,47 @@
+"""Every Redis key the daemon uses, in one place.
+
+All keys of one namespace share the hash tag ``{<namespace>}``, so they live in one Redis
+Cluster slot and every Lua script can touch all of them atomically. One namespace is one
+Spark application (one sidecar), so a slot per namespace spreads well across a cluster.
+
+    cps:{<ns>}:q:<query_id>   hash   latest checkpoint and flush bookkeeping of one query
+                                     batch_id          canonical decimal batch id
+                                     checkpoint        checkpoint JSON (sidecar.checkpoint)
+                                     version           +1 on every applied update
+                                     pending           applied updates since the last flush
+                                     first_pending_ms  Redis time of the oldest unflushed one
+                                     updated_ms        Redis time of the newest applied one
+    cps:{<ns>}:pending        zset   query ids with pending updates, scored by first_pending_ms
+    cps:{<ns>}:queries        set    every query id ever seen in the namespace
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "cps"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key names for one namespace (validated by ``sidecar.config``: no braces inside)."""
+
+    namespace: str
+
+    @property
+    def _base(self) -> str:
+        return f"{PREFIX}:{{{self.namespace}}}"
+
+    def query(self, query_id: str) -> str:
+        """Hash holding one query's latest checkpoint and its flush bookkeeping."""
+        return f"{self._base}:q:{query_id}"
+
+    @property
+    def pending(self) -> str:
+        """Sorted set of query ids with unflushed updates, scored by first_pending_ms."""
+        return f"{self._base}:pending"
+
+    @property
+    def queries(self) -> str:
+        """Set of every query id seen in the namespace."""
+        return f"{self._base}:queries"

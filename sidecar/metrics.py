@@ -1,0 +1,64 @@
+"""Prometheus metrics. Names and labels are part of the contract dashboards rely on.
+
+Each daemon owns its registry (tests run several daemons in one process). Label values come
+from closed sets (results, error codes), so cardinality stays bounded.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from sidecar import __version__
+from sidecar.protocol import ErrorCode
+
+UPDATE_RESULTS = ("applied", "stale", "rejected")
+
+# Acks are a local socket plus one Redis round trip: sub-millisecond when healthy, seconds
+# only when Redis is struggling (the Redis timeout caps the tail).
+ACK_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class Metrics:
+    """The daemon's metrics, registered on ``registry`` (a fresh one by default)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.updates = Counter(
+            "checkpoint_sidecar_updates",
+            "Progress updates received, by result: applied (stored), stale (batch not newer "
+            "than the stored one), rejected (invalid, or not stored because Redis failed)",
+            ["result"],
+            registry=r,
+        )
+        self.ack_seconds = Histogram(
+            "checkpoint_sidecar_ack_seconds",
+            "Time from reading a progress request to its reply being ready, seconds",
+            buckets=ACK_BUCKETS,
+            registry=r,
+        )
+        self.connections = Gauge(
+            "checkpoint_sidecar_connections", "Open client connections", registry=r
+        )
+        self.bad_requests = Counter(
+            "checkpoint_sidecar_bad_requests",
+            "Requests answered with an error, by error code",
+            ["code"],
+            registry=r,
+        )
+        self.buffer_queue = Gauge(
+            "checkpoint_sidecar_buffer_queue",
+            "Updates waiting for their Redis round trip (bounded; full means backpressure)",
+            registry=r,
+        )
+        self.redis_up = Gauge(
+            "checkpoint_sidecar_redis_up", "1 when the last Redis call succeeded", registry=r
+        )
+        Info("checkpoint_sidecar_build", "Version of the daemon", registry=r).info(
+            {"version": __version__}
+        )
+        # Export every known series from the start, so rate() and alerts see a 0, not a gap.
+        for result in UPDATE_RESULTS:
+            self.updates.labels(result)
+        for code in ErrorCode:
+            self.bad_requests.labels(code.value)

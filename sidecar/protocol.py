@@ -1,0 +1,303 @@
+"""The socket protocol between the Spark listener and the daemon. Sans-IO.
+
+This module turns bytes into typed events and events into bytes. It never touches a socket,
+never awaits and imports no event loop, so the daemon's async server (``sidecar.server``)
+and the synchronous Spark-side client (``spark_bridge``) drive the very same code.
+
+Framing: newline-delimited JSON. One request object per line (``\\n``-terminated, a trailing
+``\\r`` is tolerated, empty lines are ignored), one reply line per request, in request order.
+Requests may carry ``"id"`` (string, integer or null), echoed in the reply.
+
+Requests::
+
+    {"op": "progress", "id": 1, "progress": {...Spark StreamingQueryProgress JSON...}}
+    {"op": "get", "id": 2, "query_id": "…"}
+    {"op": "ping", "id": 3}
+
+Replies::
+
+    {"id": 1, "ok": true, "applied": true}        # stored in Redis (false: stale batch)
+    {"id": 2, "ok": true, "checkpoint": {...} | null}
+    {"id": 3, "ok": true}
+    {"id": …, "ok": false, "error": {"code": "bad_json", "message": "…"}}
+
+A bad line gets an error reply and the connection stays usable. A frame longer than the
+limit is fatal: the error is sent and the connection is closed, never resynchronised
+(there is no way to know where the oversized frame really ends).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from sidecar.checkpoint import Checkpoint, SparkProgress, from_progress
+
+#: Default cap on one request line, newline excluded. A Spark progress event for a Kafka
+#: source with a few thousand partitions is ~100-300 KiB; 1 MiB leaves room and still bounds
+#: what one connection can make the daemon hold in memory before it sees a newline.
+MAX_FRAME_BYTES = 1024 * 1024
+
+RequestId = str | int | None
+
+
+class ErrorCode(enum.StrEnum):
+    """Stable, machine-readable error codes (part of the protocol contract)."""
+
+    BAD_JSON = "bad_json"  # the line is not JSON (or not UTF-8)
+    BAD_REQUEST = "bad_request"  # JSON, but not a valid request of its op
+    UNKNOWN_OP = "unknown_op"  # "op" is missing from the known set
+    FRAME_TOO_LARGE = "frame_too_large"  # line over the limit; the connection is closed
+    UNAVAILABLE = "unavailable"  # Redis unreachable; nothing stored; retry
+    SHUTTING_DOWN = "shutting_down"  # the daemon is stopping; retry against the next one
+    INTERNAL = "internal"  # a bug; the message says what failed
+
+
+# --- events ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    id: RequestId
+
+
+@dataclass(frozen=True, slots=True)
+class Get:
+    id: RequestId
+    query_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    id: RequestId
+    checkpoint: Checkpoint
+
+
+@dataclass(frozen=True, slots=True)
+class BadRequest:
+    """A line that could not be turned into a request; answer it with an error reply."""
+
+    id: RequestId
+    code: ErrorCode
+    message: str
+    #: True when the connection must be closed after the reply (framing is lost).
+    fatal: bool = False
+    #: The request's op when it was a known one (so a bad "progress" counts as rejected).
+    op: str | None = None
+
+
+Request = Ping | Get | Progress
+Event = Request | BadRequest
+
+
+# --- request schema (validated in one pass by msgspec) -------------------------------------
+
+
+class _PingMsg(msgspec.Struct, tag_field="op", tag="ping"):
+    id: RequestId = None
+
+
+class _GetMsg(msgspec.Struct, tag_field="op", tag="get"):
+    query_id: str
+    id: RequestId = None
+
+
+class _ProgressMsg(msgspec.Struct, tag_field="op", tag="progress"):
+    progress: SparkProgress
+    id: RequestId = None
+
+
+_OPS = ("ping", "get", "progress")
+_request_decoder = msgspec.json.Decoder(_PingMsg | _GetMsg | _ProgressMsg)
+_any_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+
+
+def parse_request(line: bytes) -> Event:
+    """Turn one frame (without its newline) into a request or a :class:`BadRequest`."""
+    try:
+        msg = _request_decoder.decode(line)
+    except msgspec.DecodeError as exc:
+        return _diagnose(line, exc)
+    if isinstance(msg, _ProgressMsg):
+        return Progress(msg.id, from_progress(msg.progress))
+    if isinstance(msg, _GetMsg):
+        return Get(msg.id, msg.query_id)
+    return Ping(msg.id)
+
+
+def _diagnose(line: bytes, exc: msgspec.DecodeError) -> BadRequest:
+    """Slow path for bad input: find the id to echo and the most useful error code."""
+    try:
+        obj = _any_decoder.decode(line)
+    except msgspec.DecodeError as err:
+        return BadRequest(None, ErrorCode.BAD_JSON, f"not valid JSON: {err}")
+    if not isinstance(obj, dict):
+        return BadRequest(
+            None, ErrorCode.BAD_REQUEST, f"a request must be a JSON object, got {type(obj).__name__}"
+        )
+    rid = obj.get("id")
+    if isinstance(rid, bool) or not isinstance(rid, str | int | None):
+        return BadRequest(None, ErrorCode.BAD_REQUEST, '"id" must be a string, an integer or null')
+    op = obj.get("op")
+    if op is None:
+        return BadRequest(rid, ErrorCode.BAD_REQUEST, f'missing "op"; one of {", ".join(_OPS)}')
+    if op not in _OPS:
+        return BadRequest(
+            rid, ErrorCode.UNKNOWN_OP, f"unknown op {op!r}; this daemon knows {', '.join(_OPS)}"
+        )
+    return BadRequest(rid, ErrorCode.BAD_REQUEST, f"invalid {op} request: {exc}", op=op)
+
+
+# --- framing -------------------------------------------------------------------------------
+
+
+class FrameTooLarge(Exception):
+    """A frame exceeded the limit before its newline."""
+
+
+class LineFramer:
+    """Split a byte stream into newline-terminated frames, never holding more than the limit.
+
+    Incremental: a frame may arrive one byte at a time or many frames in one chunk; the
+    scan resumes where it stopped, so byte-at-a-time input stays linear.
+    """
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._max = max_frame_bytes
+        self._buf = bytearray()
+        self._scanned = 0  # bytes of _buf already known to hold no newline
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add ``data``; return the complete frames it finished (newline stripped).
+
+        Raises:
+            FrameTooLarge: a frame is longer than the limit (the framer is then unusable).
+        """
+        self._buf += data
+        frames: list[bytes] = []
+        start = 0
+        while True:
+            end = self._buf.find(b"\n", max(start, self._scanned))
+            if end < 0:
+                break
+            if end - start > self._max:
+                raise FrameTooLarge(end - start)
+            frame = bytes(self._buf[start:end]).rstrip(b"\r")
+            if frame:
+                frames.append(frame)
+            start = end + 1
+        del self._buf[:start]
+        self._scanned = len(self._buf)
+        if self._scanned > self._max:
+            raise FrameTooLarge(self._scanned)
+        return frames
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for an unfinished frame."""
+        return len(self._buf)
+
+
+class ServerConnection:
+    """The daemon's side of one connection: bytes in, events out."""
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._framer = LineFramer(max_frame_bytes)
+        self._max = max_frame_bytes
+        self.closed = False
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Feed received bytes; return the events they complete, in order.
+
+        After a fatal :class:`BadRequest` the connection is closed and further data ignored.
+        """
+        if self.closed:
+            return []
+        try:
+            frames = self._framer.feed(data)
+        except FrameTooLarge:
+            self.closed = True
+            return [
+                BadRequest(
+                    None,
+                    ErrorCode.FRAME_TOO_LARGE,
+                    f"request line exceeds {self._max} bytes without a newline; closing the "
+                    "connection (raise SIDECAR_MAX_FRAME_BYTES if such requests are legitimate)",
+                    fatal=True,
+                )
+            ]
+        return [parse_request(frame) for frame in frames]
+
+
+# --- replies ---------------------------------------------------------------------------------
+
+
+def encode_ok(rid: RequestId, **fields: Any) -> bytes:
+    """A success reply line. ``fields`` may hold :class:`msgspec.Raw` JSON to embed as is."""
+    return _encoder.encode({"id": rid, "ok": True, **fields}) + b"\n"
+
+
+def encode_error(rid: RequestId, code: ErrorCode, message: str) -> bytes:
+    """An error reply line."""
+    return (
+        _encoder.encode({"id": rid, "ok": False, "error": {"code": code, "message": message}})
+        + b"\n"
+    )
+
+
+# --- the client's side ----------------------------------------------------------------------
+
+
+class ErrorBody(msgspec.Struct, frozen=True):
+    code: str
+    message: str
+
+
+class Reply(msgspec.Struct, frozen=True):
+    """A reply as a client sees it; fields absent from the reply stay None."""
+
+    ok: bool
+    id: RequestId = None
+    applied: bool | None = None
+    checkpoint: dict[str, Any] | None = None
+    error: ErrorBody | None = None
+
+
+class ProtocolViolation(Exception):
+    """The peer sent something that is not a valid reply."""
+
+
+def encode_request(op: str, rid: RequestId = None, **fields: Any) -> bytes:
+    """A request line, e.g. ``encode_request("progress", 7, progress=json_obj)``.
+
+    A progress payload that is already JSON text may be passed as :class:`msgspec.Raw`.
+    """
+    return _encoder.encode({"op": op, "id": rid, **fields}) + b"\n"
+
+
+class ClientConnection:
+    """The client's side of one connection: reply bytes in, :class:`Reply` objects out."""
+
+    _decoder = msgspec.json.Decoder(Reply)
+
+    def __init__(self, max_frame_bytes: int = 4 * MAX_FRAME_BYTES) -> None:
+        self._framer = LineFramer(max_frame_bytes)
+
+    def receive_data(self, data: bytes) -> list[Reply]:
+        """Feed received bytes; return the replies they complete.
+
+        Raises:
+            ProtocolViolation: the daemon sent an oversized or malformed reply.
+        """
+        try:
+            frames = self._framer.feed(data)
+        except FrameTooLarge as exc:
+            raise ProtocolViolation(f"reply exceeds the frame limit ({exc} bytes)") from None
+        try:
+            return [self._decoder.decode(frame) for frame in frames]
+        except msgspec.DecodeError as exc:
+            raise ProtocolViolation(f"malformed reply: {exc}") from None

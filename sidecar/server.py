@@ -1,0 +1,223 @@
+"""The socket server: a thin I/O shell around :mod:`sidecar.protocol`.
+
+Read bytes, feed the decoder, act on the events, write the replies — all protocol rules live
+in the pure module. Per connection, every update of one read is submitted before any reply is
+awaited, so updates pipelined by one client (and those of concurrent clients) share a Redis
+round trip; replies still go out in request order. A ``get`` is answered after every earlier
+request of its connection, so a client reads its own writes.
+
+Stopping (``drain``): stop accepting, stop reading, answer what was already read, close.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from collections.abc import Sequence
+
+import anyio
+import msgspec
+from anyio.abc import ByteStream, Listener, TaskStatus
+from anyio.streams.stapled import MultiListener
+
+from sidecar.buffer import RedisBuffer, WriteCoalescer, _Slot
+from sidecar.config import Config
+from sidecar.errors import SidecarError, SocketInUse
+from sidecar.metrics import Metrics
+from sidecar.protocol import (
+    BadRequest,
+    ErrorCode,
+    Event,
+    Get,
+    Ping,
+    Progress,
+    ServerConnection,
+    encode_error,
+    encode_ok,
+)
+
+log = logging.getLogger(__name__)
+
+_GONE = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
+
+
+async def bind_unix_socket(path: str, mode: int) -> Listener[ByteStream]:
+    """Listen on ``path``: replace a stale socket file, never steal a live one.
+
+    Raises:
+        SocketInUse: another process answers on ``path``, or ``path`` is not a socket.
+    """
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise SocketInUse(
+                f"{path} exists and is not a socket; refusing to replace it. Remove it or set "
+                "SIDECAR_SOCKET_PATH to another path"
+            )
+        try:
+            probe = await anyio.connect_unix(path)
+        except OSError:
+            log.info("replacing stale socket file %s (no process listens on it)", path)
+            os.unlink(path)
+        else:
+            await probe.aclose()
+            raise SocketInUse(
+                f"another process is serving {path}; stop it first or set SIDECAR_SOCKET_PATH "
+                "to another path (two daemons must not share one socket)"
+            )
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    listener: Listener[ByteStream] = await anyio.create_unix_listener(path, mode=mode)
+    return listener
+
+
+class SocketServer:
+    """Accepts connections and answers their requests until :meth:`drain`."""
+
+    def __init__(
+        self, config: Config, buffer: RedisBuffer, coalescer: WriteCoalescer, metrics: Metrics
+    ) -> None:
+        self._config = config
+        self._buffer = buffer
+        self._coalescer = coalescer
+        self._metrics = metrics
+        self._accepting = anyio.CancelScope()
+        self._readers: set[anyio.CancelScope] = set()
+        self._stopping = False
+        self._active = 0
+        self._all_closed = anyio.Event()
+        self.bound = False
+        #: The loopback TCP port actually bound, when TCP is enabled.
+        self.tcp_port: int | None = None
+
+    @property
+    def active_connections(self) -> int:
+        return self._active
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        cfg = self._config
+        listeners: list[Listener[ByteStream]] = [
+            await bind_unix_socket(cfg.socket_path, cfg.socket_mode)
+        ]
+        inode = os.stat(cfg.socket_path).st_ino
+        if cfg.tcp_port is not None:
+            tcp = await anyio.create_tcp_listener(local_host=cfg.tcp_host, local_port=cfg.tcp_port)
+            self.tcp_port = tcp.extra(anyio.abc.SocketAttribute.local_port)
+            listeners.append(tcp)  # type: ignore[arg-type]
+        log.info(
+            "listening on unix:%s (mode %o)%s", cfg.socket_path, cfg.socket_mode,
+            f" and tcp:{cfg.tcp_host}:{self.tcp_port}" if self.tcp_port else "",
+        )
+        try:
+            async with anyio.create_task_group() as connections:
+                with self._accepting:
+                    async with MultiListener(listeners) as listener:
+                        self.bound = True
+                        task_status.started()
+                        await listener.serve(self._handle, task_group=connections)
+                self.bound = False
+                # Accepting stopped; the task group now waits for open connections to finish.
+        finally:
+            self.bound = False
+            try:  # remove the socket file only if it is still the one we bound
+                if os.stat(cfg.socket_path).st_ino == inode:
+                    os.unlink(cfg.socket_path)
+            except FileNotFoundError:
+                pass
+
+    async def drain(self) -> None:
+        """Stop accepting and reading; return once every connection has been answered."""
+        self._stopping = True
+        self._accepting.cancel()
+        for scope in list(self._readers):
+            scope.cancel()
+        if self._active:
+            log.info("waiting for %d connection(s) to receive their replies", self._active)
+            await self._all_closed.wait()
+
+    async def _handle(self, stream: ByteStream) -> None:
+        self._active += 1
+        self._metrics.connections.inc()
+        conn = ServerConnection(self._config.max_frame_bytes)
+        try:
+            async with stream:
+                while not self._stopping and not conn.closed:
+                    with anyio.CancelScope() as reading:
+                        self._readers.add(reading)
+                        if self._stopping:
+                            reading.cancel()
+                        try:
+                            data = await stream.receive()
+                        except _GONE:
+                            return
+                        finally:
+                            self._readers.discard(reading)
+                    if reading.cancelled_caught:
+                        return
+                    events = conn.receive_data(data)
+                    if not events:
+                        continue
+                    replies = await self._answer(events)
+                    try:
+                        await stream.send(replies)
+                    except _GONE:
+                        return  # the client left; what it sent is stored regardless
+        finally:
+            self._active -= 1
+            self._metrics.connections.dec()
+            if self._stopping and self._active == 0:
+                self._all_closed.set()
+
+    async def _answer(self, events: Sequence[Event]) -> bytes:
+        # Submit every update of this read first, so they share one Redis round trip.
+        staged: list[tuple[Event, _Slot | None, float]] = []
+        for event in events:
+            slot = None
+            started = time.perf_counter()
+            if isinstance(event, Progress):
+                slot = await self._coalescer.submit(event.checkpoint)
+            staged.append((event, slot, started))
+        out = bytearray()
+        for event, slot, started in staged:
+            out += await self._reply(event, slot, started)
+        return bytes(out)
+
+    async def _reply(self, event: Event, slot: _Slot | None, started: float) -> bytes:
+        m = self._metrics
+        match event:
+            case Progress(id=rid, checkpoint=c):
+                assert slot is not None
+                try:
+                    applied = await slot.wait()
+                except SidecarError as exc:
+                    m.updates.labels("rejected").inc()
+                    return encode_error(rid, ErrorCode(exc.code), str(exc))
+                except Exception:
+                    log.exception("storing update query=%s batch=%d failed", c.label, c.batch_id)
+                    m.updates.labels("rejected").inc()
+                    return encode_error(rid, ErrorCode.INTERNAL, "internal error; see daemon log")
+                m.updates.labels("applied" if applied else "stale").inc()
+                m.ack_seconds.observe(time.perf_counter() - started)
+                if not applied:
+                    log.debug("stale update query=%s batch=%d not applied", c.label, c.batch_id)
+                return encode_ok(rid, applied=applied)
+            case Get(id=rid, query_id=query_id):
+                try:
+                    raw = await self._buffer.get(query_id)
+                except SidecarError as exc:
+                    return encode_error(rid, ErrorCode(exc.code), str(exc))
+                return encode_ok(rid, checkpoint=msgspec.Raw(raw) if raw else None)
+            case Ping(id=rid):
+                return encode_ok(rid)
+            case BadRequest(id=rid, code=code, message=message, fatal=fatal, op=op):
+                m.bad_requests.labels(code.value).inc()
+                if op == "progress":
+                    m.updates.labels("rejected").inc()
+                log.log(
+                    logging.WARNING if fatal else logging.INFO,
+                    "bad request (%s): %s", code.value, message,
+                )
+                return encode_error(rid, code, message)
+        raise AssertionError(f"unhandled event {event!r}")
