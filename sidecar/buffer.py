@@ -202,7 +202,7 @@ class WriteCoalescer:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        async with self._recv:
+        async with self._send, self._recv:
             async for first in self._recv:
                 batch = [first]
                 while len(batch) < self._max_batch:

@@ -16,7 +16,7 @@ import anyio
 
 from sidecar import __version__
 from sidecar.app import Daemon
-from sidecar.config import Config
+from sidecar.config import Config, redact_url
 from sidecar.errors import ConfigError, SidecarError
 
 log = logging.getLogger("sidecar")
@@ -80,7 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.command == "config":
         for f in Config.settings():
-            print(f"{f.metadata['env']}={getattr(config, f.name) if not f.metadata.get('secret') else '(set)'}")
+            value = getattr(config, f.name)
+            print(f"{f.metadata['env']}={redact_url(value) if f.metadata.get('secret') else value}")
         return EXIT_OK
     if "SIDECAR_NAMESPACE" not in os.environ and args.namespace is None:
         log.warning("SIDECAR_NAMESPACE is not set; using %r. Set one per Spark application "

@@ -110,17 +110,22 @@ class SocketServer:
             "listening on unix:%s (mode %o)%s", cfg.socket_path, cfg.socket_mode,
             f" and tcp:{cfg.tcp_host}:{self.tcp_port}" if self.tcp_port else "",
         )
+        listener = MultiListener(listeners)
         try:
             async with anyio.create_task_group() as connections:
                 with self._accepting:
-                    async with MultiListener(listeners) as listener:
-                        self.bound = True
-                        task_status.started()
-                        await listener.serve(self._handle, task_group=connections)
+                    self.bound = True
+                    task_status.started()
+                    await listener.serve(self._handle, task_group=connections)
+                # Accepting stopped: close the listeners now, then the task group waits for
+                # the open connections to be answered.
                 self.bound = False
-                # Accepting stopped; the task group now waits for open connections to finish.
+                with anyio.CancelScope(shield=True):
+                    await listener.aclose()
         finally:
             self.bound = False
+            with anyio.CancelScope(shield=True):
+                await listener.aclose()
             try:  # remove the socket file only if it is still the one we bound
                 if os.stat(cfg.socket_path).st_ino == inode:
                     os.unlink(cfg.socket_path)

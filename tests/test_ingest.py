@@ -1,0 +1,273 @@
+"""Socket → Redis ingest against a real redis-server, daemon running in-process."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import anyio
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+
+from sidecar.config import Config
+from sidecar.keys import Keys
+from sidecar.protocol import encode_request
+from sidecar.client import SidecarClient
+from tests.helpers import metric_value, running_daemon, scrape
+from tests.sparkshapes import kafka_progress, rate_progress
+
+ConfigFactory = Callable[..., Config]
+
+
+async def stored(config: Config, query_id: str) -> dict[bytes, bytes]:
+    r = aioredis.Redis.from_url(config.redis_url)
+    try:
+        return await r.hgetall(Keys(config.namespace).query(query_id))  # type: ignore[no-any-return]
+    finally:
+        await r.aclose()
+
+
+@pytest.mark.parametrize("make_progress", [rate_progress, kafka_progress])
+async def test_progress_round_trips_through_redis(make_config: ConfigFactory, make_progress) -> None:
+    config = make_config()
+    progress = make_progress("0b7f6c9e-query", 7)
+    async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
+        reply = await c.progress(progress)
+        assert (reply.ok, reply.applied, reply.id) == (True, True, 1)
+
+        row = await stored(config, "0b7f6c9e-query")
+        assert row[b"batch_id"] == b"7"
+        assert row[b"pending"] == b"1"
+        doc = msgspec.json.decode(row[b"checkpoint"])
+        assert doc["run_id"] == progress["runId"]
+        assert [s["end_offset"] for s in doc["sources"]] == [
+            s["endOffset"] for s in progress["sources"]
+        ]
+
+        got = await c.get("0b7f6c9e-query")
+        assert got.ok and got.checkpoint is not None
+        assert got.checkpoint["batch_id"] == 7
+        assert got.checkpoint["name"] == progress["name"]
+        assert got.checkpoint["timestamp"] == progress["timestamp"]
+        for src, spark in zip(got.checkpoint["sources"], progress["sources"], strict=True):
+            assert src["description"] == spark["description"]
+            assert src["start_offset"] == spark["startOffset"]
+            assert src["end_offset"] == spark["endOffset"]
+            assert src["latest_offset"] == spark["latestOffset"]
+
+
+async def test_get_unknown_query_is_null(make_config: ConfigFactory) -> None:
+    config = make_config()
+    async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
+        reply = await c.get("never-seen")
+    assert reply.ok and reply.checkpoint is None
+
+
+async def test_stale_and_duplicate_batches_are_not_applied(make_config: ConfigFactory) -> None:
+    config = make_config()
+    async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
+        results = [(await c.progress(kafka_progress("q", b))).applied for b in (5, 5, 4, 0, 6)]
+        row = await stored(config, "q")
+    assert results == [True, False, False, False, True]
+    assert row[b"batch_id"] == b"6"
+    assert msgspec.json.decode(row[b"checkpoint"])["batch_id"] == 6
+    assert row[b"pending"] == b"2"  # only applied updates count towards the next flush
+
+
+async def test_batch_ids_beyond_double_precision_stay_ordered(make_config: ConfigFactory) -> None:
+    config = make_config()
+    big = 2**60
+    async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
+        assert (await c.progress(rate_progress("q", big + 1))).applied is True
+        # big and big+1 are the same double; a float comparison would call this "not stale"
+        # and a string comparison of unequal lengths would get 9 vs 10 wrong.
+        assert (await c.progress(rate_progress("q", big))).applied is False
+        assert (await c.progress(rate_progress("q", 9))).applied is False
+        assert (await stored(config, "q"))[b"batch_id"] == str(big + 1).encode()
+
+
+async def test_concurrent_connections_never_regress_a_query(make_config: ConfigFactory) -> None:
+    config = make_config()
+    batches = list(range(300))
+    seen: list[int] = []
+    done = anyio.Event()
+
+    async def writer(seed: int) -> None:
+        order = batches[:]
+        random.Random(seed).shuffle(order)
+        async with await SidecarClient.connect(config.socket_path) as c:
+            for start in range(0, len(order), 10):
+                chunk = order[start:start + 10]
+                replies = await c.send_many(
+                    [("progress", {"progress": rate_progress("race", b)}) for b in chunk]
+                )
+                assert all(r.ok for r in replies)
+
+    async def watcher() -> None:
+        r = aioredis.Redis.from_url(config.redis_url)
+        key = Keys(config.namespace).query("race")
+        while not done.is_set():
+            value = await r.hget(key, "batch_id")
+            if value is not None:
+                seen.append(int(value))
+            await anyio.sleep(0)
+        await r.aclose()
+
+    async with running_daemon(config):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watcher)
+            async with anyio.create_task_group() as writers:
+                for seed in range(8):
+                    writers.start_soon(writer, seed)
+            done.set()
+        row = await stored(config, "race")
+    assert row[b"batch_id"] == b"299"
+    assert seen == sorted(seen), "the stored batch id went backwards"
+    assert len(seen) > 10
+
+
+async def test_several_frames_in_one_write_and_one_frame_in_many(
+    make_config: ConfigFactory,
+) -> None:
+    config = make_config()
+    frames = b"".join(
+        encode_request("progress", i, progress=kafka_progress("q", i)) for i in range(5)
+    )
+    single = encode_request("progress", "split", progress=kafka_progress("q", 9))
+    async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
+        await c.send_raw(frames)
+        replies = await c.receive(5)
+        assert [(r.id, r.applied) for r in replies] == [(i, True) for i in range(5)]
+        for i in range(0, len(single), 7):
+            await c.send_raw(single[i:i + 7])
+            await anyio.sleep(0)
+        (reply,) = await c.receive(1)
+        assert (reply.id, reply.applied) == ("split", True)
+        assert (await stored(config, "q"))[b"batch_id"] == b"9"
+
+
+BAD_LINES = [
+    (b"{nope\n", None, "bad_json"),
+    (b"\xff\xfe\n", None, "bad_json"),
+    (b"[1,2]\n", None, "bad_request"),
+    (b'{"id":"a"}\n', "a", "bad_request"),
+    (b'{"op":"progress","id":"b","progress":{"id":"q","batchId":"x"}}\n', "b", "bad_request"),
+    (b'{"op":"get","id":"c"}\n', "c", "bad_request"),
+    (b'{"op":"flush","id":"d"}\n', "d", "unknown_op"),
+]
+
+
+async def test_bad_requests_get_errors_and_lose_nothing(make_config: ConfigFactory) -> None:
+    config = make_config()
+    async with running_daemon(config) as daemon:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(kafka_progress("q", 3))).applied
+            for line, rid, code in BAD_LINES:
+                await c.send_raw(line)
+                (reply,) = await c.receive(1)
+                assert (reply.ok, reply.id) == (False, rid)
+                assert reply.error is not None and reply.error.code == code
+                assert reply.error.message
+            # the same connection still works, and the stored update is untouched
+            assert (await c.ping()).ok
+            got = await c.get("q")
+            assert got.checkpoint is not None and got.checkpoint["batch_id"] == 3
+            assert (await c.progress(kafka_progress("q", 4))).applied
+        _, text = await anyio.to_thread.run_sync(scrape, daemon)
+    assert metric_value(text, "checkpoint_sidecar_bad_requests_total", code="bad_json") == 2
+    assert metric_value(text, "checkpoint_sidecar_bad_requests_total", code="bad_request") == 4
+    assert metric_value(text, "checkpoint_sidecar_bad_requests_total", code="unknown_op") == 1
+    assert metric_value(text, "checkpoint_sidecar_updates_total", result="rejected") == 1
+    assert metric_value(text, "checkpoint_sidecar_updates_total", result="applied") == 2
+
+
+async def test_oversized_frame_gets_error_then_close(make_config: ConfigFactory) -> None:
+    config = make_config(max_frame_bytes=4096)
+    async with running_daemon(config):
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(rate_progress("q", 1))).applied
+            await c.send_raw(b'{"op":"ping","pad":"' + b"x" * 5000)
+            (reply,) = await c.receive(1)
+            assert reply.error is not None and reply.error.code == "frame_too_large"
+            with pytest.raises(anyio.EndOfStream):
+                await c.receive(1)
+        # other connections and stored updates are unaffected
+        async with await SidecarClient.connect(config.socket_path) as c:
+            got = await c.get("q")
+            assert got.checkpoint is not None and got.checkpoint["batch_id"] == 1
+
+
+async def test_metrics_after_known_traffic(make_config: ConfigFactory) -> None:
+    config = make_config()
+    async with running_daemon(config) as daemon:
+        async with await SidecarClient.connect(config.socket_path) as c1, \
+                await SidecarClient.connect(config.socket_path) as c2:
+            for b in range(4):
+                await c1.progress(rate_progress("a", b))
+            await c2.progress(rate_progress("a", 1))  # stale
+            await c2.send_raw(b"garbage\n")
+            await c2.receive(1)
+            await anyio.sleep(0.05)  # let the server register both connections
+            status, text = await anyio.to_thread.run_sync(scrape, daemon)
+            assert status == 200
+            assert metric_value(text, "checkpoint_sidecar_connections") == 2
+        assert metric_value(text, "checkpoint_sidecar_updates_total", result="applied") == 4
+        assert metric_value(text, "checkpoint_sidecar_updates_total", result="stale") == 1
+        assert metric_value(text, "checkpoint_sidecar_updates_total", result="rejected") == 0
+        assert metric_value(text, "checkpoint_sidecar_ack_seconds_count") == 5
+        assert metric_value(text, "checkpoint_sidecar_bad_requests_total", code="bad_json") == 1
+        assert metric_value(text, "checkpoint_sidecar_redis_up") == 1
+        with anyio.fail_after(5):
+            while daemon.server.active_connections:
+                await anyio.sleep(0.01)
+        _, text = await anyio.to_thread.run_sync(scrape, daemon)
+        assert metric_value(text, "checkpoint_sidecar_connections") == 0
+
+
+async def test_health_and_readiness(make_config: ConfigFactory) -> None:
+    config = make_config()
+    async with running_daemon(config) as daemon:
+        assert await anyio.to_thread.run_sync(scrape, daemon, "/healthz") == (200, "ok\n")
+        assert await anyio.to_thread.run_sync(scrape, daemon, "/readyz") == (200, "ready\n")
+
+
+async def test_redis_outage_gives_unavailable_and_recovers(own_redis, make_config) -> None:
+    config = make_config(redis_url=own_redis.url, redis_timeout_s=0.5)
+    async with running_daemon(config) as daemon:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(kafka_progress("q", 1))).applied
+
+            await anyio.to_thread.run_sync(own_redis.stop)
+            reply = await c.progress(kafka_progress("q", 2))
+            assert not reply.ok and reply.error is not None
+            assert reply.error.code == "unavailable"
+            assert "retry" in reply.error.message
+            status, body = await anyio.to_thread.run_sync(scrape, daemon, "/readyz")
+            assert status == 503 and "Redis unreachable" in body
+            assert (await c.ping()).ok  # the connection survives the outage
+
+            await anyio.to_thread.run_sync(own_redis.start)
+            with anyio.fail_after(10):
+                while True:
+                    reply = await c.progress(kafka_progress("q", 2))
+                    if reply.ok:
+                        break
+                    await anyio.sleep(0.1)
+            assert reply.applied is True
+            assert (await c.get("q")).checkpoint["batch_id"] == 2  # type: ignore[index]
+        _, text = await anyio.to_thread.run_sync(scrape, daemon)
+    assert metric_value(text, "checkpoint_sidecar_updates_total", result="rejected") >= 1
+    assert metric_value(text, "checkpoint_sidecar_redis_up") == 1
+
+
+async def test_optional_tcp_listener_on_loopback(make_config: ConfigFactory) -> None:
+    from sidecar.devservices import free_port
+
+    config = make_config(tcp_port=free_port())
+    async with running_daemon(config) as daemon:
+        assert daemon.server.tcp_port == config.tcp_port
+        async with await SidecarClient.connect(tcp_port=config.tcp_port) as c:
+            assert (await c.progress(rate_progress("tcp", 1))).applied
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.get("tcp")).checkpoint is not None
