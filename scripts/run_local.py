@@ -20,9 +20,11 @@ def main() -> int:
         env = {**os.environ, "SIDECAR_REDIS_URL": redis.url}
         env.setdefault("SIDECAR_NAMESPACE", "local")
         print(f"[run] redis-server on {redis.url} (data in {redis.dir})", flush=True)
-        print(f"[run] try: printf '{{\"op\":\"ping\",\"id\":1}}\\n' | "
-              f"nc -U {env.get('SIDECAR_SOCKET_PATH', '/tmp/checkpoint-sidecar.sock')}",
-              flush=True)
+        print(
+            f'[run] try: printf \'{{"op":"ping","id":1}}\\n\' | '
+            f"nc -U {env.get('SIDECAR_SOCKET_PATH', '/tmp/checkpoint-sidecar.sock')}",
+            flush=True,
+        )
         daemon = subprocess.Popen([sys.executable, "-m", "sidecar", "run"], env=env)
         # Forward stop signals to the daemon; it stops gracefully and exits 0.
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -45,8 +45,9 @@ class AdminServer:
             site = web.TCPSite(runner, self._host, self._port)
             await site.start()
             self.port = runner.addresses[0][1]
-            log.info("admin endpoint on http://%s:%d (/metrics /healthz /readyz)",
-                     self._host, self.port)
+            log.info(
+                "admin endpoint on http://%s:%d (/metrics /healthz /readyz)", self._host, self.port
+            )
             task_status.started()
             await anyio.sleep_forever()
         finally:

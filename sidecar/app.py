@@ -35,12 +35,15 @@ class Daemon:
     def __init__(self, config: Config, *, registry: CollectorRegistry | None = None) -> None:
         self.config = config
         self.metrics = Metrics(registry)
-        self.buffer = RedisBuffer(config.redis_url, config.namespace,
-                                  timeout_s=config.redis_timeout_s)
+        self.buffer = RedisBuffer(
+            config.redis_url, config.namespace, timeout_s=config.redis_timeout_s
+        )
         self.coalescer = WriteCoalescer(self.buffer)
         self.server = SocketServer(config, self.buffer, self.coalescer, self.metrics)
         self.admin = AdminServer(
-            config.metrics_host, config.metrics_port, self.metrics,
+            config.metrics_host,
+            config.metrics_port,
+            self.metrics,
             checks=[self._socket_ready, self._redis_ready],
         )
         self.metrics.buffer_queue.set_function(lambda: self.coalescer.queued)
@@ -88,14 +91,19 @@ class Daemon:
 
     async def _shutdown(self) -> None:
         grace = self.config.shutdown_grace_s
-        log.info("stopping: no new connections, answering requests already read "
-                 "(grace %.1fs)", grace)
+        log.info(
+            "stopping: no new connections, answering requests already read (grace %.1fs)", grace
+        )
         with anyio.move_on_after(grace) as scope:
             await self.server.drain()
         if scope.cancelled_caught:
-            log.warning("grace period of %.1fs ran out; cutting %d connection(s) and %d queued "
-                        "update(s) (not acknowledged, so clients will resend)",
-                        grace, self.server.active_connections, self.coalescer.queued)
+            log.warning(
+                "grace period of %.1fs ran out; cutting %d connection(s) and %d queued "
+                "update(s) (not acknowledged, so clients will resend)",
+                grace,
+                self.server.active_connections,
+                self.coalescer.queued,
+            )
 
     async def _socket_ready(self) -> str | None:
         return None if self.server.bound else "socket not bound"

@@ -18,10 +18,10 @@ from contextlib import contextmanager
 import anyio
 import redis.asyncio as aioredis
 import redis.exceptions as rex
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from sidecar import checkpoint as ckpt
 from sidecar.checkpoint import Checkpoint
@@ -63,9 +63,16 @@ end
 return out
 """
 
-# Redis error replies that mean "not now" rather than "never".
-_TRANSIENT_REPLIES = ("LOADING", "BUSY", "READONLY", "OOM", "MISCONF", "TRYAGAIN", "CLUSTERDOWN",
-                      "MASTERDOWN", "NOREPLICAS")
+# Redis error replies that mean "not now" rather than "never". redis-py turns some prefixes
+# into their own exception classes (stripping the prefix), so check both.
+_TRANSIENT_ERRORS = (
+    rex.ReadOnlyError,
+    rex.OutOfMemoryError,
+    rex.TryAgainError,
+    rex.MasterDownError,
+    rex.ClusterDownError,
+)
+_TRANSIENT_PREFIXES = ("BUSY", "MISCONF", "CLUSTERDOWN", "NOREPLICAS", "LOADING")
 
 
 class RedisBuffer:
@@ -116,7 +123,7 @@ class RedisBuffer:
                 "stored, retry — the daemon reconnects by itself when Redis is back"
             ) from exc
         except rex.ResponseError as exc:
-            if str(exc).startswith(_TRANSIENT_REPLIES):
+            if isinstance(exc, _TRANSIENT_ERRORS) or str(exc).startswith(_TRANSIENT_PREFIXES):
                 self._mark(False, str(exc))
                 raise BufferUnavailable(
                     f"Redis at {self._url} refused {what}: {exc}; retry later"
@@ -148,8 +155,8 @@ class RedisBuffer:
     async def get(self, query_id: str) -> bytes | None:
         """The stored checkpoint JSON of ``query_id``, or None when the query is unknown."""
         with self._translate("get"):
-            value: bytes | None = await self._redis.hget(self.keys.query(query_id), "checkpoint")
-        return value
+            value = await self._redis.hget(self.keys.query(query_id), "checkpoint")
+        return value.encode() if isinstance(value, str) else value
 
     async def aclose(self) -> None:
         await self._redis.aclose()
@@ -223,4 +230,3 @@ class WriteCoalescer:
         for (_, slot), applied in zip(batch, results, strict=True):
             slot.result = applied
             slot.done.set()
-

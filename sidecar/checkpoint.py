@@ -22,7 +22,8 @@ import msgspec
 MAX_ID_CHARS = 256
 
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
-BatchId = Annotated[int, msgspec.Meta(ge=0)]
+#: Spark batch ids are Java longs.
+BatchId = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 
 
 class SparkSourceProgress(msgspec.Struct, rename="camel"):

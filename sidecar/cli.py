@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser(
-        "run", help="run the daemon until SIGTERM/SIGINT",
+        "run",
+        help="run the daemon until SIGTERM/SIGINT",
         description="Run the daemon. SIGTERM or SIGINT stops it gracefully (stop accepting, "
         "answer what was read, close Redis); a second signal forces exit.",
     )
@@ -81,11 +82,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "config":
         for f in Config.settings():
             value = getattr(config, f.name)
-            print(f"{f.metadata['env']}={redact_url(value) if f.metadata.get('secret') else value}")
+            if f.metadata.get("secret"):
+                value = redact_url(value)
+            elif f.name == "socket_mode":
+                value = f"{value:o}"
+            print(f"{f.metadata['env']}={value}")
         return EXIT_OK
     if "SIDECAR_NAMESPACE" not in os.environ and args.namespace is None:
-        log.warning("SIDECAR_NAMESPACE is not set; using %r. Set one per Spark application "
-                    "when several share a Redis", config.namespace)
+        log.warning(
+            "SIDECAR_NAMESPACE is not set; using %r. Set one per Spark application "
+            "when several share a Redis",
+            config.namespace,
+        )
     try:
         return anyio.run(_run, config)
     except SidecarError as exc:
@@ -102,8 +110,10 @@ async def _run(config: Config) -> int:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 if not daemon_stopping.is_set():
-                    log.info("received %s: stopping gracefully (send it again to force)",
-                             signal.Signals(signum).name)
+                    log.info(
+                        "received %s: stopping gracefully (send it again to force)",
+                        signal.Signals(signum).name,
+                    )
                     daemon_stopping.set()
                     daemon.request_stop()
                 else:

@@ -27,8 +27,9 @@ class SidecarClient:
         self._replies: list[Reply] = []
 
     @classmethod
-    async def connect(cls, socket_path: str | None = None, *, tcp_port: int | None = None
-                      ) -> SidecarClient:
+    async def connect(
+        cls, socket_path: str | None = None, *, tcp_port: int | None = None
+    ) -> SidecarClient:
         if tcp_port is not None:
             return cls(await anyio.connect_tcp("127.0.0.1", tcp_port))
         assert socket_path is not None
@@ -37,8 +38,9 @@ class SidecarClient:
     async def __aenter__(self) -> SidecarClient:
         return self
 
-    async def __aexit__(self, *exc: type[BaseException] | BaseException | TracebackType | None
-                        ) -> None:
+    async def __aexit__(
+        self, *exc: type[BaseException] | BaseException | TracebackType | None
+    ) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:

@@ -84,21 +84,27 @@ def _redis_url(text: str) -> str:
 
 def _loopback(text: str) -> str:
     try:
-        if not ipaddress.ip_address(text).is_loopback:
-            raise ValueError("must be a loopback address (127.0.0.0/8 or ::1)")
-    except ValueError as exc:
-        raise ValueError(f"must be a loopback IP address: {exc}") from None
+        loopback = ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ValueError("must be a loopback IP address (127.0.0.0/8 or ::1)")
     return text
 
 
+_SECRET_QUERY = re.compile(r"(?i)((?:^|&)(?:password|pass|pwd)=)[^&]*")
+
+
 def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***`` (safe for logs)."""
+    """Return ``url`` with any password (userinfo or ``?password=``) as ``***``, for logs."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:" if parts.username else ":"
-    return urlunsplit(parts._replace(netloc=f"{user}***@{netloc}"))
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        user = f"{parts.username}:" if parts.username else ":"
+        parts = parts._replace(netloc=f"{user}***@{netloc}")
+    if parts.query:
+        parts = parts._replace(query=_SECRET_QUERY.sub(r"\1***", parts.query))
+    return urlunsplit(parts)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -106,45 +112,62 @@ class Config:
     """All daemon settings. Build with :meth:`from_env`; fields are validated values."""
 
     socket_path: str = _setting(
-        "SIDECAR_SOCKET_PATH", "Unix socket the Spark listener connects to",
-        str, "/tmp/checkpoint-sidecar.sock",
+        "SIDECAR_SOCKET_PATH",
+        "Unix socket the Spark listener connects to",
+        str,
+        "/tmp/checkpoint-sidecar.sock",
     )
     socket_mode: int = _setting(
-        "SIDECAR_SOCKET_MODE", "permission bits of the socket file, octal (660 to share with a group)",
-        _mode, 0o600,
+        "SIDECAR_SOCKET_MODE",
+        "permission bits of the socket file, octal (660 to share with a group)",
+        _mode,
+        0o600,
     )
     tcp_port: int | None = _setting(
-        "SIDECAR_TCP_PORT", "also listen on this TCP port on a loopback address (0/unset: off)",
-        _optional_port, None,
+        "SIDECAR_TCP_PORT",
+        "also listen on this TCP port on a loopback address (0/unset: off)",
+        _optional_port,
+        None,
     )
     tcp_host: str = _setting(
         "SIDECAR_TCP_HOST", "loopback address for the optional TCP listener", _loopback, "127.0.0.1"
     )
     redis_url: str = _setting(
-        "SIDECAR_REDIS_URL", "Redis holding the offset buffer (password is never logged)",
-        _redis_url, "redis://127.0.0.1:6379/0", secret=True,
+        "SIDECAR_REDIS_URL",
+        "Redis holding the offset buffer (password is never logged)",
+        _redis_url,
+        "redis://127.0.0.1:6379/0",
+        secret=True,
     )
     namespace: str = _setting(
-        "SIDECAR_NAMESPACE", "isolates one Spark application's keys and blobs",
-        _namespace, "default",
+        "SIDECAR_NAMESPACE",
+        "isolates one Spark application's keys and blobs",
+        _namespace,
+        "default",
     )
     metrics_host: str = _setting(
         "SIDECAR_METRICS_HOST", "address for /metrics, /healthz, /readyz", str, "0.0.0.0"
     )
     metrics_port: int = _setting(
-        "SIDECAR_METRICS_PORT", "port for /metrics, /healthz, /readyz (0: pick a free one)",
-        _int(0, 65535), 9400,
+        "SIDECAR_METRICS_PORT",
+        "port for /metrics, /healthz, /readyz (0: pick a free one)",
+        _int(0, 65535),
+        9400,
     )
     max_frame_bytes: int = _setting(
-        "SIDECAR_MAX_FRAME_BYTES", "largest accepted request line, in bytes",
-        _int(1024, 64 * 1024 * 1024), 1024 * 1024,
+        "SIDECAR_MAX_FRAME_BYTES",
+        "largest accepted request line, in bytes",
+        _int(1024, 64 * 1024 * 1024),
+        1024 * 1024,
     )
     redis_timeout_s: float = _setting(
         "SIDECAR_REDIS_TIMEOUT_S", "timeout of one Redis call, seconds", _float(0.05, 60), 2.0
     )
     shutdown_grace_s: float = _setting(
-        "SIDECAR_SHUTDOWN_GRACE_S", "time allowed for a graceful stop, seconds",
-        _float(0.1, 3600), 20.0,
+        "SIDECAR_SHUTDOWN_GRACE_S",
+        "time allowed for a graceful stop, seconds",
+        _float(0.1, 3600),
+        20.0,
     )
     log_level: str = _setting(
         "SIDECAR_LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR", _log_level, "INFO"
@@ -156,7 +179,9 @@ class Config:
             value = getattr(self, f.name)
             if f.metadata.get("secret"):
                 value = redact_url(value)
-            shown.append(f"{f.name}={value!r}")
+            shown.append(
+                f"{f.name}={value:o}" if f.name == "socket_mode" else f"{f.name}={value!r}"
+            )
         return f"Config({', '.join(shown)})"
 
     @classmethod
@@ -171,10 +196,17 @@ class Config:
         known = {f.metadata["env"]: f for f in dataclasses.fields(cls)}
         problems: list[str] = []
         for name in sorted(env):
-            if name.startswith(ENV_PREFIX) and name not in known and not _K8S_SERVICE_ENV.match(name):
-                hint = difflib.get_close_matches(name, known, n=1)
+            if (
+                name.startswith(ENV_PREFIX)
+                and name not in known
+                and not _K8S_SERVICE_ENV.match(name)
+            ):
+                # Compare without the shared prefix, or every name looks alike.
+                suffixes = {k.removeprefix(ENV_PREFIX): k for k in known}
+                hint = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), suffixes, n=1)
                 problems.append(
-                    f"{name}: unknown setting" + (f" (did you mean {hint[0]}?)" if hint else "")
+                    f"{name}: unknown setting"
+                    + (f" (did you mean {suffixes[hint[0]]}?)" if hint else "")
                 )
         values: dict[str, Any] = {}
         for env_name, f in known.items():

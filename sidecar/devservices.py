@@ -40,13 +40,16 @@ def free_port() -> int:
         return port
 
 
-def _wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str, log: Path,
-                   timeout_s: float = 30.0) -> None:
+def _wait_for_port(
+    port: int, proc: subprocess.Popen[bytes], what: str, log: Path, timeout_s: float = 30.0
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise ServiceError(f"{what} exited with code {proc.returncode}; see {log}:\n"
-                               + log.read_text(errors="replace")[-2000:])
+            raise ServiceError(
+                f"{what} exited with code {proc.returncode}; see {log}:\n"
+                + log.read_text(errors="replace")[-2000:]
+            )
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
@@ -79,7 +82,10 @@ class _Process:
             return
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                self._command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
+                self._command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.dir,
                 start_new_session=True,  # a Ctrl-C in the terminal is ours to handle
             )
         _wait_for_port(self.port, self._proc, self.name, self.log_path)
@@ -118,16 +124,29 @@ class RedisServer(_Process):
     def __init__(self) -> None:
         binary = os.environ.get("REDIS_SERVER_BIN") or shutil.which("redis-server")
         if not binary:
-            raise ServiceError("redis-server not found: run `make setup` (installs it) or "
-                               "set REDIS_SERVER_BIN")
+            raise ServiceError(
+                "redis-server not found: run `make setup` (installs it) or set REDIS_SERVER_BIN"
+            )
         self.binary = binary
         super().__init__()
 
     def _command(self) -> list[str]:
         return [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--dir", str(self.dir), "--appendonly", "yes", "--save", "",
-            "--protected-mode", "no", "--daemonize", "no",
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--appendonly",
+            "yes",
+            "--save",
+            "",
+            "--protected-mode",
+            "no",
+            "--daemonize",
+            "no",
         ]
 
     @property
@@ -143,16 +162,27 @@ class Azurite(_Process):
     def __init__(self) -> None:
         binary = os.environ.get("AZURITE_BIN") or str(AZURITE_DEFAULT_BIN)
         if not os.path.exists(binary):
-            raise ServiceError(f"Azurite not found at {binary}: run `make setup` (installs "
-                               "it into .tools/azurite) or set AZURITE_BIN")
+            raise ServiceError(
+                f"Azurite not found at {binary}: run `make setup` (installs "
+                "it into .tools/azurite) or set AZURITE_BIN"
+            )
         self.binary = binary
         super().__init__()
 
     def _command(self) -> list[str]:
         return [
-            self.binary, "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
-            "--location", str(self.dir / "data"), "--debug", str(self.dir / "debug.log"),
-            "--skipApiVersionCheck", "--loose", "--disableProductStyleUrl",
+            self.binary,
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(self.port),
+            "--location",
+            str(self.dir / "data"),
+            "--debug",
+            str(self.dir / "debug.log"),
+            "--skipApiVersionCheck",
+            "--loose",
+            "--disableProductStyleUrl",
         ]
 
     @property

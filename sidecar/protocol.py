@@ -120,7 +120,7 @@ def parse_request(line: bytes) -> Event:
     """Turn one frame (without its newline) into a request or a :class:`BadRequest`."""
     try:
         msg = _request_decoder.decode(line)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         return _diagnose(line, exc)
     if isinstance(msg, _ProgressMsg):
         return Progress(msg.id, from_progress(msg.progress))
@@ -129,15 +129,19 @@ def parse_request(line: bytes) -> Event:
     return Ping(msg.id)
 
 
-def _diagnose(line: bytes, exc: msgspec.DecodeError) -> BadRequest:
+def _diagnose(line: bytes, exc: Exception) -> BadRequest:
     """Slow path for bad input: find the id to echo and the most useful error code."""
     try:
         obj = _any_decoder.decode(line)
+    except UnicodeDecodeError as err:
+        return BadRequest(None, ErrorCode.BAD_JSON, f"not valid UTF-8: {err}")
     except msgspec.DecodeError as err:
         return BadRequest(None, ErrorCode.BAD_JSON, f"not valid JSON: {err}")
     if not isinstance(obj, dict):
         return BadRequest(
-            None, ErrorCode.BAD_REQUEST, f"a request must be a JSON object, got {type(obj).__name__}"
+            None,
+            ErrorCode.BAD_REQUEST,
+            f"a request must be a JSON object, got {type(obj).__name__}",
         )
     rid = obj.get("id")
     if isinstance(rid, bool) or not isinstance(rid, str | int | None):
@@ -156,7 +160,12 @@ def _diagnose(line: bytes, exc: msgspec.DecodeError) -> BadRequest:
 
 
 class FrameTooLarge(Exception):
-    """A frame exceeded the limit before its newline."""
+    """A frame exceeded the limit; ``frames`` holds those completed before it in the same feed."""
+
+    def __init__(self, size: int, frames: list[bytes]) -> None:
+        super().__init__(size)
+        self.size = size
+        self.frames = frames
 
 
 class LineFramer:
@@ -184,16 +193,19 @@ class LineFramer:
             end = self._buf.find(b"\n", max(start, self._scanned))
             if end < 0:
                 break
-            if end - start > self._max:
-                raise FrameTooLarge(end - start)
-            frame = bytes(self._buf[start:end]).rstrip(b"\r")
+            frame = bytes(self._buf[start:end])
+            if frame.endswith(b"\r"):  # CRLF: the \r is part of the line ending, not the frame
+                frame = frame[:-1]
+            if len(frame) > self._max:
+                raise FrameTooLarge(len(frame), frames)
             if frame:
                 frames.append(frame)
             start = end + 1
         del self._buf[:start]
         self._scanned = len(self._buf)
-        if self._scanned > self._max:
-            raise FrameTooLarge(self._scanned)
+        pending = self._scanned - self._buf.endswith(b"\r")  # a \r may be half a CRLF
+        if pending > self._max:
+            raise FrameTooLarge(self._scanned, frames)
         return frames
 
     @property
@@ -219,9 +231,11 @@ class ServerConnection:
             return []
         try:
             frames = self._framer.feed(data)
-        except FrameTooLarge:
+        except FrameTooLarge as exc:
+            # Requests completed before the oversized frame are answered, as they would be
+            # had they arrived in an earlier read; nothing after it can be trusted.
             self.closed = True
-            return [
+            return [parse_request(frame) for frame in exc.frames] + [
                 BadRequest(
                     None,
                     ErrorCode.FRAME_TOO_LARGE,
@@ -296,8 +310,8 @@ class ClientConnection:
         try:
             frames = self._framer.feed(data)
         except FrameTooLarge as exc:
-            raise ProtocolViolation(f"reply exceeds the frame limit ({exc} bytes)") from None
+            raise ProtocolViolation(f"reply exceeds the frame limit ({exc.size} bytes)") from None
         try:
             return [self._decoder.decode(frame) for frame in frames]
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             raise ProtocolViolation(f"malformed reply: {exc}") from None

@@ -49,8 +49,13 @@ async def bind_unix_socket(path: str, mode: int) -> Listener[ByteStream]:
     Raises:
         SocketInUse: another process answers on ``path``, or ``path`` is not a socket.
     """
-    if os.path.lexists(path):
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+    file = anyio.Path(path)
+    try:
+        existing: int | None = (await file.lstat()).st_mode
+    except FileNotFoundError:
+        existing = None
+    if existing is not None:
+        if not stat.S_ISSOCK(existing):
             raise SocketInUse(
                 f"{path} exists and is not a socket; refusing to replace it. Remove it or set "
                 "SIDECAR_SOCKET_PATH to another path"
@@ -59,16 +64,14 @@ async def bind_unix_socket(path: str, mode: int) -> Listener[ByteStream]:
             probe = await anyio.connect_unix(path)
         except OSError:
             log.info("replacing stale socket file %s (no process listens on it)", path)
-            os.unlink(path)
+            await file.unlink(missing_ok=True)
         else:
             await probe.aclose()
             raise SocketInUse(
                 f"another process is serving {path}; stop it first or set SIDECAR_SOCKET_PATH "
                 "to another path (two daemons must not share one socket)"
             )
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
+    await file.parent.mkdir(parents=True, exist_ok=True)
     listener: Listener[ByteStream] = await anyio.create_unix_listener(path, mode=mode)
     return listener
 
@@ -105,9 +108,11 @@ class SocketServer:
         if cfg.tcp_port is not None:
             tcp = await anyio.create_tcp_listener(local_host=cfg.tcp_host, local_port=cfg.tcp_port)
             self.tcp_port = tcp.extra(anyio.abc.SocketAttribute.local_port)
-            listeners.append(tcp)  # type: ignore[arg-type]
+            listeners.append(tcp)
         log.info(
-            "listening on unix:%s (mode %o)%s", cfg.socket_path, cfg.socket_mode,
+            "listening on unix:%s (mode %o)%s",
+            cfg.socket_path,
+            cfg.socket_mode,
             f" and tcp:{cfg.tcp_host}:{self.tcp_port}" if self.tcp_port else "",
         )
         listener = MultiListener(listeners)
@@ -222,7 +227,9 @@ class SocketServer:
                     m.updates.labels("rejected").inc()
                 log.log(
                     logging.WARNING if fatal else logging.INFO,
-                    "bad request (%s): %s", code.value, message,
+                    "bad request (%s): %s",
+                    code.value,
+                    message,
                 )
                 return encode_error(rid, code, message)
         raise AssertionError(f"unhandled event {event!r}")

@@ -52,8 +52,9 @@ def short_tmp() -> Iterator[Path]:
 
 
 @pytest.fixture
-def make_config(redis_server: RedisServer, namespace: str, short_tmp: Path
-                ) -> Callable[..., Config]:
+def make_config(
+    redis_server: RedisServer, namespace: str, short_tmp: Path
+) -> Callable[..., Config]:
     """Build a daemon Config for this test; keyword args override SIDECAR_* settings."""
 
     def make(**overrides: Any) -> Config:

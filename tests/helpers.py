@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -30,6 +30,13 @@ async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
             yield daemon
         finally:
             daemon.request_stop()
+
+
+async def eventually(predicate: Callable[[], bool], timeout_s: float = 10) -> None:
+    """Wait until ``predicate()`` is true; fail the test after ``timeout_s``."""
+    with anyio.fail_after(timeout_s):
+        while not predicate():  # noqa: ASYNC110 - polls state owned by another component
+            await anyio.sleep(0.01)
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:
@@ -64,7 +71,9 @@ class DaemonProcess:
     def start(self, wait_socket: bool = True) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sidecar", "run"], env=self.env, stdout=log,
+                [sys.executable, "-m", "sidecar", "run"],
+                env=self.env,
+                stdout=log,
                 stderr=subprocess.STDOUT,
             )
         if wait_socket:

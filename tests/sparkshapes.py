@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def _progress(query_id: str, batch_id: int, sources: list[dict[str, Any]], *,
-              name: str | None, run_id: str) -> dict[str, Any]:
+def _progress(
+    query_id: str, batch_id: int, sources: list[dict[str, Any]], *, name: str | None, run_id: str
+) -> dict[str, Any]:
     rows = sum(s["numInputRows"] for s in sources)
     return {
         "id": query_id,
@@ -22,33 +23,67 @@ def _progress(query_id: str, batch_id: int, sources: list[dict[str, Any]], *,
         "numInputRows": rows,
         "inputRowsPerSecond": 100.0,
         "processedRowsPerSecond": 892.8571428571429,
-        "durationMs": {"addBatch": 71, "commitOffsets": 13, "getBatch": 0, "latestOffset": 0,
-                       "queryPlanning": 7, "triggerExecution": 112, "walCommit": 15},
+        "durationMs": {
+            "addBatch": 71,
+            "commitOffsets": 13,
+            "getBatch": 0,
+            "latestOffset": 0,
+            "queryPlanning": 7,
+            "triggerExecution": 112,
+            "walCommit": 15,
+        },
         "stateOperators": [],
         "sources": sources,
-        "sink": {"description": "org.apache.spark.sql.execution.streaming.ConsoleTable$@5c8a1",
-                 "numOutputRows": rows},
+        "sink": {
+            "description": "org.apache.spark.sql.execution.streaming.ConsoleTable$@5c8a1",
+            "numOutputRows": rows,
+        },
         "observedMetrics": {},
     }
 
 
-def rate_progress(query_id: str, batch_id: int, *, name: str | None = "rate-demo",
-                  run_id: str = "6b7d1d0a-3a39-4a58-9a44-0d4a6f0c0a11",
-                  rows_per_batch: int = 10) -> dict[str, Any]:
+def rate_progress(
+    query_id: str,
+    batch_id: int,
+    *,
+    name: str | None = "rate-demo",
+    run_id: str = "6b7d1d0a-3a39-4a58-9a44-0d4a6f0c0a11",
+    rows_per_batch: int = 10,
+) -> dict[str, Any]:
     """A rate-source progress: offsets are plain numbers."""
     start, end = batch_id * rows_per_batch, (batch_id + 1) * rows_per_batch
-    return _progress(query_id, batch_id, [{
-        "description": "RateStreamV2[rowsPerSecond=10, rampUpTimeSeconds=0, numPartitions=default",
-        "startOffset": start, "endOffset": end, "latestOffset": end,
-        "numInputRows": end - start, "inputRowsPerSecond": 10.0,
-        "processedRowsPerSecond": 89.3,
-    }], name=name, run_id=run_id)
+    return _progress(
+        query_id,
+        batch_id,
+        [
+            {
+                "description": (
+                    "RateStreamV2[rowsPerSecond=10, rampUpTimeSeconds=0, numPartitions=default"
+                ),
+                "startOffset": start,
+                "endOffset": end,
+                "latestOffset": end,
+                "numInputRows": end - start,
+                "inputRowsPerSecond": 10.0,
+                "processedRowsPerSecond": 89.3,
+            }
+        ],
+        name=name,
+        run_id=run_id,
+    )
 
 
-def kafka_progress(query_id: str, batch_id: int, *, topic: str = "events", partitions: int = 3,
-                   name: str | None = "orders-to-delta",
-                   run_id: str = "0e1c3f52-9d2b-4f7e-a3c4-5d6e7f809a1b",
-                   per_partition: int = 100, lag: int = 5) -> dict[str, Any]:
+def kafka_progress(
+    query_id: str,
+    batch_id: int,
+    *,
+    topic: str = "events",
+    partitions: int = 3,
+    name: str | None = "orders-to-delta",
+    run_id: str = "0e1c3f52-9d2b-4f7e-a3c4-5d6e7f809a1b",
+    per_partition: int = 100,
+    lag: int = 5,
+) -> dict[str, Any]:
     """A Kafka-source progress: offsets are ``{"topic": {"partition": offset}}`` objects."""
 
     def offsets(batch: int) -> dict[str, dict[str, int]]:
@@ -56,12 +91,25 @@ def kafka_progress(query_id: str, batch_id: int, *, topic: str = "events", parti
 
     end = offsets(batch_id + 1)
     latest = {topic: {p: o + lag for p, o in end[topic].items()}}
-    return _progress(query_id, batch_id, [{
-        "description": f"KafkaV2[Subscribe[{topic}]]",
-        "startOffset": offsets(batch_id) if batch_id else None,
-        "endOffset": end, "latestOffset": latest,
-        "numInputRows": per_partition * partitions, "inputRowsPerSecond": 500.0,
-        "processedRowsPerSecond": 2678.5,
-        "metrics": {"avgOffsetsBehindLatest": str(float(lag)), "maxOffsetsBehindLatest": str(lag),
-                    "minOffsetsBehindLatest": str(lag)},
-    }], name=name, run_id=run_id)
+    return _progress(
+        query_id,
+        batch_id,
+        [
+            {
+                "description": f"KafkaV2[Subscribe[{topic}]]",
+                "startOffset": offsets(batch_id) if batch_id else None,
+                "endOffset": end,
+                "latestOffset": latest,
+                "numInputRows": per_partition * partitions,
+                "inputRowsPerSecond": 500.0,
+                "processedRowsPerSecond": 2678.5,
+                "metrics": {
+                    "avgOffsetsBehindLatest": str(float(lag)),
+                    "maxOffsetsBehindLatest": str(lag),
+                    "minOffsetsBehindLatest": str(lag),
+                },
+            }
+        ],
+        name=name,
+        run_id=run_id,
+    )

@@ -6,15 +6,16 @@ import random
 from collections.abc import Callable
 
 import anyio
+import anyio.lowlevel
 import msgspec
 import pytest
 import redis.asyncio as aioredis
 
+from sidecar.client import SidecarClient
 from sidecar.config import Config
 from sidecar.keys import Keys
 from sidecar.protocol import encode_request
-from sidecar.client import SidecarClient
-from tests.helpers import metric_value, running_daemon, scrape
+from tests.helpers import eventually, metric_value, running_daemon, scrape
 from tests.sparkshapes import kafka_progress, rate_progress
 
 ConfigFactory = Callable[..., Config]
@@ -29,7 +30,9 @@ async def stored(config: Config, query_id: str) -> dict[bytes, bytes]:
 
 
 @pytest.mark.parametrize("make_progress", [rate_progress, kafka_progress])
-async def test_progress_round_trips_through_redis(make_config: ConfigFactory, make_progress) -> None:
+async def test_progress_round_trips_through_redis(
+    make_config: ConfigFactory, make_progress
+) -> None:
     config = make_config()
     progress = make_progress("0b7f6c9e-query", 7)
     async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
@@ -98,7 +101,7 @@ async def test_concurrent_connections_never_regress_a_query(make_config: ConfigF
         random.Random(seed).shuffle(order)
         async with await SidecarClient.connect(config.socket_path) as c:
             for start in range(0, len(order), 10):
-                chunk = order[start:start + 10]
+                chunk = order[start : start + 10]
                 replies = await c.send_many(
                     [("progress", {"progress": rate_progress("race", b)}) for b in chunk]
                 )
@@ -111,7 +114,7 @@ async def test_concurrent_connections_never_regress_a_query(make_config: ConfigF
             value = await r.hget(key, "batch_id")
             if value is not None:
                 seen.append(int(value))
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
         await r.aclose()
 
     async with running_daemon(config):
@@ -140,8 +143,8 @@ async def test_several_frames_in_one_write_and_one_frame_in_many(
         replies = await c.receive(5)
         assert [(r.id, r.applied) for r in replies] == [(i, True) for i in range(5)]
         for i in range(0, len(single), 7):
-            await c.send_raw(single[i:i + 7])
-            await anyio.sleep(0)
+            await c.send_raw(single[i : i + 7])
+            await anyio.lowlevel.checkpoint()
         (reply,) = await c.receive(1)
         assert (reply.id, reply.applied) == ("split", True)
         assert (await stored(config, "q"))[b"batch_id"] == b"9"
@@ -201,8 +204,10 @@ async def test_oversized_frame_gets_error_then_close(make_config: ConfigFactory)
 async def test_metrics_after_known_traffic(make_config: ConfigFactory) -> None:
     config = make_config()
     async with running_daemon(config) as daemon:
-        async with await SidecarClient.connect(config.socket_path) as c1, \
-                await SidecarClient.connect(config.socket_path) as c2:
+        async with (
+            await SidecarClient.connect(config.socket_path) as c1,
+            await SidecarClient.connect(config.socket_path) as c2,
+        ):
             for b in range(4):
                 await c1.progress(rate_progress("a", b))
             await c2.progress(rate_progress("a", 1))  # stale
@@ -218,9 +223,7 @@ async def test_metrics_after_known_traffic(make_config: ConfigFactory) -> None:
         assert metric_value(text, "checkpoint_sidecar_ack_seconds_count") == 5
         assert metric_value(text, "checkpoint_sidecar_bad_requests_total", code="bad_json") == 1
         assert metric_value(text, "checkpoint_sidecar_redis_up") == 1
-        with anyio.fail_after(5):
-            while daemon.server.active_connections:
-                await anyio.sleep(0.01)
+        await eventually(lambda: daemon.server.active_connections == 0)
         _, text = await anyio.to_thread.run_sync(scrape, daemon)
         assert metric_value(text, "checkpoint_sidecar_connections") == 0
 
@@ -259,6 +262,20 @@ async def test_redis_outage_gives_unavailable_and_recovers(own_redis, make_confi
         _, text = await anyio.to_thread.run_sync(scrape, daemon)
     assert metric_value(text, "checkpoint_sidecar_updates_total", result="rejected") >= 1
     assert metric_value(text, "checkpoint_sidecar_redis_up") == 1
+
+
+async def test_redis_refusing_writes_is_unavailable_not_fatal(own_redis, make_config) -> None:
+    config = make_config(redis_url=own_redis.url)
+    admin = aioredis.Redis.from_url(own_redis.url)
+    async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
+        assert (await c.progress(kafka_progress("q", 1))).applied
+        await admin.config_set("maxmemory-policy", "noeviction")
+        await admin.config_set("maxmemory", "1")  # every write now fails with OOM
+        reply = await c.progress(kafka_progress("q", 2))
+        assert reply.error is not None and reply.error.code == "unavailable"
+        await admin.config_set("maxmemory", "0")
+        assert (await c.progress(kafka_progress("q", 2))).applied
+    await admin.aclose()
 
 
 async def test_optional_tcp_listener_on_loopback(make_config: ConfigFactory) -> None:

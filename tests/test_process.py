@@ -115,9 +115,11 @@ def test_non_socket_file_is_never_deleted(daemon_env, spawn, short_tmp) -> None:
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("SIDECAR_")}
     return subprocess.run(
-        [sys.executable, "-m", "sidecar", *args], env={**base, **(env or {}),
-                                                      "PYTHONPATH": str(REPO_ROOT)},
-        capture_output=True, text=True, timeout=30,
+        [sys.executable, "-m", "sidecar", *args],
+        env={**base, **(env or {}), "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
 
 
@@ -131,8 +133,12 @@ def test_invalid_configuration_exits_2_naming_the_setting() -> None:
 def test_help_lists_every_environment_variable() -> None:
     result = run_cli("run", "--help")
     assert result.returncode == 0
-    for name in ("SIDECAR_SOCKET_PATH", "SIDECAR_REDIS_URL", "SIDECAR_NAMESPACE",
-                 "SIDECAR_METRICS_PORT"):
+    for name in (
+        "SIDECAR_SOCKET_PATH",
+        "SIDECAR_REDIS_URL",
+        "SIDECAR_NAMESPACE",
+        "SIDECAR_METRICS_PORT",
+    ):
         assert name in result.stdout
 
 

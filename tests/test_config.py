@@ -1,0 +1,277 @@
+"""Unit tests of the daemon's configuration (``sidecar.config``) and Redis key names.
+
+Pure logic: every test passes its own environment mapping, never ``os.environ``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sidecar.config import Config, redact_url
+from sidecar.errors import ConfigError
+from sidecar.keys import Keys
+
+DEFAULTS = {
+    "socket_path": "/tmp/checkpoint-sidecar.sock",
+    "socket_mode": 0o600,
+    "tcp_port": None,
+    "tcp_host": "127.0.0.1",
+    "redis_url": "redis://127.0.0.1:6379/0",
+    "namespace": "default",
+    "metrics_host": "0.0.0.0",
+    "metrics_port": 9400,
+    "max_frame_bytes": 1024 * 1024,
+    "redis_timeout_s": 2.0,
+    "shutdown_grace_s": 20.0,
+    "log_level": "INFO",
+}
+
+
+def problems(env: dict[str, str], overrides: dict[str, str | None] | None = None) -> str:
+    """The message of the ConfigError that ``env`` must raise."""
+    with pytest.raises(ConfigError) as excinfo:
+        Config.from_env(env, overrides)
+    return str(excinfo.value)
+
+
+def fields_of(config: Config) -> dict[str, Any]:
+    return {f.name: getattr(config, f.name) for f in Config.settings()}
+
+
+# --- defaults and parsing -----------------------------------------------------------------
+
+
+def test_empty_environment_gives_the_defaults() -> None:
+    assert fields_of(Config.from_env({})) == DEFAULTS
+
+
+def test_variables_outside_the_prefix_are_ignored() -> None:
+    env = {"PATH": "/usr/bin", "REDIS_URL": "http://not-checked", "SIDECARX": "1"}
+    assert fields_of(Config.from_env(env)) == DEFAULTS
+
+
+def test_every_setting_is_named_after_its_field() -> None:
+    # tests/conftest.py and the CLI rely on SIDECAR_<FIELD> naming.
+    for f in Config.settings():
+        assert f.metadata["env"] == f"SIDECAR_{f.name.upper()}"
+        assert f.metadata["help"]
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "field", "expected"),
+    [
+        ("SIDECAR_SOCKET_PATH", "/run/spark/cps.sock", "socket_path", "/run/spark/cps.sock"),
+        ("SIDECAR_SOCKET_MODE", "660", "socket_mode", 0o660),
+        ("SIDECAR_SOCKET_MODE", "0600", "socket_mode", 0o600),
+        ("SIDECAR_TCP_PORT", "9401", "tcp_port", 9401),
+        ("SIDECAR_TCP_PORT", "0", "tcp_port", None),
+        ("SIDECAR_TCP_PORT", "", "tcp_port", None),
+        ("SIDECAR_TCP_PORT", "off", "tcp_port", None),
+        ("SIDECAR_TCP_HOST", "::1", "tcp_host", "::1"),
+        ("SIDECAR_TCP_HOST", "127.0.0.2", "tcp_host", "127.0.0.2"),
+        ("SIDECAR_REDIS_URL", "rediss://cache:6380/1", "redis_url", "rediss://cache:6380/1"),
+        ("SIDECAR_REDIS_URL", "unix:///run/redis.sock", "redis_url", "unix:///run/redis.sock"),
+        ("SIDECAR_NAMESPACE", "team-a.prod_1", "namespace", "team-a.prod_1"),
+        ("SIDECAR_METRICS_HOST", "127.0.0.1", "metrics_host", "127.0.0.1"),
+        ("SIDECAR_METRICS_PORT", "9500", "metrics_port", 9500),
+        ("SIDECAR_METRICS_PORT", "0", "metrics_port", 0),
+        ("SIDECAR_MAX_FRAME_BYTES", "2097152", "max_frame_bytes", 2097152),
+        ("SIDECAR_REDIS_TIMEOUT_S", "0.5", "redis_timeout_s", 0.5),
+        ("SIDECAR_SHUTDOWN_GRACE_S", "30", "shutdown_grace_s", 30.0),
+        ("SIDECAR_LOG_LEVEL", "debug", "log_level", "DEBUG"),
+    ],
+)
+def test_environment_value_is_parsed(var: str, raw: str, field: str, expected: Any) -> None:
+    config = Config.from_env({var: raw})
+    value = getattr(config, field)
+    assert value == expected
+    assert type(value) is type(expected)
+    assert fields_of(config) == DEFAULTS | {field: expected}  # nothing else moved
+
+
+def test_override_wins_over_the_environment() -> None:
+    env = {"SIDECAR_METRICS_PORT": "9500", "SIDECAR_NAMESPACE": "from-env"}
+    config = Config.from_env(env, {"metrics_port": "9600", "namespace": None})
+    assert config.metrics_port == 9600
+    assert config.namespace == "from-env"  # an unset flag (None) leaves the env value
+
+
+def test_invalid_override_is_named_by_its_flag() -> None:
+    message = problems({"SIDECAR_METRICS_PORT": "9500"}, {"metrics_port": "abc"})
+    assert "--metrics-port='abc'" in message
+    assert "SIDECAR_METRICS_PORT" not in message
+
+
+# --- invalid values --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "fragment"),
+    [
+        ("SIDECAR_METRICS_PORT", "abc", "invalid literal for int()"),
+        ("SIDECAR_METRICS_PORT", "70000", "must be between 0 and 65535"),
+        ("SIDECAR_TCP_PORT", "70000", "must be between 1 and 65535"),
+        ("SIDECAR_SOCKET_MODE", "999", "base 8"),
+        ("SIDECAR_SOCKET_MODE", "1777", "must be a permission mode in octal"),
+        ("SIDECAR_NAMESPACE", "team{a}", "must be 1-64 characters"),
+        ("SIDECAR_NAMESPACE", "", "must be 1-64 characters"),
+        ("SIDECAR_NAMESPACE", "-leading-dash", "starting alphanumeric"),
+        ("SIDECAR_NAMESPACE", "n" * 65, "must be 1-64 characters"),
+        ("SIDECAR_TCP_HOST", "0.0.0.0", "loopback"),
+        ("SIDECAR_TCP_HOST", "10.1.2.3", "loopback"),
+        ("SIDECAR_TCP_HOST", "localhost", "must be a loopback IP address"),
+        ("SIDECAR_REDIS_URL", "http://x", "must be a redis://, rediss:// or unix:// URL"),
+        ("SIDECAR_MAX_FRAME_BYTES", "100", "must be between 1024 and"),
+        ("SIDECAR_REDIS_TIMEOUT_S", "nan", "must be between 0.05 and 60"),
+        ("SIDECAR_SHUTDOWN_GRACE_S", "soon", "could not convert"),
+        ("SIDECAR_LOG_LEVEL", "TRACE", "must be one of DEBUG, INFO, WARNING, ERROR"),
+    ],
+)
+def test_invalid_value_is_refused_naming_the_variable(var: str, raw: str, fragment: str) -> None:
+    message = problems({var: raw})
+    shown = "(hidden)" if var == "SIDECAR_REDIS_URL" else repr(raw)
+    assert f"{var}={shown}: " in message
+    assert fragment in message
+
+
+def test_several_problems_are_reported_together() -> None:
+    message = problems(
+        {
+            "SIDECAR_METRICS_PORT": "abc",
+            "SIDECAR_SOCKET_MODE": "999",
+            "SIDECAR_TCP_HOST": "0.0.0.0",
+            "SIDECAR_REDIS_ULR": "redis://x",
+        }
+    )
+    lines = message.splitlines()
+    assert lines[0] == "invalid configuration:"
+    for name in (
+        "SIDECAR_METRICS_PORT",
+        "SIDECAR_SOCKET_MODE",
+        "SIDECAR_TCP_HOST",
+        "SIDECAR_REDIS_ULR",
+    ):
+        assert sum(line.strip().startswith(name) for line in lines[1:]) == 1, name
+    assert len(lines) == 5
+
+
+def test_unknown_variable_is_refused_with_a_hint() -> None:
+    message = problems({"SIDECAR_REDIS_ULR": "redis://127.0.0.1:6379/0"})
+    assert "SIDECAR_REDIS_ULR: unknown setting (did you mean SIDECAR_REDIS_URL?)" in message
+
+
+def test_unknown_variable_unlike_any_setting_is_refused_too() -> None:
+    message = problems({"SIDECAR_BLOB_CONTAINER": "checkpoints"})
+    assert "SIDECAR_BLOB_CONTAINER: unknown setting" in message
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("SIDECAR_SERVICE_HOST", "10.96.12.7"),
+        ("SIDECAR_SERVICE_PORT", "9400"),
+        ("SIDECAR_SERVICE_PORT_METRICS", "9400"),
+        ("SIDECAR_PORT", "tcp://10.96.12.7:9400"),
+        ("SIDECAR_PORT_9400_TCP", "tcp://10.96.12.7:9400"),
+        ("SIDECAR_PORT_9400_TCP_ADDR", "10.96.12.7"),
+        ("SIDECAR_PORT_9400_TCP_PORT", "9400"),
+        ("SIDECAR_PORT_9400_TCP_PROTO", "tcp"),
+    ],
+)
+def test_kubernetes_service_link_variables_are_tolerated(var: str, value: str) -> None:
+    assert fields_of(Config.from_env({var: value})) == DEFAULTS
+
+
+# --- secrets -----------------------------------------------------------------------------------
+
+SECRET_URL = "redis://:s3cret@redis.internal:6379/0"
+
+
+def test_repr_hides_the_redis_password_but_keeps_where_it_connects() -> None:
+    config = Config.from_env({"SIDECAR_REDIS_URL": SECRET_URL})
+    for text in (repr(config), str(config), f"{config!r}"):
+        assert "s3cret" not in text
+        assert "redis_url='redis://:***@redis.internal:6379/0'" in text
+    assert config.redis_url == SECRET_URL  # the real value is still there to connect with
+
+
+@pytest.mark.parametrize(
+    ("url", "redacted"),
+    [
+        (SECRET_URL, "redis://:***@redis.internal:6379/0"),
+        ("redis://app:s3cret@redis.internal:6379/0", "redis://app:***@redis.internal:6379/0"),
+        ("rediss://:s3cret@[::1]:6380/2", "rediss://:***@[::1]:6380/2"),
+        ("redis://:s3@cret@redis.internal:6379", "redis://:***@redis.internal:6379"),
+        ("redis://redis.internal:6379/0", "redis://redis.internal:6379/0"),
+        ("redis://app@redis.internal:6379/0", "redis://app@redis.internal:6379/0"),
+    ],
+)
+def test_redact_url_hides_only_the_password(url: str, redacted: str) -> None:
+    assert redact_url(url) == redacted
+
+
+def test_invalid_secret_value_is_hidden_in_the_error() -> None:
+    message = problems({"SIDECAR_REDIS_URL": "http://:s3cret@redis.internal:6379"})
+    assert "SIDECAR_REDIS_URL=(hidden): " in message
+    assert "s3cret" not in message
+    assert "redis.internal" not in message
+
+
+# --- Redis keys --------------------------------------------------------------------------------
+
+
+def cluster_hash_tag(key: str) -> str:
+    """The part of ``key`` Redis Cluster hashes: the first non-empty ``{...}``, else all."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key
+
+
+def all_keys(keys: Keys, query_id: str = "8a3f7c2e-5b1d-4e6f-9a0b-1c2d3e4f5a6b") -> list[str]:
+    return [keys.query(query_id), keys.pending, keys.queries]
+
+
+def test_every_key_carries_the_namespace_hash_tag_once() -> None:
+    for key in all_keys(Keys("ns")):
+        assert key.startswith("cps:{ns}:")
+        assert key.count("{ns}") == 1
+
+
+def test_keys_have_distinct_names() -> None:
+    keys = Keys("ns")
+    assert len({keys.query("a"), keys.query("b"), keys.pending, keys.queries}) == 4
+
+
+@pytest.mark.parametrize("query_id", ["plain", "{other}", "a}b{c}", "", "}"])
+def test_query_id_never_changes_the_cluster_slot(query_id: str) -> None:
+    keys = Keys("team-a.prod_1")
+    assert {cluster_hash_tag(k) for k in all_keys(keys, query_id)} == {"team-a.prod_1"}
+
+
+def test_namespaces_do_not_share_keys() -> None:
+    assert not set(all_keys(Keys("a"))) & set(all_keys(Keys("b")))
+
+
+# --- regressions ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://redis.internal:6379/0?password=s3cret",
+        "unix:///run/redis.sock?db=0&password=s3cret",
+    ],
+)
+def test_repr_hides_a_password_given_as_query_parameter(url: str) -> None:
+    assert "s3cret" not in repr(Config.from_env({"SIDECAR_REDIS_URL": url}))
+
+
+def test_unrelated_unknown_variable_gets_no_misleading_hint() -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        Config.from_env({"SIDECAR_BLOB_CONTAINER": "checkpoints"})
+    assert "did you mean" not in str(excinfo.value)  # today: "did you mean SIDECAR_LOG_LEVEL?"
