@@ -1,16 +1,24 @@
 """Wiring: one task group runs the daemon's components; stopping follows a fixed order.
 
-Start:  admin endpoint (so /healthz answers at once) → wait for Redis → write coalescer →
-        socket server. ``task_status.started()`` fires only when the socket is bound and
-        Redis answered.
-Stop:   stop accepting → answer requests already read → close Redis; all within
-        ``shutdown_grace_s``, after which what is left is cancelled with a log line.
+Start:  admin endpoint (so /healthz answers at once) → wait for Redis → wait for the blob
+        container → write coalescer → lease renewer → flusher (its first tick recovers what
+        a previous run left pending) → socket server. ``task_status.started()`` fires only
+        when the socket is bound and Redis and the blob store answered.
+Stop:   stop accepting → answer requests already read → final flush of everything pending
+        → release leases → close Redis and the store; all within ``shutdown_grace_s``,
+        after which what is left is cancelled with a log line (it stays in Redis for the
+        next start).
 A crashing component brings the whole daemon down rather than leaving it half alive.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
 
 import anyio
 from anyio.abc import TaskStatus
@@ -18,37 +26,64 @@ from prometheus_client import CollectorRegistry
 
 from sidecar import __version__
 from sidecar.admin import AdminServer
+from sidecar.blobstore import BlobStore, Writer
 from sidecar.buffer import RedisBuffer, WriteCoalescer
 from sidecar.config import Config
-from sidecar.errors import BufferUnavailable
+from sidecar.errors import SidecarError
+from sidecar.flusher import Flusher
+from sidecar.lease import LeaseManager
 from sidecar.metrics import Metrics
 from sidecar.server import SocketServer
 
 log = logging.getLogger(__name__)
 
-REDIS_RETRY_MAX_S = 10.0
+RETRY_MAX_S = 10.0
+#: Time kept for releasing leases and closing clients even when the grace period is spent.
+CLOSE_BUDGET_S = 3.0
 
 
 class Daemon:
     """The checkpoint sidecar. ``await run()``; call :meth:`request_stop` to stop gracefully."""
 
     def __init__(self, config: Config, *, registry: CollectorRegistry | None = None) -> None:
+        config.check_runnable()
         self.config = config
+        self.instance_id = str(uuid.uuid4())
+        self.writer = Writer(
+            host=socket.gethostname(), pid=os.getpid(), instance_id=self.instance_id
+        )
         self.metrics = Metrics(registry)
         self.buffer = RedisBuffer(
             config.redis_url, config.namespace, timeout_s=config.redis_timeout_s
         )
+        self.store = BlobStore(config)
         self.coalescer = WriteCoalescer(self.buffer)
-        self.server = SocketServer(config, self.buffer, self.coalescer, self.metrics)
+        # The lease id is this process's instance id: a restarted daemon is a new owner.
+        self.leases = LeaseManager(
+            self.store, self.instance_id, config.lease_duration_s, self.metrics
+        )
+        self.flusher = Flusher(
+            config, self.buffer, self.store, self.leases, self.metrics, self.writer
+        )
+        self.server = SocketServer(
+            config,
+            self.buffer,
+            self.coalescer,
+            self.metrics,
+            store=self.store,
+            flusher=self.flusher,
+        )
         self.admin = AdminServer(
             config.metrics_host,
             config.metrics_port,
             self.metrics,
-            checks=[self._socket_ready, self._redis_ready],
+            checks=[self._socket_ready, self._redis_ready, self._leases_ready],
         )
         self.metrics.buffer_queue.set_function(lambda: self.coalescer.queued)
         self.metrics.redis_up.set_function(lambda: 1.0 if self.buffer.available else 0.0)
         self._stop = anyio.Event()
+        #: Set once :meth:`run` has returned (stopped, cleanly or not).
+        self.stopped = anyio.Event()
 
     def request_stop(self) -> None:
         """Begin a graceful stop (idempotent; safe from a signal-handling task)."""
@@ -56,47 +91,67 @@ class Daemon:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         cfg = self.config
-        log.info("checkpoint-sidecar %s starting: %r", __version__, cfg)
+        log.info(
+            "checkpoint-sidecar %s starting (instance %s): %r", __version__, self.instance_id, cfg
+        )
         try:
             async with anyio.create_task_group() as tg:
                 await tg.start(self.admin.run)
-                if not await self._wait_for_redis():
+                if not (
+                    await self._wait_for("Redis", self.buffer.ping)
+                    and await self._wait_for("the blob store", self.store.ensure_container)
+                ):
                     tg.cancel_scope.cancel()
                     return
                 await tg.start(self.coalescer.run)
+                await tg.start(self.leases.run)
+                await tg.start(self.flusher.run)
                 await tg.start(self.server.run)
-                log.info("ready: namespace=%s socket=%s", cfg.namespace, cfg.socket_path)
+                log.info(
+                    "ready: namespace=%s socket=%s container=%s ack_mode=%s",
+                    cfg.namespace,
+                    cfg.socket_path,
+                    self.store.where,
+                    cfg.ack_mode,
+                )
                 task_status.started()
                 await self._stop.wait()
                 await self._shutdown()
                 tg.cancel_scope.cancel()
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_BUDGET_S):
                 await self.buffer.aclose()
+                await self.store.aclose()
+            self.stopped.set()
         log.info("stopped")
 
-    async def _wait_for_redis(self) -> bool:
-        """Block until Redis answers (True) or a stop is requested first (False)."""
+    async def _wait_for(self, what: str, probe: Callable[[], Awaitable[None]]) -> bool:
+        """Retry ``probe`` until it succeeds (True) or a stop is requested first (False)."""
         delay = 0.1
         while True:
             try:
-                await self.buffer.ping()
+                await probe()
                 return True
-            except BufferUnavailable as exc:
-                log.warning("waiting for Redis (retry in %.1fs): %s", delay, exc)
+            except SidecarError as exc:
+                if not exc.retriable:
+                    raise
+                log.warning("waiting for %s (retry in %.1fs): %s", what, delay, exc)
             with anyio.move_on_after(delay):
                 await self._stop.wait()
                 return False
-            delay = min(delay * 2, REDIS_RETRY_MAX_S)
+            delay = min(delay * 2, RETRY_MAX_S)
 
     async def _shutdown(self) -> None:
         grace = self.config.shutdown_grace_s
+        deadline = time.monotonic() + grace
         log.info(
-            "stopping: no new connections, answering requests already read (grace %.1fs)", grace
+            "stopping: no new connections, answering requests already read, then a "
+            "final flush (grace %.1fs)",
+            grace,
         )
-        with anyio.move_on_after(grace) as scope:
+        with anyio.move_on_after(grace) as draining:
             await self.server.drain()
-        if scope.cancelled_caught:
+        if draining.cancelled_caught:
             log.warning(
                 "grace period of %.1fs ran out; cutting %d connection(s) and %d queued "
                 "update(s) (not acknowledged, so clients will resend)",
@@ -104,6 +159,33 @@ class Daemon:
                 self.server.active_connections,
                 self.coalescer.queued,
             )
+        with anyio.move_on_after(max(0.0, deadline - time.monotonic())) as flushing:
+            await self.flusher.final_flush()
+        if flushing.cancelled_caught:
+            await self._log_unflushed(grace)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_BUDGET_S):
+            await self.leases.release_all()
+
+    async def _log_unflushed(self, grace: float) -> None:
+        try:
+            with anyio.CancelScope(shield=True), anyio.fail_after(1):
+                snapshot = await self.buffer.snapshot()
+        except (SidecarError, TimeoutError):
+            log.warning(
+                "grace period of %.1fs ran out before the final flush finished; "
+                "what is left stays in Redis for the next start",
+                grace,
+            )
+            return
+        left = ", ".join(
+            f"{q.query_id} ({q.pending} updates, batch {q.batch_id})" for q in snapshot.queries
+        )
+        log.warning(
+            "grace period of %.1fs ran out before the final flush finished; left "
+            "unflushed (kept in Redis, flushed at the next start): %s",
+            grace,
+            left,
+        )
 
     async def _socket_ready(self) -> str | None:
         return None if self.server.bound else "socket not bound"
@@ -112,6 +194,12 @@ class Daemon:
         try:
             with anyio.fail_after(1):
                 await self.buffer.ping()
-        except (BufferUnavailable, TimeoutError) as exc:
+        except (SidecarError, TimeoutError) as exc:
             return f"Redis unreachable: {exc}"
+        return None
+
+    async def _leases_ready(self) -> str | None:
+        lost = self.leases.not_owned()
+        if lost:
+            return f"lease not held (another owner, or the store refused) for: {', '.join(lost)}"
         return None

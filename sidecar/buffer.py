@@ -12,8 +12,9 @@ round trip) per batch.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import anyio
 import redis.asyncio as aioredis
@@ -63,6 +64,62 @@ end
 return out
 """
 
+# Everything the flusher needs, read atomically with Redis' clock.
+# KEYS[1] pending zset. ARGV[1] query hash prefix; ARGV[2..] extra query ids to report even
+# when nothing is pending (those with acks waiting on the blob). The query hashes are not in
+# KEYS because they are found inside; they share KEYS[1]'s hash tag, so one Cluster slot.
+# Returns {now_ms, {qid, pending, first_pending_ms, version, batch_id, checkpoint,
+# flushed_batch_id}, ...}; absent fields are nil.
+_SNAPSHOT_LUA = """
+local t = redis.call('TIME')
+local out = {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
+local seen = {}
+for _, qid in ipairs(ids) do seen[qid] = true end
+for i = 2, #ARGV do
+  if not seen[ARGV[i]] then table.insert(ids, ARGV[i]); seen[ARGV[i]] = true end
+end
+for _, qid in ipairs(ids) do
+  local h = redis.call('HMGET', ARGV[1] .. qid, 'pending', 'first_pending_ms', 'version',
+                       'batch_id', 'checkpoint', 'flushed_batch_id')
+  table.insert(out, {qid, h[1], h[2], h[3], h[4], h[5], h[6]})
+end
+return out
+"""
+
+# After a successful flush: record the durable batch and clear the pending state, but only
+# what the flushed snapshot covered, so an update applied meanwhile is not lost.
+# KEYS[1] query hash, KEYS[2] pending zset.
+# ARGV: query id, version at snapshot, pending at snapshot, snapshot time (ms), durable batch.
+# Returns the updates still pending.
+_MARK_FLUSHED_LUA = """
+local function newer(a, b)
+  if #a ~= #b then return #a > #b end
+  return a > b
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local flushed = redis.call('HGET', KEYS[1], 'flushed_batch_id')
+if not flushed or newer(ARGV[5], flushed) then
+  redis.call('HSET', KEYS[1], 'flushed_batch_id', ARGV[5])
+end
+redis.call('HSET', KEYS[1], 'flushed_ms', now)
+local left = 0
+if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then
+  left = redis.call('HINCRBY', KEYS[1], 'pending', -tonumber(ARGV[3]))
+end
+if left <= 0 then
+  redis.call('HSET', KEYS[1], 'pending', 0)
+  redis.call('HDEL', KEYS[1], 'first_pending_ms')
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  return 0
+end
+-- Updates arrived after the snapshot; none is older than the snapshot itself.
+redis.call('HSET', KEYS[1], 'first_pending_ms', ARGV[4])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
+return left
+"""
+
 # Redis error replies that mean "not now" rather than "never". redis-py turns some prefixes
 # into their own exception classes (stripping the prefix), so check both.
 _TRANSIENT_ERRORS = (
@@ -96,6 +153,8 @@ class RedisBuffer:
             health_check_interval=30,
         )
         self._apply = self._redis.register_script(_APPLY_LUA)
+        self._snapshot = self._redis.register_script(_SNAPSHOT_LUA)
+        self._mark_flushed = self._redis.register_script(_MARK_FLUSHED_LUA)
         #: Outcome of the last Redis call (None before the first); transitions are logged once.
         self.available: bool | None = None
 
@@ -158,8 +217,74 @@ class RedisBuffer:
             value = await self._redis.hget(self.keys.query(query_id), "checkpoint")
         return value.encode() if isinstance(value, str) else value
 
+    async def snapshot(self, extra: Iterable[str] = ()) -> Snapshot:
+        """Every query with pending updates (plus ``extra`` ones), read atomically."""
+        with self._translate("snapshot"):
+            raw = await self._snapshot(
+                keys=[self.keys.pending], args=[self.keys.query_prefix, *extra]
+            )
+        now_ms = int(raw[0])
+        queries = []
+        for qid, pending, first_ms, version, batch, doc, flushed in raw[1:]:
+            if doc is None:
+                continue  # an extra id Redis knows nothing about
+            queries.append(
+                PendingQuery(
+                    query_id=_text(qid),
+                    pending=int(pending or 0),
+                    first_pending_ms=int(first_ms) if first_ms is not None else None,
+                    version=_text(version),
+                    batch_id=int(batch),
+                    checkpoint=bytes(doc) if not isinstance(doc, str) else doc.encode(),
+                    flushed_batch_id=int(flushed) if flushed is not None else None,
+                    snapshot_ms=now_ms,
+                )
+            )
+        return Snapshot(now_ms, queries)
+
+    async def mark_flushed(self, query: PendingQuery, durable_batch_id: int) -> int:
+        """Record that ``durable_batch_id`` is in the blob; clear what the snapshot covered.
+
+        Returns the number of updates still pending (applied after the snapshot).
+        """
+        keys = [self.keys.query(query.query_id), self.keys.pending]
+        args: list[str | int] = [
+            query.query_id,
+            query.version,
+            query.pending,
+            query.snapshot_ms,
+            str(durable_batch_id),
+        ]
+        with self._translate("mark flushed"):
+            left = await self._mark_flushed(keys=keys, args=args)
+        return int(left)
+
     async def aclose(self) -> None:
         await self._redis.aclose()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True, slots=True)
+class PendingQuery:
+    """One query's flush state as read by :meth:`RedisBuffer.snapshot`."""
+
+    query_id: str
+    pending: int
+    first_pending_ms: int | None
+    version: str
+    batch_id: int
+    checkpoint: bytes
+    flushed_batch_id: int | None
+    snapshot_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now_ms: int
+    queries: list[PendingQuery]
 
 
 class _Slot:

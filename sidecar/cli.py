@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import anyio
 
-from sidecar import __version__
+from sidecar import __version__, report
 from sidecar.app import Daemon
-from sidecar.config import Config, redact_url
+from sidecar.config import Config
 from sidecar.errors import ConfigError, SidecarError
 
 log = logging.getLogger("sidecar")
@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="checkpoint-sidecar",
         description="Sidecar daemon beside a Spark driver: receives each finished micro-batch's "
-        "offsets on a local socket and buffers them in Redis.",
+        "offsets on a local socket, buffers them in Redis and flushes them to Azure blobs "
+        "under leases.",
         epilog="Configuration comes from SIDECAR_* environment variables; "
         "'checkpoint-sidecar run --help' lists them.",
     )
@@ -59,6 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(run)
     show = sub.add_parser("config", help="print the effective configuration (secrets redacted)")
     _add_settings(show)
+    lister = sub.add_parser(
+        "list",
+        help="list the namespace's checkpoints, read from the blobs",
+        description="List every query checkpoint of the namespace, read directly from the "
+        "blob store (the daemon need not run).",
+    )
+    lister.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(lister)
+    shower = sub.add_parser(
+        "show",
+        help="show one query's checkpoint, read from its blob",
+        description="Show the saved checkpoint of one query (by name or id), read directly "
+        "from the blob store.",
+    )
+    shower.add_argument("query", metavar="QUERY", help="query name or query id")
+    shower.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(shower)
     return parser
 
 
@@ -79,14 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if args.command in ("list", "show"):
+        return _inspect(args, config)
     if args.command == "config":
         for f in Config.settings():
-            value = getattr(config, f.name)
-            if f.metadata.get("secret"):
-                value = redact_url(value)
-            elif f.name == "socket_mode":
-                value = f"{value:o}"
-            print(f"{f.metadata['env']}={value}")
+            print(f"{f.metadata['env']}={config.redacted(f.name)}")
         return EXIT_OK
     if "SIDECAR_NAMESPACE" not in os.environ and args.namespace is None:
         log.warning(
@@ -95,10 +110,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             config.namespace,
         )
     try:
+        config.check_runnable()
         return anyio.run(_run, config)
+    except ConfigError as exc:
+        print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except SidecarError as exc:
         log.error("%s", exc)
         return EXIT_FAILURE
+
+
+def _inspect(args: argparse.Namespace, config: Config) -> int:
+    try:
+        config.check_runnable()
+        if args.command == "list":
+            infos = anyio.run(report.list_checkpoints, config)
+            report.print_list(infos, as_json=args.json)
+        else:
+            info = anyio.run(report.find_checkpoint, config, args.query)
+            report.print_show(info, as_json=args.json)
+    except SidecarError as exc:
+        print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE
+    return EXIT_OK
 
 
 async def _run(config: Config) -> int:

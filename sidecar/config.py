@@ -29,6 +29,7 @@ _NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def _setting(env: str, help: str, parse: Callable[[str], Any], default: Any, **kw: Any) -> Any:
+    """A Config field with its env var, help, parser; ``redact=`` marks a secret."""
     return field(default=default, metadata={"env": env, "help": help, "parse": parse, **kw})
 
 
@@ -92,7 +93,43 @@ def _loopback(text: str) -> str:
     return text
 
 
+_SECRET_PART = re.compile(r"(?i)((?:^|;)\s*(?:AccountKey|SharedAccessSignature)=)[^;]*")
+
+
+def redact_connection_string(text: str) -> str:
+    """Return an Azure Storage connection string with its key or SAS as ``***``."""
+    return _SECRET_PART.sub(r"\1***", text)
+
+
 _SECRET_QUERY = re.compile(r"(?i)((?:^|&)(?:password|pass|pwd)=)[^&]*")
+
+
+def _connection_string(text: str) -> str:
+    parts = dict(p.split("=", 1) for p in text.strip(";").split(";") if "=" in p)
+    if not ({"AccountName", "BlobEndpoint"} & parts.keys()):
+        raise ValueError("must be an Azure Storage connection string (AccountName=...;...)")
+    return text
+
+
+def _https_url(text: str) -> str:
+    if urlsplit(text).scheme not in ("https", "http") or not urlsplit(text).netloc:
+        raise ValueError("must be a URL such as https://<account>.blob.core.windows.net")
+    return text
+
+
+_CONTAINER = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
+
+
+def _container(text: str) -> str:
+    if not _CONTAINER.match(text):
+        raise ValueError("must be an Azure container name: 3-63 of a-z 0-9 -, no '--'")
+    return text
+
+
+def _ack_mode(text: str) -> str:
+    if text not in ("redis", "blob"):
+        raise ValueError("must be 'redis' or 'blob'")
+    return text
 
 
 def redact_url(url: str) -> str:
@@ -137,7 +174,7 @@ class Config:
         "Redis holding the offset buffer (password is never logged)",
         _redis_url,
         "redis://127.0.0.1:6379/0",
-        secret=True,
+        redact=redact_url,
     )
     namespace: str = _setting(
         "SIDECAR_NAMESPACE",
@@ -172,13 +209,79 @@ class Config:
     log_level: str = _setting(
         "SIDECAR_LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR", _log_level, "INFO"
     )
+    # --- blob store ------------------------------------------------------------------------
+    azure_connection_string: str | None = _setting(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "Azure Storage connection string (key or SAS is never logged)",
+        _connection_string,
+        None,
+        redact=redact_connection_string,
+    )
+    account_url: str | None = _setting(
+        "SIDECAR_ACCOUNT_URL",
+        "blob account URL, authenticated with DefaultAzureCredential (managed/workload "
+        "identity); used when no connection string is set",
+        _https_url,
+        None,
+    )
+    container: str = _setting(
+        "SIDECAR_CONTAINER",
+        "blob container for checkpoints (created if missing)",
+        _container,
+        "spark-checkpoints",
+    )
+    lease_duration_s: int = _setting(
+        "SIDECAR_LEASE_DURATION_S",
+        "blob lease duration, seconds (15-60); renewed every third of it",
+        _int(15, 60),
+        30,
+    )
+    count_threshold: int = _setting(
+        "SIDECAR_COUNT_THRESHOLD",
+        "flush a query after this many applied updates",
+        _int(1, 10_000_000),
+        100,
+    )
+    time_threshold_s: float = _setting(
+        "SIDECAR_TIME_THRESHOLD_S",
+        "flush a query when its oldest unflushed update is this old, seconds",
+        _float(0.0, 86_400),
+        10.0,
+    )
+    flush_interval_s: float = _setting(
+        "SIDECAR_FLUSH_INTERVAL_S",
+        "how often thresholds are checked, seconds",
+        _float(0.01, 3600),
+        1.0,
+    )
+    flush_concurrency: int = _setting(
+        "SIDECAR_FLUSH_CONCURRENCY", "queries flushed at the same time", _int(1, 256), 8
+    )
+    write_timeout_s: float = _setting(
+        "SIDECAR_WRITE_TIMEOUT_S",
+        "timeout of one blob call (write, lease, read), seconds",
+        _float(0.1, 600),
+        10.0,
+    )
+    ack_mode: str = _setting(
+        "SIDECAR_ACK_MODE",
+        "redis: ack once buffered in Redis; blob: ack once the batch is in the blob",
+        _ack_mode,
+        "redis",
+    )
+    blob_ack_timeout_s: float = _setting(
+        "SIDECAR_BLOB_ACK_TIMEOUT_S",
+        "in blob ack mode, reply not_durable after waiting this long, seconds",
+        _float(0.1, 3600),
+        30.0,
+    )
 
     def __repr__(self) -> str:
         shown = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.metadata.get("secret"):
-                value = redact_url(value)
+            if (redact := f.metadata.get("redact")) and value is not None:
+                value = redact(value)
             shown.append(
                 f"{f.name}={value:o}" if f.name == "socket_mode" else f"{f.name}={value!r}"
             )
@@ -219,11 +322,36 @@ class Config:
             try:
                 values[f.name] = f.metadata["parse"](raw)
             except ValueError as exc:
-                shown = "(hidden)" if f.metadata.get("secret") else repr(raw)
+                shown = "(hidden)" if f.metadata.get("redact") else repr(raw)
                 problems.append(f"{source}={shown}: {exc}")
         if problems:
             raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
         return cls(**values)
+
+    def check_runnable(self) -> None:
+        """Checks that need several settings together, made before the daemon starts.
+
+        Raises:
+            ConfigError: the blob store is not configured.
+        """
+        if not self.azure_connection_string and not self.account_url:
+            raise ConfigError(
+                "no blob store configured: set AZURE_STORAGE_CONNECTION_STRING, or "
+                "SIDECAR_ACCOUNT_URL (https://<account>.blob.core.windows.net) for "
+                "DefaultAzureCredential"
+            )
+
+    def redacted(self, name: str) -> str:
+        """A setting's value as it may be shown to people (secrets redacted)."""
+        f = next(f for f in dataclasses.fields(self) if f.name == name)
+        value = getattr(self, name)
+        if value is None:
+            return ""
+        if redact := f.metadata.get("redact"):
+            return str(redact(value))
+        if name == "socket_mode":
+            return f"{value:o}"
+        return str(value)
 
     @classmethod
     def settings(cls) -> list[dataclasses.Field[Any]]:

@@ -62,6 +62,8 @@ class _Process:
     """A child process with a temp dir, a log file and a fixed port (kept across restarts)."""
 
     name = "service"
+    #: How long a stop waits for the process to exit before killing it.
+    stop_timeout_s = 10.0
 
     def __init__(self) -> None:
         self.port = free_port()
@@ -97,7 +99,7 @@ class _Process:
         if self._proc.poll() is None:
             self._proc.send_signal(sig)
             try:
-                self._proc.wait(10)
+                self._proc.wait(self.stop_timeout_s)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
@@ -158,6 +160,8 @@ class Azurite(_Process):
     """A private Azurite blob service (Azure Storage emulator) with its own data dir."""
 
     name = "azurite"
+    # Azurite's graceful close can wait ~10 s for idle keep-alive connections to time out.
+    stop_timeout_s = 2.0
 
     def __init__(self) -> None:
         binary = os.environ.get("AZURITE_BIN") or str(AZURITE_DEFAULT_BIN)
@@ -195,3 +199,13 @@ class Azurite(_Process):
             f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
             f"AccountKey={AZURITE_KEY};BlobEndpoint={self.blob_endpoint};"
         )
+
+    def blob_writes(self, container: str, blob_name: str) -> int:
+        """Writes of a blob made under a lease, counted from Azurite's own request log."""
+        url = f"RequestURL=http://127.0.0.1/{AZURITE_ACCOUNT}/{container}/{blob_name} "
+        count = 0
+        with open(self.dir / "debug.log", errors="replace") as log:
+            for line in log:
+                if "RequestMethod=PUT" in line and url in line and '"x-ms-lease-id"' in line:
+                    count += 1
+        return count

@@ -37,3 +37,26 @@ class BufferError_(SidecarError):
     """Redis answered with an error that retrying will not fix (a bug or a misconfiguration)."""
 
     code = "internal"
+
+
+class StoreUnavailable(SidecarError):
+    """The blob store cannot be reached, timed out or answered 5xx/429; retry with backoff."""
+
+    retriable = True
+    code = "unavailable"
+
+
+class StoreError(SidecarError):
+    """The blob store refused a call for a reason retrying will not fix (auth, bad request)."""
+
+
+class LeaseConflict(SidecarError):
+    """Another owner holds the lease on a query's blob; this daemon must not write it."""
+
+    retriable = True
+
+
+class LeaseLost(SidecarError):
+    """Our lease was refused (expired, broken or taken over); the write did not happen."""
+
+    retriable = True

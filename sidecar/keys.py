@@ -11,6 +11,8 @@ Spark application (one sidecar), so a slot per namespace spreads well across a c
                                      pending           applied updates since the last flush
                                      first_pending_ms  Redis time of the oldest unflushed one
                                      updated_ms        Redis time of the newest applied one
+                                     flushed_batch_id  last batch durable in the blob
+                                     flushed_ms        Redis time of the last flush
     cps:{<ns>}:pending        zset   query ids with pending updates, scored by first_pending_ms
     cps:{<ns>}:queries        set    every query id ever seen in the namespace
 """
@@ -34,7 +36,12 @@ class Keys:
 
     def query(self, query_id: str) -> str:
         """Hash holding one query's latest checkpoint and its flush bookkeeping."""
-        return f"{self._base}:q:{query_id}"
+        return f"{self.query_prefix}{query_id}"
+
+    @property
+    def query_prefix(self) -> str:
+        """Prefix of every query hash (scripts append the query id)."""
+        return f"{self._base}:q:"
 
     @property
     def pending(self) -> str:

@@ -12,6 +12,11 @@ from sidecar import __version__
 from sidecar.protocol import ErrorCode
 
 UPDATE_RESULTS = ("applied", "stale", "rejected")
+#: ok: written; skipped: the blob already held that batch or newer; not_owned: lease held
+#: elsewhere; lease_lost: the store refused our lease; error: store/Redis failure (retried).
+FLUSH_RESULTS = ("ok", "skipped", "not_owned", "lease_lost", "error")
+RENEWAL_RESULTS = ("ok", "lost", "error")
+FLUSH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 # Acks are a local socket plus one Redis round trip: sub-millisecond when healthy, seconds
 # only when Redis is struggling (the Redis timeout caps the tail).
@@ -54,6 +59,49 @@ class Metrics:
         self.redis_up = Gauge(
             "checkpoint_sidecar_redis_up", "1 when the last Redis call succeeded", registry=r
         )
+        # --- flushing to the blob store (per-query series are labelled by query name/id) ---
+        self.flushes = Counter(
+            "checkpoint_sidecar_flushes",
+            "Flush attempts of one query's checkpoint, by result",
+            ["result"],
+            registry=r,
+        )
+        self.flush_seconds = Histogram(
+            "checkpoint_sidecar_flush_seconds",
+            "Duration of one checkpoint blob write, seconds",
+            buckets=FLUSH_BUCKETS,
+            registry=r,
+        )
+        self.checkpoint_batch_id = Gauge(
+            "checkpoint_sidecar_checkpoint_batch_id",
+            "Last batch id durable in the query's blob",
+            ["query"],
+            registry=r,
+        )
+        self.checkpoint_age = Gauge(
+            "checkpoint_sidecar_checkpoint_age_seconds",
+            "Age of the oldest applied update not yet durable in the blob (0: up to date)",
+            ["query"],
+            registry=r,
+        )
+        self.pending_updates = Gauge(
+            "checkpoint_sidecar_pending_updates",
+            "Applied updates buffered in Redis and not yet flushed to the blob",
+            ["query"],
+            registry=r,
+        )
+        self.lease_held = Gauge(
+            "checkpoint_sidecar_lease_held",
+            "1 while this daemon holds the lease on the query's blob",
+            ["query"],
+            registry=r,
+        )
+        self.lease_renewals = Counter(
+            "checkpoint_sidecar_lease_renewals",
+            "Lease renewals, by result (lost: refused by the store)",
+            ["result"],
+            registry=r,
+        )
         Info("checkpoint_sidecar_build", "Version of the daemon", registry=r).info(
             {"version": __version__}
         )
@@ -62,3 +110,7 @@ class Metrics:
             self.updates.labels(result)
         for code in ErrorCode:
             self.bad_requests.labels(code.value)
+        for result in FLUSH_RESULTS:
+            self.flushes.labels(result)
+        for result in RENEWAL_RESULTS:
+            self.lease_renewals.labels(result)

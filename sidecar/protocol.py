@@ -52,6 +52,7 @@ class ErrorCode(enum.StrEnum):
     UNKNOWN_OP = "unknown_op"  # "op" is missing from the known set
     FRAME_TOO_LARGE = "frame_too_large"  # line over the limit; the connection is closed
     UNAVAILABLE = "unavailable"  # Redis unreachable; nothing stored; retry
+    NOT_DURABLE = "not_durable"  # ack_mode=blob: stored in Redis, not yet in the blob in time
     SHUTTING_DOWN = "shutting_down"  # the daemon is stopping; retry against the next one
     INTERNAL = "internal"  # a bug; the message says what failed
 

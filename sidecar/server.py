@@ -22,9 +22,12 @@ import msgspec
 from anyio.abc import ByteStream, Listener, TaskStatus
 from anyio.streams.stapled import MultiListener
 
+from sidecar import checkpoint as ckpt
+from sidecar.blobstore import BlobStore
 from sidecar.buffer import RedisBuffer, WriteCoalescer, _Slot
 from sidecar.config import Config
 from sidecar.errors import SidecarError, SocketInUse
+from sidecar.flusher import Flusher
 from sidecar.metrics import Metrics
 from sidecar.protocol import (
     BadRequest,
@@ -80,9 +83,18 @@ class SocketServer:
     """Accepts connections and answers their requests until :meth:`drain`."""
 
     def __init__(
-        self, config: Config, buffer: RedisBuffer, coalescer: WriteCoalescer, metrics: Metrics
+        self,
+        config: Config,
+        buffer: RedisBuffer,
+        coalescer: WriteCoalescer,
+        metrics: Metrics,
+        *,
+        store: BlobStore | None = None,
+        flusher: Flusher | None = None,
     ) -> None:
         self._config = config
+        self._store = store
+        self._flusher = flusher if config.ack_mode == "blob" else None
         self._buffer = buffer
         self._coalescer = coalescer
         self._metrics = metrics
@@ -209,13 +221,29 @@ class SocketServer:
                     m.updates.labels("rejected").inc()
                     return encode_error(rid, ErrorCode.INTERNAL, "internal error; see daemon log")
                 m.updates.labels("applied" if applied else "stale").inc()
-                m.ack_seconds.observe(time.perf_counter() - started)
                 if not applied:
                     log.debug("stale update query=%s batch=%d not applied", c.label, c.batch_id)
+                if self._flusher is not None:  # ack_mode=blob: wait until the blob has it
+                    with anyio.move_on_after(self._config.blob_ack_timeout_s):
+                        await self._flusher.wait_durable(c.query_id, c.batch_id)
+                        m.ack_seconds.observe(time.perf_counter() - started)
+                        return encode_ok(rid, applied=applied)
+                    return encode_error(
+                        rid,
+                        ErrorCode.NOT_DURABLE,
+                        f"batch {c.batch_id} of query {c.label} is stored in Redis but not yet "
+                        f"in the blob after {self._config.blob_ack_timeout_s}s (lease not held "
+                        "or store unavailable; see /readyz); resending is safe",
+                    )
+                m.ack_seconds.observe(time.perf_counter() - started)
                 return encode_ok(rid, applied=applied)
             case Get(id=rid, query_id=query_id):
                 try:
                     raw = await self._buffer.get(query_id)
+                    if raw is None and self._store is not None:
+                        # Redis lost it (or never had it): the blob is the durable copy.
+                        doc = await self._store.read(query_id)
+                        raw = ckpt.encode(doc.checkpoint()) if doc is not None else None
                 except SidecarError as exc:
                     return encode_error(rid, ErrorCode(exc.code), str(exc))
                 return encode_ok(rid, checkpoint=msgspec.Raw(raw) if raw else None)

@@ -53,7 +53,7 @@ def short_tmp() -> Iterator[Path]:
 
 @pytest.fixture
 def make_config(
-    redis_server: RedisServer, namespace: str, short_tmp: Path
+    redis_server: RedisServer, azurite: Azurite, namespace: str, short_tmp: Path
 ) -> Callable[..., Config]:
     """Build a daemon Config for this test; keyword args override SIDECAR_* settings."""
 
@@ -65,8 +65,13 @@ def make_config(
             "SIDECAR_METRICS_PORT": "0",
             "SIDECAR_METRICS_HOST": "127.0.0.1",
             "SIDECAR_SHUTDOWN_GRACE_S": "5",
+            "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string,
+            "SIDECAR_CONTAINER": "checkpoints",
+            "SIDECAR_LEASE_DURATION_S": "15",
+            "SIDECAR_FLUSH_INTERVAL_S": "0.05",
         }
-        env.update({f"SIDECAR_{k.upper()}": str(v) for k, v in overrides.items()})
+        env_names = {f.name: f.metadata["env"] for f in Config.settings()}
+        env.update({env_names[k]: str(v) for k, v in overrides.items()})
         return Config.from_env(env)
 
     return make

@@ -26,6 +26,17 @@ DEFAULTS = {
     "redis_timeout_s": 2.0,
     "shutdown_grace_s": 20.0,
     "log_level": "INFO",
+    "azure_connection_string": None,
+    "account_url": None,
+    "container": "spark-checkpoints",
+    "lease_duration_s": 30,
+    "count_threshold": 100,
+    "time_threshold_s": 10.0,
+    "flush_interval_s": 1.0,
+    "flush_concurrency": 8,
+    "write_timeout_s": 10.0,
+    "ack_mode": "redis",
+    "blob_ack_timeout_s": 30.0,
 }
 
 
@@ -53,9 +64,13 @@ def test_variables_outside_the_prefix_are_ignored() -> None:
 
 
 def test_every_setting_is_named_after_its_field() -> None:
-    # tests/conftest.py and the CLI rely on SIDECAR_<FIELD> naming.
+    # The CLI derives flags from field names; the env names follow them, except the Azure
+    # SDK's conventional AZURE_STORAGE_CONNECTION_STRING.
     for f in Config.settings():
-        assert f.metadata["env"] == f"SIDECAR_{f.name.upper()}"
+        expected = f"SIDECAR_{f.name.upper()}"
+        if f.name == "azure_connection_string":
+            expected = "AZURE_STORAGE_CONNECTION_STRING"
+        assert f.metadata["env"] == expected
         assert f.metadata["help"]
 
 
@@ -163,8 +178,8 @@ def test_unknown_variable_is_refused_with_a_hint() -> None:
 
 
 def test_unknown_variable_unlike_any_setting_is_refused_too() -> None:
-    message = problems({"SIDECAR_BLOB_CONTAINER": "checkpoints"})
-    assert "SIDECAR_BLOB_CONTAINER: unknown setting" in message
+    message = problems({"SIDECAR_WIDGET_COLOR": "checkpoints"})
+    assert "SIDECAR_WIDGET_COLOR: unknown setting" in message
 
 
 @pytest.mark.parametrize(
@@ -273,5 +288,36 @@ def test_repr_hides_a_password_given_as_query_parameter(url: str) -> None:
 
 def test_unrelated_unknown_variable_gets_no_misleading_hint() -> None:
     with pytest.raises(ConfigError) as excinfo:
-        Config.from_env({"SIDECAR_BLOB_CONTAINER": "checkpoints"})
-    assert "did you mean" not in str(excinfo.value)  # today: "did you mean SIDECAR_LOG_LEVEL?"
+        Config.from_env({"SIDECAR_WIDGET_COLOR": "checkpoints"})
+    assert "did you mean" not in str(excinfo.value)
+
+
+def test_connection_string_key_is_redacted_everywhere() -> None:
+    conn = (
+        "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=c2VjcmV0a2V5;EndpointSuffix=x"
+    )
+    config = Config.from_env({"AZURE_STORAGE_CONNECTION_STRING": conn})
+    assert "c2VjcmV0a2V5" not in repr(config)
+    assert "c2VjcmV0a2V5" not in config.redacted("azure_connection_string")
+    assert "AccountName=acct" in config.redacted("azure_connection_string")
+
+
+def test_run_needs_a_blob_store() -> None:
+    with pytest.raises(ConfigError, match="AZURE_STORAGE_CONNECTION_STRING"):
+        Config.from_env({}).check_runnable()
+    Config.from_env({"SIDECAR_ACCOUNT_URL": "https://acct.blob.core.windows.net"}).check_runnable()
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("SIDECAR_LEASE_DURATION_S", "10"),
+        ("SIDECAR_LEASE_DURATION_S", "61"),
+        ("SIDECAR_CONTAINER", "Bad_Name"),
+        ("SIDECAR_ACK_MODE", "disk"),
+        ("SIDECAR_COUNT_THRESHOLD", "0"),
+        ("AZURE_STORAGE_CONNECTION_STRING", "not a connection string"),
+    ],
+)
+def test_blob_settings_are_validated(var: str, value: str) -> None:
+    assert var in problems({var: value})

@@ -13,13 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.devservices import REPO_ROOT, RedisServer
+from sidecar.devservices import REPO_ROOT, Azurite, RedisServer
 from tests.helpers import DaemonProcess
 
 
 @pytest.fixture
-def daemon_env(redis_server: RedisServer, short_tmp: Path, namespace: str) -> dict[str, str]:
+def daemon_env(
+    redis_server: RedisServer, azurite: Azurite, short_tmp: Path, namespace: str
+) -> dict[str, str]:
     return {
+        "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string,
         "SIDECAR_SOCKET_PATH": str(short_tmp / "s.sock"),
         "SIDECAR_REDIS_URL": redis_server.url,
         "SIDECAR_NAMESPACE": namespace,

@@ -1,0 +1,283 @@
+"""The blob store: one JSON document per query, every write under that blob's lease.
+
+Layout: container ``SIDECAR_CONTAINER``, blob ``<namespace>/<query_id>.json``, metadata
+``query_name`` (so ``list`` can show names without downloading). The document format is
+:class:`CheckpointDocument` (``docs/blob-format.md``).
+
+Azure SDK errors are translated here, once: a refused lease → :class:`LeaseConflict`
+(acquire) or :class:`LeaseLost` (renew, write); network errors, timeouts, 5xx and 429 →
+:class:`StoreUnavailable`; anything else → :class:`StoreError`. The SDK's own retries are
+off: the flusher retries with backoff and jitter and sees every failure.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import msgspec
+from azure.core.exceptions import (
+    AzureError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+from azure.storage.blob import ContentSettings
+from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient, ContainerClient
+
+from sidecar.checkpoint import Checkpoint, SourceOffsets
+from sidecar.config import Config
+from sidecar.errors import LeaseConflict, LeaseLost, StoreError, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+
+class Writer(msgspec.Struct, frozen=True):
+    """Who wrote a checkpoint document."""
+
+    host: str
+    pid: int
+    instance_id: str
+
+
+class CheckpointDocument(msgspec.Struct, frozen=True):
+    """The JSON document stored in a query's blob (schema version 1)."""
+
+    schema_version: int
+    checkpoint_id: str
+    query_id: str
+    run_id: str
+    name: str | None
+    batch_id: int
+    timestamp: str
+    sources: list[SourceOffsets]
+    writer: Writer
+    written_at: str
+
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(
+            query_id=self.query_id,
+            run_id=self.run_id,
+            name=self.name,
+            batch_id=self.batch_id,
+            timestamp=self.timestamp,
+            sources=self.sources,
+        )
+
+
+class BlobInfo(msgspec.Struct, frozen=True):
+    """A checkpoint blob as listed: its document (None while still empty) and lease state."""
+
+    blob_name: str
+    lease_state: str
+    document: CheckpointDocument | None
+
+
+_encoder = msgspec.json.Encoder()
+_doc_decoder = msgspec.json.Decoder(CheckpointDocument)
+
+_JSON = ContentSettings(content_type="application/json")
+
+# Status codes that mean "try again later".
+_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def encode_document(doc: CheckpointDocument) -> bytes:
+    return _encoder.encode(doc)
+
+
+def decode_document(data: bytes, blob_name: str = "blob") -> CheckpointDocument | None:
+    """Parse a blob's body; None for the empty body of a freshly created blob.
+
+    Raises:
+        StoreError: the body is not a checkpoint document (written by something else?).
+    """
+    if not data:
+        return None
+    try:
+        return _doc_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"{blob_name} is not a checkpoint document: {exc}") from exc
+
+
+class BlobStore:
+    """Async access to the checkpoint container. Every call is time-limited.
+
+    Raises (every method): :class:`StoreUnavailable`, :class:`StoreError`, and where noted
+    :class:`LeaseConflict` / :class:`LeaseLost`.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self._namespace = config.namespace
+        self._timeout_s = config.write_timeout_s
+        # The SDK retries are off (retry_total=0): the flusher owns retry policy.
+        options: dict[str, Any] = {
+            "retry_total": 0,
+            "connection_timeout": config.write_timeout_s,
+            "read_timeout": config.write_timeout_s,
+        }
+        self._credential: Any = None
+        if config.azure_connection_string:
+            self._service = BlobServiceClient.from_connection_string(
+                config.azure_connection_string, **options
+            )
+        elif config.account_url:
+            from azure.identity.aio import DefaultAzureCredential
+
+            self._credential = DefaultAzureCredential()
+            self._service = BlobServiceClient(
+                config.account_url, credential=self._credential, **options
+            )
+        else:
+            config.check_runnable()  # raises ConfigError naming both settings
+        self._container: ContainerClient = self._service.get_container_client(config.container)
+        self.container = config.container
+        self.where = f"{self._service.url.split('?')[0]}{config.container}"
+
+    def blob_name(self, query_id: str) -> str:
+        return f"{self._namespace}/{query_id}.json"
+
+    @asynccontextmanager
+    async def _call(self, what: str) -> AsyncIterator[None]:
+        """Time-limit one SDK call and translate its errors."""
+        try:
+            with anyio.fail_after(self._timeout_s):
+                yield
+        except TimeoutError as exc:
+            raise StoreUnavailable(
+                f"blob store {self.where}: {what} timed out after {self._timeout_s}s"
+            ) from exc
+        except (ServiceRequestError, ServiceResponseError, OSError) as exc:
+            raise StoreUnavailable(
+                f"blob store {self.where} unreachable during {what}: {exc}"
+            ) from exc
+        except HttpResponseError as exc:
+            raise _translate(exc, what, self.where) from exc
+        except AzureError as exc:
+            raise StoreError(f"blob store {self.where}: {what} failed: {exc}") from exc
+
+    async def ensure_container(self) -> None:
+        """Create the container if it does not exist."""
+        async with self._call("create container"):
+            try:
+                await self._container.create_container()
+                log.info("created blob container %s", self.where)
+            except ResourceExistsError:
+                pass
+
+    async def create_if_absent(self, query_id: str) -> None:
+        """Create the query's blob (empty) so it can be leased; a no-op when it exists."""
+        blob = self._container.get_blob_client(self.blob_name(query_id))
+        async with self._call("create blob"):
+            try:
+                await blob.upload_blob(b"", overwrite=False)
+            except ResourceExistsError:
+                pass
+            except HttpResponseError as exc:
+                # An existing blob under someone's lease answers 412 to a lease-less create.
+                if exc.status_code != 412:
+                    raise
+
+    async def acquire_lease(self, query_id: str, lease_id: str, duration_s: int) -> None:
+        """Acquire (or re-acquire) the lease with our ``lease_id``.
+
+        Raises:
+            LeaseConflict: another lease is active on the blob.
+        """
+        lease = self._lease_client(query_id, lease_id)
+        async with self._call("acquire lease"):
+            await lease.acquire(lease_duration=duration_s)
+
+    async def renew_lease(self, query_id: str, lease_id: str) -> None:
+        """Raises: LeaseLost: the lease expired and was taken, or was broken."""
+        async with self._call("renew lease"):
+            await self._lease_client(query_id, lease_id).renew()
+
+    async def release_lease(self, query_id: str, lease_id: str) -> None:
+        async with self._call("release lease"):
+            await self._lease_client(query_id, lease_id).release()
+
+    async def write(
+        self, query_id: str, body: bytes, *, lease_id: str, query_name: str | None
+    ) -> None:
+        """Replace the query's document. The store refuses it unless ``lease_id`` is held.
+
+        Raises:
+            LeaseLost: the store refused the lease (expired, broken, another owner).
+        """
+        blob = self._container.get_blob_client(self.blob_name(query_id))
+        metadata = {"query_id": query_id}
+        if query_name:
+            metadata["query_name"] = query_name.encode("ascii", "replace").decode()
+        async with self._call("write checkpoint"):
+            await blob.upload_blob(
+                body,
+                overwrite=True,
+                lease=lease_id,  # type: ignore[arg-type]  # the SDK accepts the id string
+                metadata=metadata,
+                content_settings=_JSON,
+            )
+
+    async def read(self, query_id: str) -> CheckpointDocument | None:
+        """The query's document, or None when there is no blob (or it is still empty)."""
+        blob = self._container.get_blob_client(self.blob_name(query_id))
+        async with self._call("read checkpoint"):
+            try:
+                stream = await blob.download_blob()
+                data = await stream.readall()
+            except ResourceNotFoundError:
+                return None
+        return decode_document(data, blob.blob_name)
+
+    async def list(self) -> list[BlobInfo]:
+        """Every checkpoint blob of the namespace, with its document and lease state."""
+        out: list[BlobInfo] = []
+        async with self._call("list checkpoints"):
+            async for item in self._container.list_blobs(name_starts_with=f"{self._namespace}/"):
+                stream = await self._container.get_blob_client(item.name).download_blob()
+                try:
+                    doc = decode_document(await stream.readall(), item.name)
+                except StoreError as exc:
+                    log.warning("skipping %s", exc)
+                    continue
+                out.append(BlobInfo(item.name, str(item.lease.state or "available"), doc))
+        return out
+
+    async def lease_state(self, query_id: str) -> str:
+        """The blob's lease state as the store reports it (available, leased, broken, ...)."""
+        blob = self._container.get_blob_client(self.blob_name(query_id))
+        async with self._call("get blob properties"):
+            props = await blob.get_blob_properties()
+        return str(props.lease.state)
+
+    def _lease_client(self, query_id: str, lease_id: str) -> BlobLeaseClient:
+        blob = self._container.get_blob_client(self.blob_name(query_id))
+        return BlobLeaseClient(blob, lease_id=lease_id)
+
+    async def aclose(self) -> None:
+        await self._service.close()
+        if self._credential is not None:
+            await self._credential.close()
+
+
+def _translate(exc: HttpResponseError, what: str, where: str) -> Exception:
+    status = exc.status_code or 0
+    raw_code = getattr(exc, "error_code", None)  # set by the storage SDK's error mapping
+    code = str(getattr(raw_code, "value", raw_code) or "")
+    detail = f"blob store {where}: {what} refused ({status} {code})"
+    if code == "LeaseAlreadyPresent":
+        return LeaseConflict(f"{detail}: another owner holds the lease")
+    if status in (409, 412) and code.startswith("Lease"):
+        return LeaseLost(f"{detail}: our lease is no longer valid")
+    if status in _TRANSIENT_STATUS:
+        return StoreUnavailable(f"{detail}; will retry")
+    if status in (401, 403):
+        return StoreError(f"{detail}: check the credentials and their role on the container")
+    return StoreError(detail)

@@ -1,0 +1,262 @@
+"""The flusher: moves each query's latest checkpoint from Redis to its blob.
+
+Every ``flush_interval_s`` it reads a snapshot of the pending queries from Redis and flushes
+a query when it has ``count_threshold`` updates pending, when its oldest pending update is
+``time_threshold_s`` old, or when an acknowledgement waits on it (``ack_mode=blob``: one
+write answers every waiting ack of that query — group commit). Queries flush concurrently,
+at most ``flush_concurrency`` at a time, each write time-limited.
+
+A flush writes only under the query's lease (``sidecar.lease``) and never moves a blob
+backwards: after acquiring a lease it reads the blob, and a snapshot not newer than what the
+blob holds is recorded as flushed without a write. A failed write is retried with capped
+exponential backoff and jitter; nothing is dropped, because the pending state in Redis is
+cleared only after the write succeeded, and only as far as the written snapshot covered.
+
+At start the first tick flushes whatever a previous run left pending (crash recovery); at
+stop :meth:`final_flush` flushes everything owned, whatever the thresholds.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from collections import defaultdict
+from datetime import UTC, datetime
+
+import anyio
+from anyio.abc import TaskStatus
+
+from sidecar import checkpoint as ckpt
+from sidecar.blobstore import BlobStore, CheckpointDocument, Writer, encode_document
+from sidecar.buffer import PendingQuery, RedisBuffer
+from sidecar.config import Config
+from sidecar.errors import LeaseLost, SidecarError
+from sidecar.lease import LeaseManager
+from sidecar.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+RETRY_BASE_S = 0.5
+RETRY_CAP_S = 30.0
+
+
+class Flusher:
+    def __init__(
+        self,
+        config: Config,
+        buffer: RedisBuffer,
+        store: BlobStore,
+        leases: LeaseManager,
+        metrics: Metrics,
+        writer: Writer,
+    ) -> None:
+        self._config = config
+        self._buffer = buffer
+        self._store = store
+        self._leases = leases
+        self._metrics = metrics
+        self._writer = writer
+        self._limiter = anyio.CapacityLimiter(config.flush_concurrency)
+        self._failures: dict[str, int] = {}
+        self._retry_at: dict[str, float] = {}
+        self._waiters: dict[str, list[tuple[int, anyio.Event]]] = defaultdict(list)
+        self._durable: dict[str, int] = {}
+        self._labels: dict[str, str] = {}
+        #: Queries a previous run left pending: due whatever the thresholds until flushed
+        #: (None until the first snapshot has been read).
+        self._recovering: set[str] | None = None
+
+    # --- acknowledgements in blob mode -----------------------------------------------------
+
+    async def wait_durable(self, query_id: str, batch_id: int) -> None:
+        """Return once the query's blob holds ``batch_id`` or a newer batch."""
+        if self._durable.get(query_id, -1) >= batch_id:
+            return
+        entry = (batch_id, anyio.Event())
+        self._waiters[query_id].append(entry)
+        try:
+            await entry[1].wait()
+        finally:
+            waiting = self._waiters.get(query_id)
+            if waiting and entry in waiting:
+                waiting.remove(entry)
+            if not waiting:
+                self._waiters.pop(query_id, None)
+
+    def _durable_now(self, query_id: str, batch_id: int) -> None:
+        if batch_id > self._durable.get(query_id, -1):
+            self._durable[query_id] = batch_id
+        for wanted, event in self._waiters.get(query_id, []):
+            if wanted <= batch_id:
+                event.set()
+
+    # --- the loop --------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self.tick()
+            await anyio.sleep(self._config.flush_interval_s)
+
+    async def tick(self, *, final: bool = False) -> int:
+        """One pass. Returns how many owned queries are still left pending by a failure."""
+        try:
+            snapshot = await self._buffer.snapshot(extra=list(self._waiters))
+        except SidecarError as exc:
+            log.warning("flush check skipped: %s", exc)
+            return 1
+        cfg = self._config
+        now = time.monotonic()
+        if self._recovering is None:
+            # Recovery: whatever a previous run acknowledged but did not flush is due now,
+            # whatever the thresholds, and stays due until flushed (e.g. once the dead
+            # daemon's lease has expired).
+            self._recovering = {q.query_id for q in snapshot.queries if q.pending > 0}
+            if self._recovering:
+                log.info(
+                    "recovering %d query(ies) left pending by a previous run: %s",
+                    len(self._recovering),
+                    ", ".join(sorted(self._recovering)),
+                )
+        due: list[PendingQuery] = []
+        for q in snapshot.queries:
+            label = self._label(q)
+            age_s = 0.0
+            if q.pending > 0 and q.first_pending_ms is not None:
+                age_s = max(0.0, (snapshot.now_ms - q.first_pending_ms) / 1000)
+            self._metrics.pending_updates.labels(label).set(q.pending)
+            self._metrics.checkpoint_age.labels(label).set(age_s)
+            if q.flushed_batch_id is not None:
+                self._durable_now(q.query_id, q.flushed_batch_id)
+            if q.pending <= 0:
+                continue
+            if not final and self._retry_at.get(q.query_id, 0.0) > now:
+                continue
+            if (
+                final
+                or q.pending >= cfg.count_threshold
+                or age_s >= cfg.time_threshold_s
+                or q.query_id in self._waiters
+                or q.query_id in self._recovering
+            ):
+                due.append(q)
+        failed = 0
+
+        async def flush(q: PendingQuery) -> None:
+            nonlocal failed
+            async with self._limiter:
+                if not await self._flush(q):
+                    failed += 1
+
+        async with anyio.create_task_group() as tg:
+            for q in due:
+                tg.start_soon(flush, q)
+        return failed
+
+    async def final_flush(self) -> None:
+        """Flush everything pending that this daemon owns; retry until done or cancelled."""
+        while await self.tick(final=True):  # noqa: ASYNC110 - a pause between flush passes
+            await anyio.sleep(0.2)
+
+    # --- one query -------------------------------------------------------------------------
+
+    def _label(self, q: PendingQuery) -> str:
+        label = self._labels.get(q.query_id)
+        if label is None:
+            label = self._labels[q.query_id] = ckpt.decode(q.checkpoint).label
+        return label
+
+    async def _flush(self, q: PendingQuery) -> bool:
+        """Flush one query. False when it failed and must be retried (not: not owned)."""
+        checkpoint = ckpt.decode(q.checkpoint)
+        label = checkpoint.label
+        m = self._metrics
+        lease = await self._leases.ensure_held(q.query_id, label)
+        if lease is None:
+            m.flushes.labels("not_owned").inc()
+            log.debug("flush query=%s batch=%d skipped: lease not held", label, q.batch_id)
+            return True
+        try:
+            if lease.blob_batch_id is None:
+                doc = await self._store.read(q.query_id)
+                lease.blob_batch_id = doc.batch_id if doc is not None else -1
+            if checkpoint.batch_id <= lease.blob_batch_id:
+                durable = lease.blob_batch_id
+                result = "skipped"
+                log.info(
+                    "flush query=%s batch=%d: blob already holds batch %d, not writing",
+                    label,
+                    checkpoint.batch_id,
+                    durable,
+                )
+            else:
+                body = encode_document(self._document(checkpoint))
+                started = time.perf_counter()
+                await self._store.write(
+                    q.query_id, body, lease_id=self._leases.lease_id, query_name=checkpoint.name
+                )
+                m.flush_seconds.observe(time.perf_counter() - started)
+                lease.blob_batch_id = durable = checkpoint.batch_id
+                result = "ok"
+            left = await self._buffer.mark_flushed(q, durable)
+        except LeaseLost as exc:
+            m.flushes.labels("lease_lost").inc()
+            self._leases.lost(q.query_id, str(exc))
+            return True
+        except SidecarError as exc:
+            m.flushes.labels("error").inc()
+            delay = self._backoff(q.query_id)
+            log.warning(
+                "flush query=%s batch=%d failed (retry %d in %.1fs): %s",
+                label,
+                q.batch_id,
+                self._failures[q.query_id],
+                delay,
+                exc,
+            )
+            return False
+        self._failures.pop(q.query_id, None)
+        self._retry_at.pop(q.query_id, None)
+        if self._recovering:
+            self._recovering.discard(q.query_id)
+        m.flushes.labels(result).inc()
+        m.checkpoint_batch_id.labels(label).set(durable)
+        m.pending_updates.labels(label).set(left)
+        if left == 0:
+            m.checkpoint_age.labels(label).set(0)
+        log.debug(
+            "flushed query=%s batch=%d (%d updates; %d still pending)",
+            label,
+            durable,
+            q.pending,
+            left,
+        )
+        self._durable_now(q.query_id, durable)
+        return True
+
+    def _backoff(self, query_id: str) -> float:
+        failures = self._failures[query_id] = self._failures.get(query_id, 0) + 1
+        delay: float = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(failures - 1, 16))
+        delay *= random.uniform(0.5, 1.0)  # jitter: queries must not retry in lockstep
+        self._retry_at[query_id] = time.monotonic() + delay
+        return delay
+
+    def _document(self, c: ckpt.Checkpoint) -> CheckpointDocument:
+        return CheckpointDocument(
+            schema_version=1,
+            checkpoint_id=uuid.uuid4().hex,
+            query_id=c.query_id,
+            run_id=c.run_id,
+            name=c.name,
+            batch_id=c.batch_id,
+            timestamp=c.timestamp,
+            sources=c.sources,
+            writer=self._writer,
+            written_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
+        )
+
+    def pending_summary(self) -> str:
+        """For the shutdown log: what is known to be durable, per query."""
+        return ", ".join(f"{self._labels.get(q, q)}@{b}" for q, b in self._durable.items())

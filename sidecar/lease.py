@@ -1,0 +1,227 @@
+"""Blob lease ownership, one lease per query blob, held for as long as the daemon runs.
+
+Invariant: **a checkpoint blob is written only while its lease is HELD.** The flusher gets a
+lease only from :meth:`LeaseManager.ensure_held`, which returns it only in HELD and only
+while the lease is known to be valid (renewed in time); every write also carries the lease
+id, so the store itself refuses a stale owner.
+
+States and transitions (anything else raises :class:`IllegalTransition`)::
+
+    ACQUIRING ──acquired──────────▶ HELD ──renewed──▶ HELD
+        │                            │
+        │ another owner / store down │ renewal or write refused, or not renewed in time
+        ▼                            ▼
+       LOST ◀────────────────────────┘
+        │ backoff elapsed
+        └──────────▶ ACQUIRING
+    ACQUIRING | HELD | LOST ──release (shutdown)──▶ RELEASED (final)
+
+LOST is "not owned": nothing is written, updates stay buffered in Redis, the state shows
+in ``checkpoint_sidecar_lease_held{query}``, logs and ``/readyz``, and acquisition is
+retried with capped exponential backoff and jitter.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import TaskStatus
+
+from sidecar.blobstore import BlobStore
+from sidecar.errors import LeaseConflict, LeaseLost, SidecarError
+from sidecar.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+#: A lease is treated as lost this long before it would expire without a renewal, so a
+#: write never starts on a lease that may lapse while the request is in flight.
+EXPIRY_MARGIN_S = 3.0
+
+
+class LeaseState(enum.Enum):
+    ACQUIRING = "acquiring"
+    HELD = "held"
+    LOST = "lost"
+    RELEASED = "released"
+
+
+_ALLOWED: dict[LeaseState, frozenset[LeaseState]] = {
+    LeaseState.ACQUIRING: frozenset({LeaseState.HELD, LeaseState.LOST, LeaseState.RELEASED}),
+    LeaseState.HELD: frozenset({LeaseState.HELD, LeaseState.LOST, LeaseState.RELEASED}),
+    LeaseState.LOST: frozenset({LeaseState.ACQUIRING, LeaseState.RELEASED}),
+    LeaseState.RELEASED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A lease was asked to make a move the state table does not allow (a bug)."""
+
+
+@dataclass
+class QueryLease:
+    """The lease on one query's blob, as this daemon sees it."""
+
+    query_id: str
+    label: str
+    state: LeaseState = LeaseState.ACQUIRING
+    #: Monotonic time after which the lease may have lapsed (valid while HELD).
+    valid_until: float = 0.0
+    #: Monotonic time of the next acquisition attempt (while LOST).
+    retry_at: float = 0.0
+    failures: int = 0
+    #: Batch id the blob holds, read after each acquisition (-1: empty blob); None: unknown.
+    blob_batch_id: int | None = field(default=None)
+
+    def to(self, new: LeaseState, reason: str) -> None:
+        if new not in _ALLOWED[self.state]:
+            raise IllegalTransition(f"lease of {self.label}: {self.state.name} -> {new.name}")
+        if new is not self.state:
+            level = logging.WARNING if new is LeaseState.LOST else logging.INFO
+            log.log(
+                level, "lease query=%s %s -> %s: %s", self.label, self.state.name, new.name, reason
+            )
+        self.state = new
+
+
+class LeaseManager:
+    """Acquires, renews and releases the leases of every query this daemon flushes."""
+
+    def __init__(
+        self,
+        store: BlobStore,
+        lease_id: str,
+        duration_s: int,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self.lease_id = lease_id
+        self._duration_s = duration_s
+        self._metrics = metrics
+        self._clock = clock
+        self._leases: dict[str, QueryLease] = {}
+
+    @property
+    def renew_every_s(self) -> float:
+        return self._duration_s / 3
+
+    def not_owned(self) -> list[str]:
+        """Labels of the queries whose lease this daemon wants but does not hold."""
+        return [q.label for q in self._leases.values() if q.state is LeaseState.LOST]
+
+    def state(self, query_id: str) -> LeaseState | None:
+        lease = self._leases.get(query_id)
+        return lease.state if lease else None
+
+    async def ensure_held(self, query_id: str, label: str) -> QueryLease | None:
+        """The query's lease when HELD (acquiring it if due), else None: do not write."""
+        lease = self._leases.get(query_id)
+        if lease is None:
+            lease = self._leases[query_id] = QueryLease(query_id, label)
+        lease.label = label
+        now = self._clock()
+        if lease.state is LeaseState.HELD:
+            if now < lease.valid_until:
+                return lease
+            lease.to(LeaseState.LOST, "not renewed in time; cannot be sure it is still ours")
+            self._schedule_retry(lease, now, immediately=True)
+        if lease.state is LeaseState.RELEASED:
+            return None
+        if lease.state is LeaseState.LOST:
+            if now < lease.retry_at:
+                return None
+            lease.to(LeaseState.ACQUIRING, f"retry {lease.failures}")
+        try:
+            await self._store.create_if_absent(query_id)
+            started = self._clock()
+            await self._store.acquire_lease(query_id, self.lease_id, self._duration_s)
+        except LeaseConflict:
+            self._lose(lease, "another owner holds the lease")
+            return None
+        except SidecarError as exc:
+            self._lose(lease, f"could not acquire: {exc}")
+            return None
+        lease.valid_until = started + self._duration_s - EXPIRY_MARGIN_S
+        lease.failures = 0
+        lease.blob_batch_id = None  # someone else may have written while we did not own it
+        lease.to(LeaseState.HELD, f"acquired for {self._duration_s}s")
+        self._metrics.lease_held.labels(label).set(1)
+        return lease
+
+    def lost(self, query_id: str, reason: str) -> None:
+        """A write was refused for the lease: stop writing until it is re-acquired."""
+        lease = self._leases.get(query_id)
+        if lease is not None and lease.state is LeaseState.HELD:
+            self._lose(lease, reason)
+
+    def _lose(self, lease: QueryLease, reason: str) -> None:
+        lease.to(LeaseState.LOST, reason)
+        self._metrics.lease_held.labels(lease.label).set(0)
+        self._schedule_retry(lease, self._clock())
+
+    def _schedule_retry(self, lease: QueryLease, now: float, immediately: bool = False) -> None:
+        lease.failures += 1
+        if immediately:
+            lease.retry_at = now
+            return
+        # Capped exponential backoff with jitter; the cap keeps a standby's takeover within
+        # about a third of a lease duration after the owner lets go.
+        delay = min(self.renew_every_s, 0.5 * 2 ** min(lease.failures, 10))
+        lease.retry_at = now + delay * random.uniform(0.5, 1.0)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Renew every held lease every third of its duration, until cancelled."""
+        task_status.started()
+        while True:
+            await anyio.sleep(self.renew_every_s)
+            held = [q for q in self._leases.values() if q.state is LeaseState.HELD]
+            async with anyio.create_task_group() as tg:
+                for lease in held:
+                    tg.start_soon(self._renew, lease)
+
+    async def _renew(self, lease: QueryLease) -> None:
+        started = self._clock()
+        try:
+            await self._store.renew_lease(lease.query_id, self.lease_id)
+        except LeaseLost as exc:
+            self._metrics.lease_renewals.labels("lost").inc()
+            if lease.state is LeaseState.HELD:
+                self._lose(lease, f"renewal refused: {exc}")
+            return
+        except SidecarError as exc:
+            self._metrics.lease_renewals.labels("error").inc()
+            log.warning(
+                "lease query=%s renewal failed (will retry; valid for %.1fs more): %s",
+                lease.label,
+                max(0.0, lease.valid_until - self._clock()),
+                exc,
+            )
+            return
+        self._metrics.lease_renewals.labels("ok").inc()
+        if lease.state is LeaseState.HELD:
+            lease.valid_until = started + self._duration_s - EXPIRY_MARGIN_S
+
+    async def release_all(self) -> None:
+        """Release every held lease (shutdown), so a successor need not wait for expiry."""
+        async with anyio.create_task_group() as tg:
+            for lease in list(self._leases.values()):
+                tg.start_soon(self._release, lease)
+
+    async def _release(self, lease: QueryLease) -> None:
+        if lease.state is LeaseState.HELD:
+            try:
+                await self._store.release_lease(lease.query_id, self.lease_id)
+            except SidecarError as exc:
+                log.warning(
+                    "lease query=%s release failed (it expires by itself): %s", lease.label, exc
+                )
+        if lease.state is not LeaseState.RELEASED:
+            lease.to(LeaseState.RELEASED, "shutdown")
+            self._metrics.lease_held.labels(lease.label).set(0)

@@ -1,0 +1,99 @@
+"""Read side for people and scripts: ``checkpoint-sidecar list`` and ``show QUERY``.
+
+Reads the blobs directly (no daemon, no Redis needed), so it works when the daemon is down —
+which is when you need to know where a query stood.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+import msgspec
+
+from sidecar.blobstore import BlobInfo, BlobStore, CheckpointDocument
+from sidecar.config import Config
+from sidecar.errors import SidecarError
+
+
+async def list_checkpoints(config: Config) -> list[BlobInfo]:
+    store = BlobStore(config)
+    try:
+        return await store.list()
+    finally:
+        await store.aclose()
+
+
+async def find_checkpoint(config: Config, query: str) -> BlobInfo:
+    """The checkpoint of the query with id or name ``query``.
+
+    Raises:
+        SidecarError: no such query, or the name is ambiguous.
+    """
+    found = [
+        b
+        for b in await list_checkpoints(config)
+        if b.document is not None and query in (b.document.query_id, b.document.name)
+    ]
+    if not found:
+        raise SidecarError(
+            f"no checkpoint for query {query!r} in namespace {config.namespace!r} "
+            f"(container {config.container!r}); `checkpoint-sidecar list` shows what there is"
+        )
+    if len(found) > 1:
+        ids = ", ".join(b.document.query_id for b in found if b.document)
+        raise SidecarError(f"several queries are named {query!r}: {ids}; pass the query id")
+    return found[0]
+
+
+def _end_offsets(doc: CheckpointDocument) -> str:
+    return "; ".join(msgspec.json.encode(s.end_offset).decode() for s in doc.sources)
+
+
+def print_list(infos: list[BlobInfo], *, as_json: bool, out: TextIO = sys.stdout) -> None:
+    docs = [i for i in infos if i.document is not None]
+    if as_json:
+        rows = [
+            {"blob": i.blob_name, "lease_state": i.lease_state, "checkpoint": i.document}
+            for i in docs
+        ]
+        out.write(msgspec.json.encode(rows).decode() + "\n")
+        return
+    header = ("QUERY", "QUERY ID", "BATCH", "WRITTEN AT", "LEASE", "END OFFSETS")
+    table = [header] + [
+        (d.name or "-", d.query_id, str(d.batch_id), d.written_at, i.lease_state, _end_offsets(d))
+        for i in docs
+        if (d := i.document) is not None
+    ]
+    widths = [max(len(row[c]) for row in table) for c in range(len(header) - 1)]
+    for row in table:
+        cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
+        out.write("  ".join([*cells, row[-1]]).rstrip() + "\n")
+    if not docs:
+        out.write("(no checkpoints yet)\n")
+
+
+def print_show(info: BlobInfo, *, as_json: bool, out: TextIO = sys.stdout) -> None:
+    doc = info.document
+    assert doc is not None
+    if as_json:
+        out.write(msgspec.json.encode(doc).decode() + "\n")
+        return
+    w = doc.writer
+    lines = [
+        f"query       {doc.name or '-'}",
+        f"query id    {doc.query_id}",
+        f"run id      {doc.run_id}",
+        f"batch       {doc.batch_id}   (Spark timestamp {doc.timestamp})",
+        f"written     {doc.written_at} by {w.host} pid {w.pid} (instance {w.instance_id})",
+        f"blob        {info.blob_name}   lease {info.lease_state}",
+        "sources:",
+    ]
+    for i, s in enumerate(doc.sources):
+        lines += [
+            f"  [{i}] {s.description}",
+            f"      start  {msgspec.json.encode(s.start_offset).decode()}",
+            f"      end    {msgspec.json.encode(s.end_offset).decode()}",
+            f"      latest {msgspec.json.encode(s.latest_offset).decode()}",
+        ]
+    out.write("\n".join(lines) + "\n")

@@ -1,0 +1,362 @@
+"""Flushing to blobs under leases, against real redis-server and Azurite.
+
+Write counts come from Azurite's own request log (``Azurite.blob_writes``), not from the
+daemon's counters; blob contents are read back with the Azure SDK.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+import redis.asyncio as aioredis
+from azure.core.exceptions import HttpResponseError
+from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
+
+from sidecar.app import Daemon
+from sidecar.blobstore import BlobStore, CheckpointDocument
+from sidecar.client import SidecarClient
+from sidecar.config import Config
+from sidecar.devservices import Azurite
+from sidecar.keys import Keys
+from tests.helpers import eventually, metric_value, running_daemon, scrape
+from tests.sparkshapes import kafka_progress, rate_progress
+
+ConfigFactory = Callable[..., Config]
+QID = "5f2c9a41-7a0e-4c7b-9d51-0f6a8e2b3c10"
+
+
+@asynccontextmanager
+async def blob_reader(config: Config) -> AsyncIterator[BlobStore]:
+    store = BlobStore(config)
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+async def blob_batch(store: BlobStore, query_id: str = QID) -> int | None:
+    doc = await store.read(query_id)
+    return doc.batch_id if doc else None
+
+
+async def wait_blob_batch(store: BlobStore, batch: int, query_id: str = QID) -> CheckpointDocument:
+    with anyio.fail_after(20):
+        while True:
+            doc = await store.read(query_id)
+            if doc is not None and doc.batch_id >= batch:
+                return doc
+            await anyio.sleep(0.02)
+
+
+def writes(azurite: Azurite, config: Config, query_id: str = QID) -> int:
+    return azurite.blob_writes(config.container, f"{config.namespace}/{query_id}.json")
+
+
+async def redis_field(config: Config, field: str, query_id: str = QID) -> bytes | None:
+    r = aioredis.Redis.from_url(config.redis_url)
+    try:
+        value: bytes | None = await r.hget(Keys(config.namespace).query(query_id), field)
+        return value
+    finally:
+        await r.aclose()
+
+
+async def metrics(daemon: Daemon) -> str:
+    return (await anyio.to_thread.run_sync(scrape, daemon))[1]
+
+
+async def test_count_threshold_writes_exactly_once_per_threshold(
+    make_config: ConfigFactory, azurite: Azurite
+) -> None:
+    config = make_config(count_threshold=5, time_threshold_s=3600)
+    async with running_daemon(config) as daemon, blob_reader(config) as store:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            for group in range(4):
+                batches = range(group * 5, group * 5 + 5)
+                replies = await c.send_many(
+                    [("progress", {"progress": kafka_progress(QID, b)}) for b in batches]
+                )
+                assert all(r.applied for r in replies)
+                await wait_blob_batch(store, batches[-1])
+            for b in range(20, 23):  # below the threshold: stays in Redis
+                assert (await c.progress(kafka_progress(QID, b))).applied
+        await anyio.sleep(0.5)  # ten flush intervals
+        assert await blob_batch(store) == 19
+        assert await redis_field(config, "pending") == b"3"
+        assert await redis_field(config, "flushed_batch_id") == b"19"
+        text = await metrics(daemon)
+        await eventually(lambda: writes(azurite, config) == 4)
+    assert metric_value(text, "checkpoint_sidecar_flushes_total", result="ok") == 4
+    assert metric_value(text, "checkpoint_sidecar_pending_updates", query="orders-to-delta") == 3
+    assert (
+        metric_value(text, "checkpoint_sidecar_checkpoint_batch_id", query="orders-to-delta") == 19
+    )
+    assert metric_value(text, "checkpoint_sidecar_lease_held", query="orders-to-delta") == 1
+    assert writes(azurite, config) == 5, "the graceful stop flushes the 3 pending updates once"
+
+
+async def test_time_threshold_writes_once_when_the_oldest_update_is_old_enough(
+    make_config: ConfigFactory, azurite: Azurite
+) -> None:
+    config = make_config(count_threshold=1000, time_threshold_s=1.0)
+    async with running_daemon(config), blob_reader(config) as store:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            for b in range(3):
+                assert (await c.progress(rate_progress(QID, b))).applied
+            assert await blob_batch(store) is None  # not yet: neither threshold reached
+            doc = await wait_blob_batch(store, 2)
+        await anyio.sleep(1.5)  # past another time threshold: nothing new to write
+        assert writes(azurite, config) == 1
+        assert await redis_field(config, "pending") == b"0"
+    assert doc.batch_id == 2
+    assert doc.sources[0].end_offset == 30
+
+
+async def test_blob_document_holds_offsets_and_writer(make_config: ConfigFactory) -> None:
+    config = make_config(count_threshold=1)
+    progress = kafka_progress(QID, 41, partitions=4)
+    async with running_daemon(config) as daemon, blob_reader(config) as store:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(progress)).applied
+        doc = await wait_blob_batch(store, 41)
+        assert doc.writer.instance_id == daemon.instance_id
+    assert doc.schema_version == 1
+    assert (doc.query_id, doc.run_id, doc.name) == (QID, progress["runId"], progress["name"])
+    assert doc.timestamp == progress["timestamp"]
+    source = progress["sources"][0]
+    assert doc.sources[0].end_offset == source["endOffset"]
+    assert doc.sources[0].start_offset == source["startOffset"]
+    assert doc.sources[0].latest_offset == source["latestOffset"]
+    assert doc.checkpoint_id and doc.written_at
+
+
+async def test_blob_is_leased_while_running_and_free_after_stop(make_config) -> None:
+    config = make_config(count_threshold=1)
+    async with blob_reader(config) as store:
+        async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(rate_progress(QID, 1))).applied
+            await wait_blob_batch(store, 1)
+            assert await store.lease_state(QID) == "leased"
+        assert await store.lease_state(QID) == "available"
+
+
+async def test_a_write_without_the_lease_is_refused_by_the_store(
+    make_config: ConfigFactory, azurite: Azurite
+) -> None:
+    config = make_config(count_threshold=1)
+    async with running_daemon(config), blob_reader(config) as store:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(rate_progress(QID, 7))).applied
+        await wait_blob_batch(store, 7)
+        service = BlobServiceClient.from_connection_string(azurite.connection_string)
+        async with service:
+            blob = service.get_blob_client(config.container, f"{config.namespace}/{QID}.json")
+            with pytest.raises(HttpResponseError) as refused:
+                await blob.upload_blob(b'{"batch_id": 0}', overwrite=True)
+        assert refused.value.status_code == 412
+        assert await blob_batch(store) == 7
+
+
+async def test_final_flush_on_stop_and_ack_count_below_threshold(make_config) -> None:
+    config = make_config(count_threshold=1000, time_threshold_s=3600)
+    async with blob_reader(config) as store:
+        async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
+            for b in range(5):
+                assert (await c.progress(kafka_progress(QID, b))).applied
+            assert await blob_batch(store) is None
+        assert await blob_batch(store) == 4
+        assert await store.lease_state(QID) == "available"
+    assert await redis_field(config, "pending") == b"0"
+
+
+async def test_get_falls_back_to_the_blob_when_redis_has_nothing(make_config) -> None:
+    config = make_config(count_threshold=1)
+    async with running_daemon(config), blob_reader(config) as store:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(kafka_progress(QID, 12))).applied
+            await wait_blob_batch(store, 12)
+            r = aioredis.Redis.from_url(config.redis_url)
+            await r.delete(Keys(config.namespace).query(QID))  # Redis lost its data
+            await r.aclose()
+            got = await c.get(QID)
+    assert got.checkpoint is not None
+    assert got.checkpoint["batch_id"] == 12
+    assert got.checkpoint["sources"][0]["end_offset"] == {
+        "events": {"0": 1300, "1": 1301, "2": 1302}
+    }
+
+
+async def test_ack_mode_blob_replies_only_once_the_blob_holds_the_batch(
+    make_config: ConfigFactory, azurite: Azurite
+) -> None:
+    config = make_config(ack_mode="blob", count_threshold=1000, time_threshold_s=3600)
+    async with running_daemon(config), blob_reader(config) as store:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            for b in range(3):
+                reply = await c.progress(kafka_progress(QID, b))
+                assert reply.ok and reply.applied
+                assert await blob_batch(store) == b  # already durable when acknowledged
+            # group commit: several acks waiting on one query are answered by one write
+            before = writes(azurite, config)
+            replies = await c.send_many(
+                [("progress", {"progress": kafka_progress(QID, b)}) for b in range(3, 8)]
+            )
+            assert [r.applied for r in replies] == [True] * 5
+            assert await blob_batch(store) == 7
+            await eventually(lambda: writes(azurite, config) > before)
+            assert writes(azurite, config) - before == 1
+
+
+async def test_ack_mode_blob_says_not_durable_when_the_lease_is_elsewhere(
+    make_config: ConfigFactory, azurite: Azurite
+) -> None:
+    config = make_config(ack_mode="blob", blob_ack_timeout_s=1)
+    async with blob_reader(config) as store:
+        await store.create_if_absent(QID)
+        await store.acquire_lease(QID, "00000000-0000-0000-0000-0000000000aa", 60)
+        async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
+            reply = await c.progress(kafka_progress(QID, 3))
+        await store.release_lease(QID, "00000000-0000-0000-0000-0000000000aa")
+    assert reply.error is not None and reply.error.code == "not_durable"
+    assert "resending is safe" in reply.error.message
+    assert await redis_field(config, "batch_id") == b"3"  # it is buffered all the same
+
+
+async def test_two_daemons_one_owner_then_takeover_without_regression(
+    make_config: ConfigFactory, short_tmp
+) -> None:
+    # The owner flushes every 3 updates, the standby on every update: after the owner's
+    # first flush, one more update makes only the standby try (and fail) to take the lease.
+    first = make_config(count_threshold=3, time_threshold_s=3600)
+    second = make_config(count_threshold=1, socket_path=str(short_tmp / "b.sock"))
+    async with blob_reader(first) as store, anyio.create_task_group() as tg:
+        owner = Daemon(first)
+        await tg.start(owner.run)
+        async with await SidecarClient.connect(first.socket_path) as c:
+            replies = await c.send_many(
+                [("progress", {"progress": kafka_progress(QID, b)}) for b in range(3)]
+            )
+            assert all(r.applied for r in replies)
+        doc = await wait_blob_batch(store, 2)
+        assert doc.writer.instance_id == owner.instance_id
+
+        standby = Daemon(second)  # same namespace, same Redis, same container
+        await tg.start(standby.run)
+        async with await SidecarClient.connect(second.socket_path) as c:
+            assert (await c.progress(kafka_progress(QID, 3))).applied
+        await eventually(lambda: standby.leases.not_owned() == ["orders-to-delta"])
+        text = await metrics(standby)
+        assert metric_value(text, "checkpoint_sidecar_lease_held", query="orders-to-delta") == 0
+        assert metric_value(text, "checkpoint_sidecar_flushes_total", result="not_owned") >= 1
+        status, body = await anyio.to_thread.run_sync(scrape, standby, "/readyz")
+        assert status == 503 and "lease not held" in body and "orders-to-delta" in body
+        assert await blob_batch(store) == 2  # the standby wrote nothing
+
+        owner.request_stop()  # final flush of batch 3, then it releases its lease
+        await owner.stopped.wait()
+        doc = await wait_blob_batch(store, 3)
+        assert doc.writer.instance_id == owner.instance_id
+        async with await SidecarClient.connect(second.socket_path) as c:
+            assert (await c.progress(kafka_progress(QID, 4))).applied
+        doc = await wait_blob_batch(store, 4)
+        assert doc.writer.instance_id == standby.instance_id
+        assert doc.batch_id == 4
+        assert await store.lease_state(QID) == "leased"
+        status, _ = await anyio.to_thread.run_sync(scrape, standby, "/readyz")
+        assert status == 200
+        standby.request_stop()
+
+
+async def test_broken_lease_goes_not_owned_then_recovers(
+    make_config: ConfigFactory, azurite: Azurite
+) -> None:
+    config = make_config(count_threshold=1)
+    intruder = "00000000-0000-0000-0000-0000000000bb"
+    async with running_daemon(config) as daemon, blob_reader(config) as store:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(kafka_progress(QID, 1))).applied
+            await wait_blob_batch(store, 1)
+
+            service = BlobServiceClient.from_connection_string(azurite.connection_string)
+            async with service:
+                blob = service.get_blob_client(config.container, f"{config.namespace}/{QID}.json")
+                await BlobLeaseClient(blob).break_lease(lease_break_period=0)
+                await BlobLeaseClient(blob, lease_id=intruder).acquire(lease_duration=15)
+
+                assert (await c.progress(kafka_progress(QID, 2))).applied
+                await eventually(lambda: daemon.leases.not_owned() == ["orders-to-delta"])
+                await anyio.sleep(0.3)
+                assert await blob_batch(store) == 1  # nothing written without the lease
+                text = await metrics(daemon)
+                assert (
+                    metric_value(text, "checkpoint_sidecar_lease_held", query="orders-to-delta")
+                    == 0
+                )
+                assert (
+                    metric_value(text, "checkpoint_sidecar_flushes_total", result="lease_lost") == 1
+                )
+
+                await BlobLeaseClient(blob, lease_id=intruder).release()
+            await wait_blob_batch(store, 2)  # re-acquired and caught up
+            assert await store.lease_state(QID) == "leased"
+        text = await metrics(daemon)
+    assert metric_value(text, "checkpoint_sidecar_lease_held", query="orders-to-delta") == 1
+
+
+@pytest.fixture
+def own_azurite() -> Iterator[Azurite]:
+    with Azurite() as server:
+        yield server
+
+
+async def test_store_outage_retries_and_loses_nothing(
+    make_config: ConfigFactory, own_azurite: Azurite
+) -> None:
+    config = make_config(
+        azure_connection_string=own_azurite.connection_string,
+        count_threshold=1,
+        write_timeout_s=1,
+    )
+    async with running_daemon(config) as daemon, blob_reader(config) as store:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(kafka_progress(QID, 1))).applied
+            await wait_blob_batch(store, 1)
+            await anyio.to_thread.run_sync(own_azurite.stop)
+            for b in range(2, 6):  # acknowledged from Redis while the store is down
+                assert (await c.progress(kafka_progress(QID, b))).applied
+            await eventually(lambda: daemon.metrics.flushes.labels("error")._value.get() >= 2)
+            await anyio.to_thread.run_sync(own_azurite.start)
+            doc = await wait_blob_batch(store, 5)
+    assert doc.batch_id == 5
+    assert await redis_field(config, "pending") == b"0"
+
+
+def test_rejects_monotonic_regression_in_blob(make_config) -> None:
+    """The flusher never writes a batch older than the blob holds (e.g. another Redis)."""
+    config = make_config(count_threshold=1)
+
+    async def scenario() -> tuple[int | None, str]:
+        async with blob_reader(config) as store:
+            async with (
+                running_daemon(config) as d,
+                await SidecarClient.connect(config.socket_path) as c,
+            ):
+                assert (await c.progress(kafka_progress(QID, 9))).applied
+                await wait_blob_batch(store, 9)
+            # Redis forgets the query; an older batch arrives (a restored or foreign buffer)
+            r = aioredis.Redis.from_url(config.redis_url)
+            await r.delete(Keys(config.namespace).query(QID))
+            await r.aclose()
+            async with (
+                running_daemon(config) as d,
+                await SidecarClient.connect(config.socket_path) as c,
+            ):
+                assert (await c.progress(kafka_progress(QID, 4))).applied
+                await eventually(lambda: d.metrics.flushes.labels("skipped")._value.get() == 1)
+            return await blob_batch(store), d.instance_id
+
+    batch, _ = anyio.run(scenario)
+    assert batch == 9

@@ -1,0 +1,168 @@
+"""Crash recovery and the read-side CLI, with the daemon as a real process."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from sidecar.blobstore import BlobStore
+from sidecar.config import Config
+from sidecar.devservices import REPO_ROOT, Azurite, RedisServer
+from sidecar.protocol import ClientConnection, encode_request
+from tests.helpers import DaemonProcess
+from tests.sparkshapes import kafka_progress
+
+QID = "9d3e1f20-55aa-4b8e-8f1c-2a3b4c5d6e7f"
+
+
+@pytest.fixture
+def env(
+    redis_server: RedisServer, azurite: Azurite, short_tmp: Path, namespace: str
+) -> dict[str, str]:
+    return {
+        "SIDECAR_SOCKET_PATH": str(short_tmp / "s.sock"),
+        "SIDECAR_REDIS_URL": redis_server.url,
+        "SIDECAR_NAMESPACE": namespace,
+        "SIDECAR_METRICS_PORT": "0",
+        "SIDECAR_METRICS_HOST": "127.0.0.1",
+        "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string,
+        "SIDECAR_CONTAINER": "checkpoints",
+        "SIDECAR_LEASE_DURATION_S": "15",
+        "SIDECAR_FLUSH_INTERVAL_S": "0.05",
+        "SIDECAR_COUNT_THRESHOLD": "2",
+        "SIDECAR_TIME_THRESHOLD_S": "3600",
+    }
+
+
+@pytest.fixture
+def procs() -> Iterator[list[DaemonProcess]]:
+    started: list[DaemonProcess] = []
+    yield started
+    for p in started:
+        p.kill()
+
+
+def send(path: str, *batches: int) -> list[bool | None]:
+    """Send progress events over a plain blocking socket; return their `applied` flags."""
+    conn = ClientConnection()
+    replies = []
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall(
+            b"".join(
+                encode_request("progress", b, progress=kafka_progress(QID, b)) for b in batches
+            )
+        )
+        while len(replies) < len(batches):
+            replies += conn.receive_data(s.recv(65536))
+    assert all(r.ok for r in replies), replies
+    return [r.applied for r in replies]
+
+
+def read_blob(env: dict[str, str]):  # type: ignore[no-untyped-def]
+    async def read():  # type: ignore[no-untyped-def]
+        store = BlobStore(Config.from_env(env))
+        try:
+            return await store.read(QID)
+        finally:
+            await store.aclose()
+
+    return anyio.run(read)
+
+
+def wait_blob(env: dict[str, str], batch: int, timeout_s: float = 40):  # type: ignore[no-untyped-def]
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        doc = read_blob(env)
+        if doc is not None and doc.batch_id >= batch:
+            return doc
+        time.sleep(0.1)
+    raise AssertionError(f"blob did not reach batch {batch} in {timeout_s}s: {read_blob(env)}")
+
+
+def test_kill_9_with_pending_updates_then_restart_reaches_last_acked_batch(
+    env: dict[str, str], procs: list[DaemonProcess], short_tmp: Path
+) -> None:
+    first = DaemonProcess(env, short_tmp / "first.log")
+    procs.append(first)
+    first.start()
+    assert send(env["SIDECAR_SOCKET_PATH"], 0, 1) == [True, True]
+    assert wait_blob(env, 1).writer.pid == first.proc.pid  # type: ignore[union-attr]
+    assert send(env["SIDECAR_SOCKET_PATH"], 2) == [True]  # below the threshold: pending
+    first.signal(signal.SIGKILL)
+    assert first.wait() == -signal.SIGKILL
+    assert read_blob(env).batch_id == 1  # batch 2 was acknowledged but never flushed
+
+    # The dead daemon's lease lives on until it expires; the new one waits it out.
+    second = DaemonProcess(env, short_tmp / "second.log")
+    procs.append(second)
+    second.start()
+    doc = wait_blob(env, 2)
+    assert doc.batch_id == 2
+    assert doc.writer.pid == second.proc.pid  # type: ignore[union-attr]
+    assert "another owner holds the lease" in second.log()
+    second.signal(signal.SIGTERM)
+    assert second.wait() == 0
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        env={"PATH": "/usr/bin:/bin", **env, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_list_and_show_read_the_blobs(
+    env: dict[str, str], procs: list[DaemonProcess], short_tmp: Path
+) -> None:
+    daemon = DaemonProcess(env, short_tmp / "d.log")
+    procs.append(daemon)
+    daemon.start()
+    send(env["SIDECAR_SOCKET_PATH"], 0, 1, 2, 3)
+    wait_blob(env, 3)
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait() == 0  # the daemon need not run for the read side
+
+    listed = cli(env, "list")
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()
+    assert header.split()[:3] == ["QUERY", "QUERY", "ID"]
+    assert row.split()[:3] == ["orders-to-delta", QID, "3"]
+    assert '{"events":{"0":400,"1":401,"2":402}}' in row
+
+    rows = json.loads(cli(env, "list", "--json").stdout)
+    assert [(r["checkpoint"]["query_id"], r["checkpoint"]["batch_id"]) for r in rows] == [(QID, 3)]
+    assert rows[0]["lease_state"] == "available"
+
+    shown = cli(env, "show", "orders-to-delta")
+    assert shown.returncode == 0, shown.stderr
+    assert f"query id    {QID}" in shown.stdout
+    assert 'end    {"events":{"0":400,"1":401,"2":402}}' in shown.stdout
+
+    doc = json.loads(cli(env, "show", QID, "--json").stdout)
+    assert doc["batch_id"] == 3 and doc["schema_version"] == 1
+
+    missing = cli(env, "show", "no-such-query")
+    assert missing.returncode == 1
+    assert "no checkpoint for query 'no-such-query'" in missing.stderr
+
+
+def test_list_without_blob_store_settings_exits_2(env: dict[str, str]) -> None:
+    del env["AZURE_STORAGE_CONNECTION_STRING"]
+    result = cli(env, "list")
+    assert result.returncode == 2
+    assert "AZURE_STORAGE_CONNECTION_STRING" in result.stderr
