@@ -10,13 +10,14 @@ setup:
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-## Run the daemon with a throw-away local redis-server (Ctrl-C / SIGTERM stops both).
+## Run the daemon with throw-away local redis-server and Azurite (Ctrl-C / SIGTERM stops all).
 run: setup
 	$(PY) scripts/run_local.py
 
 ## Benchmarks; results go to bench/results/.
 bench: setup
 	$(PY) bench/ingest.py
+	$(PY) bench/flush.py
 
 lint: setup
 	.venv/bin/ruff check sidecar spark_bridge tests bench scripts

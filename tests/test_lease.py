@@ -1,0 +1,110 @@
+"""The lease lifecycle: the transition table (pure) and leases against real Azurite."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import pytest
+
+from sidecar.blobstore import BlobStore
+from sidecar.client import SidecarClient
+from sidecar.config import Config
+from sidecar.lease import IllegalTransition, LeaseManager, LeaseState, QueryLease
+from sidecar.metrics import Metrics
+from tests.helpers import metric_value, running_daemon, scrape
+from tests.sparkshapes import rate_progress
+
+ConfigFactory = Callable[..., Config]
+OURS = "11111111-2222-3333-4444-555555555555"
+THEIRS = "99999999-8888-7777-6666-555555555555"
+
+
+@pytest.mark.parametrize(
+    ("start", "target"),
+    [
+        (LeaseState.RELEASED, LeaseState.ACQUIRING),
+        (LeaseState.RELEASED, LeaseState.HELD),
+        (LeaseState.LOST, LeaseState.HELD),  # only through ACQUIRING
+        (LeaseState.HELD, LeaseState.ACQUIRING),
+    ],
+)
+def test_illegal_transitions_are_refused(start: LeaseState, target: LeaseState) -> None:
+    lease = QueryLease("q", "q", state=start)
+    with pytest.raises(IllegalTransition):
+        lease.to(target, "test")
+    assert lease.state is start
+
+
+def test_the_normal_lifecycle_is_allowed() -> None:
+    lease = QueryLease("q", "q")
+    for state in (
+        LeaseState.HELD,
+        LeaseState.LOST,
+        LeaseState.ACQUIRING,
+        LeaseState.HELD,
+        LeaseState.RELEASED,
+    ):
+        lease.to(state, "test")
+    assert lease.state is LeaseState.RELEASED
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_conflict_expiry_and_reacquire_against_azurite(make_config: ConfigFactory) -> None:
+    config = make_config()
+    store = BlobStore(config)
+    await store.ensure_container()
+    clock = Clock()
+    ours = LeaseManager(store, OURS, 15, Metrics(), clock=clock)
+    theirs = LeaseManager(store, THEIRS, 15, Metrics())
+    try:
+        lease = await ours.ensure_held("q1", "query-one")
+        assert lease is not None and lease.state is LeaseState.HELD
+        assert await store.lease_state("q1") == "leased"
+
+        assert await theirs.ensure_held("q1", "query-one") is None
+        assert theirs.state("q1") is LeaseState.LOST
+        assert theirs.not_owned() == ["query-one"]
+
+        # Past the renewal deadline without a renewal we can no longer be sure the lease is
+        # ours: it is treated as lost, then re-acquired with our id (nobody else took it).
+        lease.blob_batch_id = 7
+        clock.now += 15
+        again = await ours.ensure_held("q1", "query-one")
+        assert again is lease and lease.state is LeaseState.HELD
+        assert lease.blob_batch_id is None  # must re-read the blob after re-acquiring
+
+        await ours.release_all()
+        assert ours.state("q1") is LeaseState.RELEASED
+        assert await store.lease_state("q1") == "available"
+        assert await ours.ensure_held("q1", "query-one") is None  # released is final
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.slow
+async def test_leases_are_renewed_in_the_background_past_their_duration(
+    make_config: ConfigFactory,
+) -> None:
+    config = make_config(count_threshold=1, lease_duration_s=15)
+    async with running_daemon(config) as daemon:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(rate_progress("q", 1))).applied
+        await anyio.sleep(17)  # longer than the lease: only renewals keep it
+        assert await daemon.store.lease_state("q") == "leased"
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(rate_progress("q", 2))).applied
+        with anyio.fail_after(5):
+            while (doc := await daemon.store.read("q")) is None or doc.batch_id < 2:
+                await anyio.sleep(0.05)
+        _, text = await anyio.to_thread.run_sync(scrape, daemon)
+    assert metric_value(text, "checkpoint_sidecar_lease_renewals_total", result="ok") >= 3
+    assert metric_value(text, "checkpoint_sidecar_lease_renewals_total", result="lost") == 0
+    assert metric_value(text, "checkpoint_sidecar_flushes_total", result="lease_lost") == 0
