@@ -43,9 +43,17 @@ fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     log "installing the package and test dependencies into $VENV"
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test,dev]'
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test,dev,spark]'
     touch "$stamp"
 fi
+
+# --- Java 17+ for PySpark 4 -----------------------------------------------------------------
+java_major() { java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print v[1]; exit}'; }
+if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ] 2>/dev/null; then
+    log "PySpark 4 needs Java 17 or newer (found: $(java -version 2>&1 | head -1 || echo none))"
+    apt_install openjdk-17-jre-headless
+fi
+log "java: $(java -version 2>&1 | head -1)"
 
 # --- redis-server -----------------------------------------------------------------------
 if ! command -v redis-server >/dev/null 2>&1; then

@@ -267,6 +267,13 @@ class BlobStore:
             await self._credential.close()
 
 
+def newest_named(infos: list[BlobInfo], name: str) -> CheckpointDocument | None:
+    """The most recently written document of a query named ``name`` (a query restarted
+    without its Spark checkpoint gets a new id but keeps its name)."""
+    docs = [i.document for i in infos if i.document is not None and i.document.name == name]
+    return max(docs, key=lambda d: d.written_at, default=None)
+
+
 def _translate(exc: HttpResponseError, what: str, where: str) -> Exception:
     status = exc.status_code or 0
     raw_code = getattr(exc, "error_code", None)  # set by the storage SDK's error mapping

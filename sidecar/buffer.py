@@ -32,8 +32,8 @@ from sidecar.keys import Keys
 
 log = logging.getLogger(__name__)
 
-# KEYS[1] pending zset, KEYS[2] queries set, KEYS[2+i] hash of update i.
-# ARGV[3i-2], ARGV[3i-1], ARGV[3i]: query id, batch id (canonical decimal), checkpoint JSON.
+# KEYS[1] pending zset, KEYS[2] queries set, KEYS[3] names hash, KEYS[3+i] hash of update i.
+# ARGV[4i-3..4i]: query id, batch id (canonical decimal), checkpoint JSON, name ("" if none).
 # Returns one integer per update: 1 applied, 0 stale.
 _APPLY_LUA = """
 local function newer(a, b)
@@ -43,21 +43,22 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
-for i = 1, #KEYS - 2 do
-  local key = KEYS[i + 2]
-  local qid, batch = ARGV[3 * i - 2], ARGV[3 * i - 1]
+for i = 1, #KEYS - 3 do
+  local key = KEYS[i + 3]
+  local qid, batch = ARGV[4 * i - 3], ARGV[4 * i - 2]
   local cur = redis.call('HGET', key, 'batch_id')
   if cur and not newer(batch, cur) then
     out[i] = 0
   else
     local pending = redis.call('HINCRBY', key, 'pending', 1)
     redis.call('HINCRBY', key, 'version', 1)
-    redis.call('HSET', key, 'batch_id', batch, 'checkpoint', ARGV[3 * i], 'updated_ms', now)
+    redis.call('HSET', key, 'batch_id', batch, 'checkpoint', ARGV[4 * i - 1], 'updated_ms', now)
     if pending == 1 then
       redis.call('HSET', key, 'first_pending_ms', now)
       redis.call('ZADD', KEYS[1], now, qid)
     end
     redis.call('SADD', KEYS[2], qid)
+    if ARGV[4 * i] ~= '' then redis.call('HSET', KEYS[3], ARGV[4 * i], qid) end
     out[i] = 1
   end
 end
@@ -202,11 +203,11 @@ class RedisBuffer:
         """
         if not checkpoints:
             return []
-        keys = [self.keys.pending, self.keys.queries]
+        keys = [self.keys.pending, self.keys.queries, self.keys.names]
         args: list[str | bytes] = []
         for c in checkpoints:
             keys.append(self.keys.query(c.query_id))
-            args += (c.query_id, str(c.batch_id), ckpt.encode(c))
+            args += (c.query_id, str(c.batch_id), ckpt.encode(c), c.name or "")
         with self._translate("apply"):
             result = await self._apply(keys=keys, args=args)
         return [bool(r) for r in result]
@@ -216,6 +217,12 @@ class RedisBuffer:
         with self._translate("get"):
             value = await self._redis.hget(self.keys.query(query_id), "checkpoint")
         return value.encode() if isinstance(value, str) else value
+
+    async def query_id_for(self, name: str) -> str | None:
+        """Id of the query that most recently reported under ``name``, if any."""
+        with self._translate("name lookup"):
+            value = await self._redis.hget(self.keys.names, name)
+        return _text(value) if value is not None else None
 
     async def snapshot(self, extra: Iterable[str] = ()) -> Snapshot:
         """Every query with pending updates (plus ``extra`` ones), read atomically."""

@@ -13,11 +13,13 @@ import sys
 from collections.abc import Sequence
 
 import anyio
+import msgspec
 
 from sidecar import __version__, report
 from sidecar.app import Daemon
 from sidecar.config import Config
 from sidecar.errors import ConfigError, SidecarError
+from sidecar.resume import kafka_starting_offsets
 
 log = logging.getLogger("sidecar")
 
@@ -77,6 +79,35 @@ def build_parser() -> argparse.ArgumentParser:
     shower.add_argument("query", metavar="QUERY", help="query name or query id")
     shower.add_argument("--json", action="store_true", help="machine-readable output")
     _add_settings(shower)
+    resume = sub.add_parser(
+        "starting-offsets",
+        help="print the Kafka startingOffsets JSON to resume a query from its saved position",
+        description="Print the startingOffsets JSON for a query's Kafka source, built from "
+        "the saved end offsets (the next offsets to read: no gap, no overlap). Reads the "
+        "blobs directly.",
+    )
+    resume.add_argument("query", metavar="QUERY", help="query name or query id")
+    resume.add_argument(
+        "--source",
+        type=int,
+        default=None,
+        help="index of the Kafka source when the query has several",
+    )
+    resume.add_argument(
+        "--partitions",
+        action="append",
+        default=[],
+        metavar="TOPIC=N",
+        help="current partition count of a topic, so partitions absent from "
+        "the checkpoint are named too (repeatable)",
+    )
+    resume.add_argument(
+        "--missing",
+        choices=("earliest", "latest", "error"),
+        default="earliest",
+        help="where absent partitions start (default: earliest)",
+    )
+    _add_settings(resume)
     return parser
 
 
@@ -97,7 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    if args.command in ("list", "show"):
+    # The Azure SDK logs every HTTP request at INFO; keep the daemon's own lines readable.
+    logging.getLogger("azure").setLevel(
+        max(logging.WARNING, logging.getLevelName(config.log_level))
+    )
+    if args.command in ("list", "show", "starting-offsets"):
         return _inspect(args, config)
     if args.command == "config":
         for f in Config.settings():
@@ -126,6 +161,23 @@ def _inspect(args: argparse.Namespace, config: Config) -> int:
         if args.command == "list":
             infos = anyio.run(report.list_checkpoints, config)
             report.print_list(infos, as_json=args.json)
+        elif args.command == "starting-offsets":
+            partitions = {}
+            for item in args.partitions:
+                topic, _, count = item.rpartition("=")
+                if not topic or not count.isdigit():
+                    raise ConfigError(f"--partitions {item!r}: expected TOPIC=N, e.g. events=12")
+                partitions[topic] = int(count)
+            info = anyio.run(report.find_checkpoint, config, args.query)
+            assert info.document is not None
+            print(
+                kafka_starting_offsets(
+                    msgspec.to_builtins(info.document.checkpoint()),
+                    source=args.source,
+                    partitions=partitions,
+                    missing=args.missing,
+                )
+            )
         else:
             info = anyio.run(report.find_checkpoint, config, args.query)
             report.print_show(info, as_json=args.json)

@@ -15,6 +15,7 @@ Spark application (one sidecar), so a slot per namespace spreads well across a c
                                      flushed_ms        Redis time of the last flush
     cps:{<ns>}:pending        zset   query ids with pending updates, scored by first_pending_ms
     cps:{<ns>}:queries        set    every query id ever seen in the namespace
+    cps:{<ns>}:names          hash   query name -> id of the newest query with that name
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ class Keys:
     def pending(self) -> str:
         """Sorted set of query ids with unflushed updates, scored by first_pending_ms."""
         return f"{self._base}:pending"
+
+    @property
+    def names(self) -> str:
+        """Hash: query name -> id of the query that most recently reported under that name."""
+        return f"{self._base}:names"
 
     @property
     def queries(self) -> str:

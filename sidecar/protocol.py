@@ -11,7 +11,7 @@ Requests may carry ``"id"`` (string, integer or null), echoed in the reply.
 Requests::
 
     {"op": "progress", "id": 1, "progress": {...Spark StreamingQueryProgress JSON...}}
-    {"op": "get", "id": 2, "query_id": "…"}
+    {"op": "get", "id": 2, "query_id": "…"}      (or "name": "…")
     {"op": "ping", "id": 3}
 
 Replies::
@@ -67,8 +67,11 @@ class Ping:
 
 @dataclass(frozen=True, slots=True)
 class Get:
+    """Look a query up by ``query_id``, or by ``name`` (the newest query with that name)."""
+
     id: RequestId
-    query_id: str
+    query_id: str | None
+    name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +105,8 @@ class _PingMsg(msgspec.Struct, tag_field="op", tag="ping"):
 
 
 class _GetMsg(msgspec.Struct, tag_field="op", tag="get"):
-    query_id: str
+    query_id: str | None = None
+    name: str | None = None
     id: RequestId = None
 
 
@@ -126,7 +130,14 @@ def parse_request(line: bytes) -> Event:
     if isinstance(msg, _ProgressMsg):
         return Progress(msg.id, from_progress(msg.progress))
     if isinstance(msg, _GetMsg):
-        return Get(msg.id, msg.query_id)
+        if (msg.query_id is None) == (msg.name is None):
+            return BadRequest(
+                msg.id,
+                ErrorCode.BAD_REQUEST,
+                'a get request needs exactly one of "query_id" or "name"',
+                op="get",
+            )
+        return Get(msg.id, msg.query_id, msg.name)
     return Ping(msg.id)
 
 

@@ -11,7 +11,7 @@ from typing import TextIO
 
 import msgspec
 
-from sidecar.blobstore import BlobInfo, BlobStore, CheckpointDocument
+from sidecar.blobstore import BlobInfo, BlobStore, CheckpointDocument, newest_named
 from sidecar.config import Config
 from sidecar.errors import SidecarError
 
@@ -25,25 +25,22 @@ async def list_checkpoints(config: Config) -> list[BlobInfo]:
 
 
 async def find_checkpoint(config: Config, query: str) -> BlobInfo:
-    """The checkpoint of the query with id or name ``query``.
+    """The checkpoint of the query with id ``query``, else the newest one named ``query``.
 
     Raises:
-        SidecarError: no such query, or the name is ambiguous.
+        SidecarError: no such query.
     """
-    found = [
-        b
-        for b in await list_checkpoints(config)
-        if b.document is not None and query in (b.document.query_id, b.document.name)
-    ]
-    if not found:
+    infos = [b for b in await list_checkpoints(config) if b.document is not None]
+    by_id = [b for b in infos if b.document is not None and b.document.query_id == query]
+    if by_id:
+        return by_id[0]
+    newest = newest_named(infos, query)
+    if newest is None:
         raise SidecarError(
             f"no checkpoint for query {query!r} in namespace {config.namespace!r} "
             f"(container {config.container!r}); `checkpoint-sidecar list` shows what there is"
         )
-    if len(found) > 1:
-        ids = ", ".join(b.document.query_id for b in found if b.document)
-        raise SidecarError(f"several queries are named {query!r}: {ids}; pass the query id")
-    return found[0]
+    return next(b for b in infos if b.document is newest)
 
 
 def _end_offsets(doc: CheckpointDocument) -> str:

@@ -23,7 +23,7 @@ from anyio.abc import ByteStream, Listener, TaskStatus
 from anyio.streams.stapled import MultiListener
 
 from sidecar import checkpoint as ckpt
-from sidecar.blobstore import BlobStore
+from sidecar.blobstore import BlobStore, newest_named
 from sidecar.buffer import RedisBuffer, WriteCoalescer, _Slot
 from sidecar.config import Config
 from sidecar.errors import SidecarError, SocketInUse
@@ -237,13 +237,9 @@ class SocketServer:
                     )
                 m.ack_seconds.observe(time.perf_counter() - started)
                 return encode_ok(rid, applied=applied)
-            case Get(id=rid, query_id=query_id):
+            case Get(id=rid, query_id=query_id, name=name):
                 try:
-                    raw = await self._buffer.get(query_id)
-                    if raw is None and self._store is not None:
-                        # Redis lost it (or never had it): the blob is the durable copy.
-                        doc = await self._store.read(query_id)
-                        raw = ckpt.encode(doc.checkpoint()) if doc is not None else None
+                    raw = await self._lookup(query_id, name)
                 except SidecarError as exc:
                     return encode_error(rid, ErrorCode(exc.code), str(exc))
                 return encode_ok(rid, checkpoint=msgspec.Raw(raw) if raw else None)
@@ -261,3 +257,17 @@ class SocketServer:
                 )
                 return encode_error(rid, code, message)
         raise AssertionError(f"unhandled event {event!r}")
+
+    async def _lookup(self, query_id: str | None, name: str | None) -> bytes | None:
+        """A checkpoint from Redis, else from the blob (Redis lost it, or never had it)."""
+        if query_id is None and name is not None:
+            query_id = await self._buffer.query_id_for(name)
+        raw = await self._buffer.get(query_id) if query_id is not None else None
+        if raw is not None or self._store is None:
+            return raw
+        if query_id is not None:
+            doc = await self._store.read(query_id)
+        else:
+            assert name is not None
+            doc = newest_named(await self._store.list(), name)
+        return ckpt.encode(doc.checkpoint()) if doc is not None else None

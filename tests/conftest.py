@@ -16,6 +16,7 @@ import pytest
 
 from sidecar.config import Config
 from sidecar.devservices import Azurite, RedisServer
+from tests.helpers import DaemonProcess
 
 
 @pytest.fixture(scope="session")
@@ -75,3 +76,30 @@ def make_config(
         return Config.from_env(env)
 
     return make
+
+
+@pytest.fixture
+def daemon_env(
+    redis_server: RedisServer, azurite: Azurite, namespace: str, short_tmp: Path
+) -> dict[str, str]:
+    """Environment for running the daemon as a real process (tests.helpers.DaemonProcess)."""
+    return {
+        "SIDECAR_SOCKET_PATH": str(short_tmp / "s.sock"),
+        "SIDECAR_REDIS_URL": redis_server.url,
+        "SIDECAR_NAMESPACE": namespace,
+        "SIDECAR_METRICS_PORT": "0",
+        "SIDECAR_METRICS_HOST": "127.0.0.1",
+        "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string,
+        "SIDECAR_CONTAINER": "checkpoints",
+        "SIDECAR_LEASE_DURATION_S": "15",
+        "SIDECAR_FLUSH_INTERVAL_S": "0.05",
+    }
+
+
+@pytest.fixture
+def procs() -> Iterator[list[DaemonProcess]]:
+    """Daemon processes started by a test; killed at teardown if still running."""
+    started: list[DaemonProcess] = []
+    yield started
+    for proc in started:
+        proc.kill()

@@ -102,7 +102,7 @@ async def test_leases_are_renewed_in_the_background_past_their_duration(
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(rate_progress("q", 2))).applied
         with anyio.fail_after(5):
-            while (doc := await daemon.store.read("q")) is None or doc.batch_id < 2:
+            while (doc := await daemon.store.read("q")) is None or doc.batch_id < 2:  # noqa: ASYNC110
                 await anyio.sleep(0.05)
         _, text = await anyio.to_thread.run_sync(scrape, daemon)
     assert metric_value(text, "checkpoint_sidecar_lease_renewals_total", result="ok") >= 3

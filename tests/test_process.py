@@ -8,35 +8,17 @@ import socket
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sidecar.devservices import REPO_ROOT, Azurite, RedisServer
+from sidecar.devservices import REPO_ROOT
 from tests.helpers import DaemonProcess
 
 
 @pytest.fixture
-def daemon_env(
-    redis_server: RedisServer, azurite: Azurite, short_tmp: Path, namespace: str
-) -> dict[str, str]:
-    return {
-        "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string,
-        "SIDECAR_SOCKET_PATH": str(short_tmp / "s.sock"),
-        "SIDECAR_REDIS_URL": redis_server.url,
-        "SIDECAR_NAMESPACE": namespace,
-        "SIDECAR_METRICS_PORT": "0",
-        "SIDECAR_METRICS_HOST": "127.0.0.1",
-    }
-
-
-@pytest.fixture
-def spawn(short_tmp: Path) -> Iterator[list[DaemonProcess]]:
-    procs: list[DaemonProcess] = []
-    yield procs
-    for p in procs:
-        p.kill()
+def spawn(procs: list[DaemonProcess]) -> list[DaemonProcess]:
+    return procs
 
 
 def start(spawn: list[DaemonProcess], env: dict[str, str], tmp: Path, **kw: bool) -> DaemonProcess:

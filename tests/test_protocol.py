@@ -256,7 +256,7 @@ BAD_LINES = [
         REQ,
         5,
         "get",
-        "missing required field `query_id`",
+        'exactly one of "query_id" or "name"',
     ),
     (
         "unknown-op",

@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -15,7 +14,7 @@ import pytest
 
 from sidecar.blobstore import BlobStore
 from sidecar.config import Config
-from sidecar.devservices import REPO_ROOT, Azurite, RedisServer
+from sidecar.devservices import REPO_ROOT
 from sidecar.protocol import ClientConnection, encode_request
 from tests.helpers import DaemonProcess
 from tests.sparkshapes import kafka_progress
@@ -24,30 +23,8 @@ QID = "9d3e1f20-55aa-4b8e-8f1c-2a3b4c5d6e7f"
 
 
 @pytest.fixture
-def env(
-    redis_server: RedisServer, azurite: Azurite, short_tmp: Path, namespace: str
-) -> dict[str, str]:
-    return {
-        "SIDECAR_SOCKET_PATH": str(short_tmp / "s.sock"),
-        "SIDECAR_REDIS_URL": redis_server.url,
-        "SIDECAR_NAMESPACE": namespace,
-        "SIDECAR_METRICS_PORT": "0",
-        "SIDECAR_METRICS_HOST": "127.0.0.1",
-        "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string,
-        "SIDECAR_CONTAINER": "checkpoints",
-        "SIDECAR_LEASE_DURATION_S": "15",
-        "SIDECAR_FLUSH_INTERVAL_S": "0.05",
-        "SIDECAR_COUNT_THRESHOLD": "2",
-        "SIDECAR_TIME_THRESHOLD_S": "3600",
-    }
-
-
-@pytest.fixture
-def procs() -> Iterator[list[DaemonProcess]]:
-    started: list[DaemonProcess] = []
-    yield started
-    for p in started:
-        p.kill()
+def env(daemon_env: dict[str, str]) -> dict[str, str]:
+    return {**daemon_env, "SIDECAR_COUNT_THRESHOLD": "2", "SIDECAR_TIME_THRESHOLD_S": "3600"}
 
 
 def send(path: str, *batches: int) -> list[bool | None]:

@@ -1,0 +1,101 @@
+"""Resume from a saved checkpoint: build a Kafka source's ``startingOffsets``. Pure.
+
+Spark's ``endOffset`` of a finished batch is the next offset to read, so starting a new query
+from it neither skips nor repeats a committed batch.
+
+Spark's Kafka source refuses a ``startingOffsets`` JSON that does not name every partition
+of the subscribed topics ("you must specify all TopicPartitions"). Partitions the checkpoint
+does not know (a topic added to the subscription, partitions added to a topic) are filled
+according to ``missing``: ``"earliest"`` (-2: read them from the start; nothing is skipped),
+``"latest"`` (-1: only new records), or ``"error"``. Pass ``partitions`` (topic → partition
+count) to say which partitions exist now; without it only the checkpoint's are named.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from sidecar.errors import SidecarError
+
+Missing = Literal["earliest", "latest", "error"]
+_SPECIAL = {"earliest": -2, "latest": -1}
+
+
+class ResumeError(SidecarError):
+    """The checkpoint cannot give starting offsets as asked; the message says why."""
+
+
+def is_kafka_offsets(value: Any) -> bool:
+    """True for offsets shaped like Spark's Kafka source: ``{"topic": {"0": 42, ...}}``."""
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all(
+            isinstance(parts, dict)
+            and all(
+                isinstance(p, str) and p.isdigit() and isinstance(o, int) for p, o in parts.items()
+            )
+            for parts in value.values()
+        )
+    )
+
+
+def kafka_starting_offsets(
+    checkpoint: Mapping[str, Any],
+    *,
+    source: int | None = None,
+    partitions: Mapping[str, int] | None = None,
+    missing: Missing = "earliest",
+) -> str:
+    """The ``startingOffsets`` JSON for the Kafka source of ``checkpoint``.
+
+    Args:
+        checkpoint: a checkpoint as ``get`` returns it (``sources[].end_offset``).
+        source: index of the source in the query; needed only when several are Kafka-shaped.
+        partitions: topic → current partition count, to name partitions absent from the
+            checkpoint (and topics newly subscribed).
+        missing: what absent partitions start from: "earliest", "latest", or "error".
+
+    Raises:
+        ResumeError: no (or an ambiguous) Kafka source, or absent partitions with "error".
+    """
+    sources = checkpoint.get("sources") or []
+    candidates = [i for i, s in enumerate(sources) if is_kafka_offsets(s.get("end_offset"))]
+    if source is not None:
+        if source not in candidates:
+            raise ResumeError(
+                f"source {source} of query {checkpoint.get('name')!r} has no "
+                f"Kafka-shaped end offset; Kafka sources: {candidates}"
+            )
+        index = source
+    elif len(candidates) == 1:
+        index = candidates[0]
+    else:
+        described = [f"{i}: {sources[i].get('description')}" for i in candidates]
+        raise ResumeError(
+            f"query {checkpoint.get('name')!r} has {len(candidates)} Kafka-shaped sources "
+            f"({'; '.join(described) or 'none'}); choose one with source=<index>"
+        )
+    offsets: dict[str, dict[str, int]] = {
+        topic: dict(parts) for topic, parts in sources[index]["end_offset"].items()
+    }
+    absent: list[str] = []
+    for topic, count in (partitions or {}).items():
+        known = offsets.setdefault(topic, {})
+        for p in range(count):
+            if str(p) not in known:
+                absent.append(f"{topic}-{p}")
+                if missing != "error":
+                    known[str(p)] = _SPECIAL[missing]
+    if absent and missing == "error":
+        raise ResumeError(
+            f"the checkpoint has no offsets for {', '.join(absent)}; pass "
+            "missing='earliest' or 'latest' to choose where they start"
+        )
+    ordered = {
+        t: dict(sorted(parts.items(), key=lambda kv: int(kv[0])))
+        for t, parts in sorted(offsets.items())
+    }
+    return json.dumps(ordered, separators=(",", ":"))

@@ -1,0 +1,223 @@
+"""Background sender: delivers the latest progress of each query to the daemon.
+
+Spark's listener thread only calls :meth:`Sender.offer`, which stores the progress JSON in a
+dict keyed by query id and wakes the sender thread: no I/O, no parsing, O(1). Offsets are
+cumulative, so a newer progress of the same query supersedes an unsent older one
+(conflation): memory is bounded by the number of queries, never by the event rate.
+
+The sender thread speaks the daemon's protocol through :mod:`sidecar.protocol` (the same
+module the daemon uses), pipelines everything pending in one write, reads the replies in
+order, and on a broken connection or a retriable error reply puts the updates back (unless
+superseded meanwhile) and reconnects with capped exponential backoff.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from sidecar.protocol import ClientConnection, ProtocolViolation, encode_request
+
+log = logging.getLogger(__name__)
+
+#: Error codes after which resending the same update can succeed.
+RETRIABLE_CODES = frozenset({"unavailable", "not_durable", "shutting_down", "internal"})
+BACKOFF_START_S = 0.05
+BACKOFF_MAX_S = 5.0
+#: Queries tracked at most; beyond it the update is dropped and counted as failed.
+MAX_QUERIES = 10_000
+
+
+@dataclass(frozen=True)
+class SenderStats:
+    """Counters, readable from Python (``handle.stats()``)."""
+
+    offered: int
+    sent: int  # acknowledged by the daemon (applied or already stored)
+    conflated: int  # superseded by a newer progress of the same query before being sent
+    failed: int  # refused for good (bad request) or dropped (over MAX_QUERIES)
+    retried: int  # send attempts that must be repeated (daemon down, retriable error)
+    reconnects: int  # connections made after the first one
+    pending: int  # queries with an update not yet acknowledged
+
+
+class Sender:
+    """Owns one background thread and one connection to the daemon's Unix socket."""
+
+    def __init__(self, socket_path: str, *, timeout_s: float = 5.0) -> None:
+        self.socket_path = socket_path
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._latest: dict[str, bytes] = {}
+        self._in_flight = 0
+        self._closing = False
+        self._ids = itertools.count(1)
+        self._sock: socket.socket | None = None
+        self._backoff_s = BACKOFF_START_S
+        self._down_since: float | None = None
+        self._connected_once = False
+        self.offered = self.sent = self.conflated = self.failed = 0
+        self.retried = self.reconnects = 0
+        self._thread = threading.Thread(
+            target=self._run, name="checkpoint-sidecar-sender", daemon=True
+        )
+        self._thread.start()
+
+    # --- Spark's thread ----------------------------------------------------------------------
+
+    def offer(self, query_id: str, progress_json: bytes) -> None:
+        """Queue the latest progress of ``query_id``. Never blocks on I/O, never raises."""
+        with self._lock:
+            self.offered += 1
+            if query_id in self._latest:
+                self.conflated += 1
+            elif len(self._latest) >= MAX_QUERIES:
+                self.failed += 1
+                return
+            self._latest[query_id] = progress_json
+            self._wake.notify()
+
+    # --- control -----------------------------------------------------------------------------
+
+    def stats(self) -> SenderStats:
+        with self._lock:
+            return SenderStats(
+                self.offered,
+                self.sent,
+                self.conflated,
+                self.failed,
+                self.retried,
+                self.reconnects,
+                len(self._latest) + self._in_flight,
+            )
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until everything offered so far is acknowledged; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._latest or self._in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(min(left, 0.05))
+        return True
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Flush (bounded by ``timeout_s``), then stop the thread. True if all was sent."""
+        done = self.flush(timeout_s)
+        with self._lock:
+            self._closing = True
+            self._wake.notify_all()
+        self._thread.join(timeout=1.0)
+        self._disconnect()
+        return done
+
+    # --- the sender thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._latest and not self._closing:
+                    self._wake.wait()
+                if self._closing:
+                    return
+                batch, self._latest = self._latest, {}
+                self._in_flight = len(batch)
+            retry = self._deliver(batch)
+            with self._lock:
+                for query_id, payload in retry.items():
+                    self._latest.setdefault(query_id, payload)  # a newer one wins
+                self._in_flight = 0
+                self._wake.notify_all()
+            if retry:
+                self.retried += len(retry)
+                self._sleep_backoff()
+            else:
+                self._backoff_s = BACKOFF_START_S
+
+    def _sleep_backoff(self) -> None:
+        with self._lock:
+            if not self._closing:
+                self._wake.wait(self._backoff_s)
+        self._backoff_s = min(BACKOFF_MAX_S, self._backoff_s * 2)
+
+    def _deliver(self, batch: dict[str, bytes]) -> dict[str, bytes]:
+        """Send a batch; return the updates that must be retried."""
+        try:
+            sock = self._connect()
+            items = list(batch.items())
+            sock.sendall(
+                b"".join(
+                    encode_request("progress", next(self._ids), progress=msgspec.Raw(payload))
+                    for _, payload in items
+                )
+            )
+            conn = ClientConnection()
+            replies: list = []  # type: ignore[type-arg]
+            while len(replies) < len(items):
+                data = sock.recv(65536)
+                if not data:
+                    raise ConnectionError("the daemon closed the connection")
+                replies += conn.receive_data(data)
+        except (OSError, ProtocolViolation) as exc:
+            self._disconnect()
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+                log.warning(
+                    "checkpoint-sidecar at %s unreachable (%s); keeping the latest "
+                    "offsets of %d query(ies) and retrying",
+                    self.socket_path,
+                    exc,
+                    len(batch),
+                )
+            return batch
+        if self._down_since is not None:
+            log.info(
+                "checkpoint-sidecar at %s reachable again after %.1fs",
+                self.socket_path,
+                time.monotonic() - self._down_since,
+            )
+            self._down_since = None
+        retry: dict[str, bytes] = {}
+        for (query_id, payload), reply in zip(items, replies, strict=True):
+            if reply.ok:
+                self.sent += 1
+            elif reply.error is not None and reply.error.code in RETRIABLE_CODES:
+                retry[query_id] = payload
+            else:
+                self.failed += 1
+                log.warning(
+                    "checkpoint-sidecar refused the progress of query %s: %s",
+                    query_id,
+                    reply.error.message if reply.error else reply,
+                )
+        return retry
+
+    def _connect(self) -> socket.socket:
+        if self._sock is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self._timeout_s)
+            try:
+                sock.connect(self.socket_path)
+            except OSError:
+                sock.close()
+                raise
+            self._sock = sock
+            if self._connected_once:
+                self.reconnects += 1
+            self._connected_once = True
+        return self._sock
+
+    def _disconnect(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
