@@ -1,7 +1,7 @@
 # The README's commands. Each target installs what it needs first (scripts/setup.sh).
 PY := .venv/bin/python
 
-.PHONY: setup test run bench lint clean
+.PHONY: setup test run demo bench lint clean
 
 setup:
 	@bash scripts/setup.sh
@@ -13,6 +13,10 @@ test: setup
 ## Run the daemon with throw-away local redis-server and Azurite (Ctrl-C / SIGTERM stops all).
 run: setup
 	$(PY) scripts/run_local.py
+
+## A real Spark streaming query → daemon → Redis → Azurite blob, read back at the end.
+demo: setup
+	$(PY) scripts/demo.py
 
 ## Benchmarks; results go to bench/results/.
 bench: setup

@@ -14,6 +14,7 @@ query id". The rule is enforced atomically in Redis (see ``sidecar.buffer``).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 import msgspec
@@ -73,6 +74,16 @@ class Checkpoint(msgspec.Struct, frozen=True):
         return self.name or self.query_id
 
 
+# Some sources describe themselves with a JVM object hash ("...MicroBatchStream@4d007824"),
+# which changes on every run; sources are identified by position and this stable form.
+_OBJECT_HASH = re.compile(r"@[0-9a-f]{4,16}\b")
+
+
+def normalize_description(description: str) -> str:
+    """A source description without JVM object hashes, stable across query runs."""
+    return _OBJECT_HASH.sub("", description)
+
+
 def from_progress(progress: SparkProgress) -> Checkpoint:
     """Build the checkpoint record for a validated Spark progress event."""
     return Checkpoint(
@@ -83,7 +94,7 @@ def from_progress(progress: SparkProgress) -> Checkpoint:
         timestamp=progress.timestamp,
         sources=[
             SourceOffsets(
-                description=s.description,
+                description=normalize_description(s.description),
                 start_offset=s.start_offset,
                 end_offset=s.end_offset,
                 latest_offset=s.latest_offset,
