@@ -31,6 +31,8 @@ from sidecar.buffer import RedisBuffer, WriteCoalescer
 from sidecar.config import Config
 from sidecar.errors import SidecarError
 from sidecar.flusher import Flusher
+from sidecar.kafka import KafkaCommitter
+from sidecar.lag import LagTracker
 from sidecar.lease import LeaseManager
 from sidecar.metrics import Metrics
 from sidecar.server import SocketServer
@@ -52,7 +54,13 @@ class Daemon:
         self.writer = Writer(
             host=socket.gethostname(), pid=os.getpid(), instance_id=self.instance_id
         )
-        self.metrics = Metrics(registry)
+        self.metrics = Metrics(registry, lag_per_partition=config.kafka_lag_per_partition)
+        self.lag = LagTracker(self.metrics, config.kafka_query_set)
+        self.committer = (
+            KafkaCommitter(config, self.metrics, self.lag)
+            if config.kafka_bootstrap_servers
+            else None
+        )
         self.buffer = RedisBuffer(
             config.redis_url, config.namespace, timeout_s=config.redis_timeout_s
         )
@@ -63,7 +71,13 @@ class Daemon:
             self.store, self.instance_id, config.lease_duration_s, self.metrics
         )
         self.flusher = Flusher(
-            config, self.buffer, self.store, self.leases, self.metrics, self.writer
+            config,
+            self.buffer,
+            self.store,
+            self.leases,
+            self.metrics,
+            self.writer,
+            on_durable=self.committer.durable if self.committer else None,
         )
         self.server = SocketServer(
             config,
@@ -72,6 +86,7 @@ class Daemon:
             self.metrics,
             store=self.store,
             flusher=self.flusher,
+            lag=self.lag,
         )
         self.admin = AdminServer(
             config.metrics_host,
@@ -105,6 +120,9 @@ class Daemon:
                     return
                 await tg.start(self.coalescer.run)
                 await tg.start(self.leases.run)
+                await tg.start(self.lag.run)
+                if self.committer is not None:
+                    await tg.start(self.committer.run)
                 await tg.start(self.flusher.run)
                 await tg.start(self.server.run)
                 log.info(
@@ -163,6 +181,9 @@ class Daemon:
             await self.flusher.final_flush()
         if flushing.cancelled_caught:
             await self._log_unflushed(grace)
+        if self.committer is not None:
+            with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+                await self.committer.final_commit()
         with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_BUDGET_S):
             await self.leases.release_all()
 

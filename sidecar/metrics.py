@@ -26,8 +26,11 @@ ACK_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25
 class Metrics:
     """The daemon's metrics, registered on ``registry`` (a fresh one by default)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, lag_per_partition: bool = True
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.lag_per_partition = lag_per_partition
         r = self.registry
         self.updates = Counter(
             "checkpoint_sidecar_updates",
@@ -102,6 +105,42 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        # --- Kafka consumer-group commits and lag -------------------------------------------
+        self.kafka_commits = Counter(
+            "checkpoint_sidecar_kafka_commits",
+            "Consumer-group commits, by result (regressed: some partitions skipped because "
+            "the commit would have lowered their committed offset)",
+            ["result"],
+            registry=r,
+        )
+        self.kafka_partitions_skipped = Counter(
+            "checkpoint_sidecar_kafka_partitions_skipped",
+            "Partitions not committed because that would have moved them backwards",
+            registry=r,
+        )
+        self.kafka_up = Gauge(
+            "checkpoint_sidecar_kafka_up", "1 when the last Kafka commit succeeded", registry=r
+        )
+        self.kafka_lag = Gauge(
+            "checkpoint_sidecar_kafka_lag_records",
+            "Records between the end of the log and the query's position (durable offset "
+            "with a broker configured, else Spark's latestOffset - endOffset)",
+            ["query", "topic", "partition"] if lag_per_partition else ["query", "topic"],
+            registry=r,
+        )
+        self.kafka_query_lag = Gauge(
+            "checkpoint_sidecar_kafka_query_lag_records",
+            "Sum of the query's Kafka lag over all its partitions",
+            ["query"],
+            registry=r,
+        )
+        self.kafka_lag_seconds = Gauge(
+            "checkpoint_sidecar_kafka_lag_seconds",
+            "Estimated time to consume the lag at the query's rate over the last minute "
+            "(+Inf when the query is not consuming)",
+            ["query"],
+            registry=r,
+        )
         Info("checkpoint_sidecar_build", "Version of the daemon", registry=r).info(
             {"version": __version__}
         )
@@ -114,3 +153,5 @@ class Metrics:
             self.flushes.labels(result)
         for result in RENEWAL_RESULTS:
             self.lease_renewals.labels(result)
+        for result in ("ok", "regressed", "error"):
+            self.kafka_commits.labels(result)

@@ -28,6 +28,7 @@ from sidecar.buffer import RedisBuffer, WriteCoalescer, _Slot
 from sidecar.config import Config
 from sidecar.errors import SidecarError, SocketInUse
 from sidecar.flusher import Flusher
+from sidecar.lag import LagTracker
 from sidecar.metrics import Metrics
 from sidecar.protocol import (
     BadRequest,
@@ -91,9 +92,11 @@ class SocketServer:
         *,
         store: BlobStore | None = None,
         flusher: Flusher | None = None,
+        lag: LagTracker | None = None,
     ) -> None:
         self._config = config
         self._store = store
+        self._lag = lag
         self._flusher = flusher if config.ack_mode == "blob" else None
         self._buffer = buffer
         self._coalescer = coalescer
@@ -221,6 +224,8 @@ class SocketServer:
                     m.updates.labels("rejected").inc()
                     return encode_error(rid, ErrorCode.INTERNAL, "internal error; see daemon log")
                 m.updates.labels("applied" if applied else "stale").inc()
+                if applied and self._lag is not None:
+                    self._lag.observe(c)
                 if not applied:
                     log.debug("stale update query=%s batch=%d not applied", c.label, c.batch_id)
                 if self._flusher is not None:  # ack_mode=blob: wait until the blob has it

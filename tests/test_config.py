@@ -37,6 +37,19 @@ DEFAULTS = {
     "write_timeout_s": 10.0,
     "ack_mode": "redis",
     "blob_ack_timeout_s": 30.0,
+    "kafka_bootstrap_servers": None,
+    "kafka_group_template": "spark-{query_name}",
+    "kafka_queries": "",
+    "kafka_recommit_interval_s": 60.0,
+    "kafka_timeout_s": 10.0,
+    "kafka_security_protocol": "PLAINTEXT",
+    "kafka_sasl_mechanism": None,
+    "kafka_sasl_username": None,
+    "kafka_sasl_password": None,
+    "kafka_ssl_cafile": None,
+    "kafka_ssl_certfile": None,
+    "kafka_ssl_keyfile": None,
+    "kafka_lag_per_partition": True,
 }
 
 
@@ -321,3 +334,22 @@ def test_run_needs_a_blob_store() -> None:
 )
 def test_blob_settings_are_validated(var: str, value: str) -> None:
     assert var in problems({var: value})
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("SIDECAR_KAFKA_BOOTSTRAP_SERVERS", "no-port-here"),
+        ("SIDECAR_KAFKA_GROUP_TEMPLATE", "spark-{queryname}"),
+        ("SIDECAR_KAFKA_SECURITY_PROTOCOL", "TLS"),
+        ("SIDECAR_KAFKA_LAG_PER_PARTITION", "maybe"),
+    ],
+)
+def test_kafka_settings_are_validated(var: str, value: str) -> None:
+    assert var in problems({var: value})
+
+
+def test_kafka_password_is_redacted() -> None:
+    config = Config.from_env({"SIDECAR_KAFKA_SASL_PASSWORD": "pa55word"})
+    assert "pa55word" not in repr(config)
+    assert config.redacted("kafka_sasl_password") == "***"

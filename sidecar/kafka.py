@@ -1,0 +1,296 @@
+"""Commit Spark's durable Kafka offsets to consumer groups, so Kafka tools see Spark jobs.
+
+Spark never commits its Kafka offsets to a consumer group, so lag exporters, Burrow and
+``kafka-consumer-groups`` are blind to Spark jobs. This daemon already holds every Kafka
+source's offsets; after each successful blob write it commits them.
+
+Invariants:
+- only offsets that are **durable in the blob** are committed (the flusher calls
+  :meth:`KafkaCommitter.durable` after a write, never before);
+- a partition's committed offset **never goes backwards**: a commit that would lower it
+  (e.g. after a query reset under the same name) is skipped for that partition and counted;
+- groups stay alive: the current offsets are re-committed every
+  ``kafka_recommit_interval_s`` when idle, so offset retention does not expire them and lag
+  tools do not report the consumer as stopped.
+
+Commits are made without joining the group (manual assignment, generation -1), so nothing
+rebalances and no Spark executor is disturbed. Commit metadata carries query id, run id and
+batch id. A broker outage never blocks flushing: commits are retried with backoff.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+
+from sidecar.checkpoint import Checkpoint
+from sidecar.config import Config
+from sidecar.lag import LagTracker
+from sidecar.metrics import Metrics
+from sidecar.resume import is_kafka_offsets
+
+log = logging.getLogger(__name__)
+
+# Descriptions of Spark's Kafka sources (v1 KafkaSource, v2 KafkaV2 / KafkaMicroBatchStream).
+KAFKA_SOURCE_PREFIXES = ("KafkaV2", "KafkaSource", "KafkaMicroBatchStream", "KafkaTable")
+TICK_S = 1.0
+RETRY_CAP_S = 30.0
+
+Offsets = dict[tuple[str, int], int]
+
+
+def kafka_offsets(
+    checkpoint: Checkpoint,
+    extra_queries: frozenset[str] = frozenset(),
+    which: str = "end_offset",
+) -> Offsets:
+    """Offsets (``which``: end_offset or latest_offset) of the checkpoint's Kafka sources, as
+    {(topic, partition): offset}.
+
+    A source counts when Spark describes it as Kafka, or — for queries named in
+    ``extra_queries`` (by name or id) — when its offsets merely have the Kafka shape.
+    """
+    opted_in = bool({checkpoint.query_id, checkpoint.name} & extra_queries)
+    out: Offsets = {}
+    for source in checkpoint.sources:
+        kafka = source.description.startswith(KAFKA_SOURCE_PREFIXES) or opted_in
+        offsets = getattr(source, which)
+        if kafka and is_kafka_offsets(offsets):
+            for topic, parts in offsets.items():
+                for partition, offset in parts.items():
+                    out[(topic, int(partition))] = int(offset)
+    return out
+
+
+def group_name(template: str, checkpoint: Checkpoint, namespace: str) -> str:
+    return template.format(
+        query_name=checkpoint.label, query_id=checkpoint.query_id, namespace=namespace
+    )
+
+
+def commit_metadata(checkpoint: Checkpoint) -> str:
+    return json.dumps(
+        {
+            "committer": "checkpoint-sidecar",
+            "query_id": checkpoint.query_id,
+            "run_id": checkpoint.run_id,
+            "batch_id": checkpoint.batch_id,
+        },
+        separators=(",", ":"),
+    )
+
+
+@dataclass
+class _Group:
+    """One query's consumer group and what we know of its commits."""
+
+    name: str
+    checkpoint: Checkpoint
+    offsets: Offsets
+    dirty: bool = True
+    committed: Offsets = field(default_factory=dict)  # as far as we know (broker's view)
+    fetched: bool = False  # committed offsets read from the broker since (re)connecting
+    last_commit: float = 0.0
+    failures: int = 0
+    retry_at: float = 0.0
+    consumer: Any = None
+
+
+class KafkaCommitter:
+    """Owns one aiokafka consumer per group (created lazily) and the commit loop."""
+
+    def __init__(self, config: Config, metrics: Metrics, lag: LagTracker) -> None:
+        self._config = config
+        self._metrics = metrics
+        self._lag = lag
+        self._groups: dict[str, _Group] = {}  # by query id
+        self._wake = anyio.Event()
+        self._extra = config.kafka_query_set
+        self._admin: Any = None
+
+    def durable(self, checkpoint: Checkpoint) -> None:
+        """A checkpoint is now in the blob: commit its Kafka offsets (non-blocking)."""
+        offsets = kafka_offsets(checkpoint, self._extra)
+        if not offsets:
+            return
+        group = self._groups.get(checkpoint.query_id)
+        name = group_name(self._config.kafka_group_template, checkpoint, self._config.namespace)
+        if group is None or group.name != name:
+            group = self._groups[checkpoint.query_id] = _Group(name, checkpoint, offsets)
+        else:
+            group.checkpoint, group.offsets, group.dirty = checkpoint, offsets, True
+        self._lag.durable(checkpoint.label, offsets)
+        self._wake.set()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            while True:
+                with anyio.move_on_after(TICK_S):
+                    await self._wake.wait()
+                self._wake = anyio.Event()
+                await self._commit_due()
+                await self._poll_end_offsets()
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await self.final_commit()
+                await self._close()
+
+    async def final_commit(self) -> None:
+        """Commit what is durable but not yet committed (shutdown)."""
+        for group in self._groups.values():
+            if group.dirty:
+                await self._commit(group)
+
+    async def _commit_due(self) -> None:
+        now = time.monotonic()
+        interval = self._config.kafka_recommit_interval_s
+        async with anyio.create_task_group() as tg:
+            for group in self._groups.values():
+                due = group.dirty or now - group.last_commit >= interval
+                if due and now >= group.retry_at:
+                    tg.start_soon(self._commit, group)
+
+    async def _commit(self, group: _Group) -> None:
+        from aiokafka.errors import KafkaError
+        from aiokafka.structs import OffsetAndMetadata, TopicPartition
+
+        m = self._metrics
+        label = group.checkpoint.label
+        try:
+            with anyio.fail_after(self._config.kafka_timeout_s):
+                consumer = await self._consumer(group)
+                tps = {key: TopicPartition(*key) for key in group.offsets}
+                if consumer.assignment() != set(tps.values()):
+                    # Manual assignment: commit as a "simple" consumer, never join the group
+                    # (it never polls, so nothing is fetched).
+                    consumer.assign(list(tps.values()))
+                if not group.fetched:
+                    for key, tp in tps.items():
+                        offset = await consumer.committed(tp)
+                        if offset is not None:
+                            group.committed[key] = max(offset, group.committed.get(key, -1))
+                    group.fetched = True
+                metadata = commit_metadata(group.checkpoint)
+                commit, lowered = {}, []
+                for key, offset in group.offsets.items():
+                    if offset < group.committed.get(key, -1):
+                        lowered.append(f"{key[0]}-{key[1]}: {group.committed[key]} -> {offset}")
+                    else:
+                        commit[tps[key]] = OffsetAndMetadata(offset, metadata)
+                if lowered:
+                    m.kafka_commits.labels("regressed").inc()
+                    m.kafka_partitions_skipped.inc(len(lowered))
+                    log.warning(
+                        "kafka group=%s query=%s batch=%d: not committing %d partition(s) "
+                        "backwards (query reset?): %s",
+                        group.name,
+                        label,
+                        group.checkpoint.batch_id,
+                        len(lowered),
+                        ", ".join(lowered[:5]),
+                    )
+                if commit:
+                    await consumer.commit(commit)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            group.failures += 1
+            group.fetched = False  # re-read the broker's view after reconnecting
+            delay = min(RETRY_CAP_S, 0.5 * 2 ** min(group.failures - 1, 10))
+            group.retry_at = time.monotonic() + delay * random.uniform(0.5, 1.0)
+            m.kafka_commits.labels("error").inc()
+            m.kafka_up.set(0)
+            log.warning(
+                "kafka group=%s query=%s commit failed (retry %d in %.1fs): %r",
+                group.name,
+                label,
+                group.failures,
+                delay,
+                exc,
+            )
+            await self._drop_consumer(group)
+            return
+        for tp, oam in commit.items():
+            group.committed[(tp.topic, tp.partition)] = oam.offset
+        group.dirty = False
+        group.failures = 0
+        group.last_commit = time.monotonic()
+        m.kafka_up.set(1)
+        if commit:
+            m.kafka_commits.labels("ok").inc()
+            log.debug(
+                "kafka group=%s query=%s batch=%d: committed %d partition(s)",
+                group.name,
+                label,
+                group.checkpoint.batch_id,
+                len(commit),
+            )
+
+    async def _consumer(self, group: _Group) -> Any:
+        if group.consumer is None:
+            from aiokafka import AIOKafkaConsumer
+
+            consumer = AIOKafkaConsumer(
+                group_id=group.name, enable_auto_commit=False, **self._client_options()
+            )
+            await consumer.start()
+            group.consumer = consumer
+        return group.consumer
+
+    async def _drop_consumer(self, group: _Group) -> None:
+        consumer, group.consumer = group.consumer, None
+        if consumer is not None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await consumer.stop()
+
+    def _client_options(self) -> dict[str, Any]:
+        cfg = self._config
+        options: dict[str, Any] = {
+            "bootstrap_servers": cfg.kafka_bootstrap_servers,
+            "client_id": f"checkpoint-sidecar-{cfg.namespace}",
+            "request_timeout_ms": int(cfg.kafka_timeout_s * 1000),
+            "security_protocol": cfg.kafka_security_protocol,
+        }
+        if cfg.kafka_security_protocol.startswith("SASL"):
+            options.update(
+                sasl_mechanism=cfg.kafka_sasl_mechanism,
+                sasl_plain_username=cfg.kafka_sasl_username,
+                sasl_plain_password=cfg.kafka_sasl_password,
+            )
+        if cfg.kafka_security_protocol.endswith("SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            options["ssl_context"] = create_ssl_context(
+                cafile=cfg.kafka_ssl_cafile,
+                certfile=cfg.kafka_ssl_certfile,
+                keyfile=cfg.kafka_ssl_keyfile,
+            )
+        return options
+
+    async def _poll_end_offsets(self) -> None:
+        """Read the brokers' end offsets of every committed partition, for lag metrics."""
+        from aiokafka.errors import KafkaError
+        from aiokafka.structs import TopicPartition
+
+        groups = [g for g in self._groups.values() if g.consumer is not None]
+        if not groups:
+            return
+        consumer = groups[0].consumer
+        keys = {key for g in groups for key in g.offsets}
+        try:
+            with anyio.fail_after(self._config.kafka_timeout_s):
+                ends = await consumer.end_offsets([TopicPartition(*k) for k in keys])
+        except (KafkaError, OSError, TimeoutError) as exc:
+            log.debug("kafka end offsets unavailable: %r", exc)
+            return
+        self._lag.end_offsets({(tp.topic, tp.partition): off for tp, off in ends.items()})
+
+    async def _close(self) -> None:
+        for group in self._groups.values():
+            await self._drop_consumer(group)
