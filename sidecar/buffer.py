@@ -32,16 +32,21 @@ from sidecar.keys import Keys
 
 log = logging.getLogger(__name__)
 
-# KEYS[1] pending zset, KEYS[2] queries set, KEYS[3] names hash, KEYS[3+i] hash of update i.
-# ARGV[4i-3..4i]: query id, batch id (canonical decimal), checkpoint JSON, name ("" if none).
-# Returns one integer per update: 1 applied, 0 stale.
-_APPLY_LUA = """
+# Shared by the scripts: newer(a, b) compares canonical decimal batch ids exactly (length,
+# then bytes: no float rounding above 2**53); `now` is Redis' clock in milliseconds.
+_PRELUDE_LUA = """
 local function newer(a, b)
   if #a ~= #b then return #a > #b end
   return a > b
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS[1] pending zset, KEYS[2] queries set, KEYS[3] names hash, KEYS[3+i] hash of update i.
+# ARGV[4i-3..4i]: query id, batch id (canonical decimal), checkpoint JSON, name ("" if none).
+# Returns one integer per update: 1 applied, 0 stale.
+_APPLY_LUA = _PRELUDE_LUA + """
 local out = {}
 for i = 1, #KEYS - 3 do
   local key = KEYS[i + 3]
@@ -93,13 +98,7 @@ return out
 # KEYS[1] query hash, KEYS[2] pending zset.
 # ARGV: query id, version at snapshot, pending at snapshot, snapshot time (ms), durable batch.
 # Returns the updates still pending.
-_MARK_FLUSHED_LUA = """
-local function newer(a, b)
-  if #a ~= #b then return #a > #b end
-  return a > b
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_MARK_FLUSHED_LUA = _PRELUDE_LUA + """
 local flushed = redis.call('HGET', KEYS[1], 'flushed_batch_id')
 if not flushed or newer(ARGV[5], flushed) then
   redis.call('HSET', KEYS[1], 'flushed_batch_id', ARGV[5])

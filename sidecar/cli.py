@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run the daemon until SIGTERM/SIGINT",
         description="Run the daemon. SIGTERM or SIGINT stops it gracefully (stop accepting, "
-        "answer what was read, close Redis); a second signal forces exit.",
+        "answer what was read, flush everything pending to the blobs, release leases), "
+        "within SIDECAR_SHUTDOWN_GRACE_S; a second signal forces exit.",
     )
     _add_settings(run)
     show = sub.add_parser("config", help="print the effective configuration (secrets redacted)")
