@@ -61,6 +61,8 @@ def kafka_starting_offsets(
     Raises:
         ResumeError: no (or an ambiguous) Kafka source, or absent partitions with "error".
     """
+    if missing not in ("earliest", "latest", "error"):
+        raise ResumeError(f"missing={missing!r}: use 'earliest', 'latest' or 'error'")
     sources = checkpoint.get("sources") or []
     candidates = [i for i, s in enumerate(sources) if is_kafka_offsets(s.get("end_offset"))]
     if source is not None:

@@ -2,9 +2,10 @@
 
 Spark calls ``onQueryProgress`` from its asynchronous listener bus; ``onQueryStarted`` runs
 synchronously inside ``query.start()``. The listener therefore does almost nothing on
-Spark's thread: it takes Spark's own progress JSON (``event.progress.json``; the attribute
-accessors stringify offsets) and the query id, offers both to the sender, and returns.
-It never does I/O there and never raises into Spark.
+Spark's thread: it takes Spark's own progress JSON (``event.progress.json``, one Py4J call
+to the JVM, ~0.2 ms; the attribute accessors would stringify offsets, a null becoming
+"None") and the query id, offers both to the sender, and returns. Nothing else: no socket
+to the daemon, no parsing, and it never raises into Spark. Costs: ``bench/listener.py``.
 """
 
 from __future__ import annotations

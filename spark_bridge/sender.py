@@ -54,9 +54,13 @@ class Sender:
         self.socket_path = socket_path
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        # Two conditions on one lock: the sender thread waits for work (offer, close) on
+        # _work; flush() waits for delivery on _idle. One condition would let an offer's
+        # notify wake a flush() caller instead of the sender thread.
+        self._work = threading.Condition(self._lock)
+        self._idle = threading.Condition(self._lock)
         self._latest: dict[str, bytes] = {}
-        self._in_flight = 0
+        self._in_flight: set[str] = set()
         self._closing = False
         self._ids = itertools.count(1)
         self._sock: socket.socket | None = None
@@ -82,7 +86,7 @@ class Sender:
                 self.failed += 1
                 return
             self._latest[query_id] = progress_json
-            self._wake.notify()
+            self._work.notify()
 
     # --- control -----------------------------------------------------------------------------
 
@@ -95,7 +99,7 @@ class Sender:
                 self.failed,
                 self.retried,
                 self.reconnects,
-                len(self._latest) + self._in_flight,
+                len(self._in_flight.union(self._latest)),
             )
 
     def flush(self, timeout_s: float = 5.0) -> bool:
@@ -106,7 +110,7 @@ class Sender:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._wake.wait(min(left, 0.05))
+                self._idle.wait(left)
         return True
 
     def close(self, timeout_s: float = 5.0) -> bool:
@@ -114,7 +118,8 @@ class Sender:
         done = self.flush(timeout_s)
         with self._lock:
             self._closing = True
-            self._wake.notify_all()
+            self._work.notify_all()
+            self._idle.notify_all()
         self._thread.join(timeout=1.0)
         self._disconnect()
         return done
@@ -125,31 +130,35 @@ class Sender:
         while True:
             with self._lock:
                 while not self._latest and not self._closing:
-                    self._wake.wait()
+                    self._work.wait()
                 if self._closing:
                     return
                 batch, self._latest = self._latest, {}
-                self._in_flight = len(batch)
-            retry = self._deliver(batch)
+                self._in_flight = set(batch)
+            retry, sent, failed = self._deliver(batch)
             with self._lock:
                 for query_id, payload in retry.items():
                     self._latest.setdefault(query_id, payload)  # a newer one wins
-                self._in_flight = 0
-                self._wake.notify_all()
-            if retry:
+                self._in_flight = set()
+                self.sent += sent
+                self.failed += failed
                 self.retried += len(retry)
+                self._idle.notify_all()
+            if retry:
                 self._sleep_backoff()
             else:
                 self._backoff_s = BACKOFF_START_S
 
     def _sleep_backoff(self) -> None:
+        """Wait out the backoff; new offers do not cut it short, only close() does."""
+        deadline = time.monotonic() + self._backoff_s
         with self._lock:
-            if not self._closing:
-                self._wake.wait(self._backoff_s)
+            while not self._closing and (left := deadline - time.monotonic()) > 0:
+                self._work.wait(left)
         self._backoff_s = min(BACKOFF_MAX_S, self._backoff_s * 2)
 
-    def _deliver(self, batch: dict[str, bytes]) -> dict[str, bytes]:
-        """Send a batch; return the updates that must be retried."""
+    def _deliver(self, batch: dict[str, bytes]) -> tuple[dict[str, bytes], int, int]:
+        """Send a batch; return (updates to retry, number sent, number refused for good)."""
         try:
             sock = self._connect()
             items = list(batch.items())
@@ -177,7 +186,7 @@ class Sender:
                     exc,
                     len(batch),
                 )
-            return batch
+            return batch, 0, 0
         if self._down_since is not None:
             log.info(
                 "checkpoint-sidecar at %s reachable again after %.1fs",
@@ -186,19 +195,20 @@ class Sender:
             )
             self._down_since = None
         retry: dict[str, bytes] = {}
+        sent = failed = 0
         for (query_id, payload), reply in zip(items, replies, strict=True):
             if reply.ok:
-                self.sent += 1
+                sent += 1
             elif reply.error is not None and reply.error.code in RETRIABLE_CODES:
                 retry[query_id] = payload
             else:
-                self.failed += 1
+                failed += 1
                 log.warning(
                     "checkpoint-sidecar refused the progress of query %s: %s",
                     query_id,
                     reply.error.message if reply.error else reply,
                 )
-        return retry
+        return retry, sent, failed
 
     def _connect(self) -> socket.socket:
         if self._sock is None:

@@ -82,3 +82,16 @@ def test_close_is_bounded_when_the_daemon_never_comes(short_tmp: Path) -> None:
     assert sender.close(timeout_s=0.3) is False
     assert time.monotonic() - started < 2.5
     assert sender.stats().pending == 1
+
+
+def test_offers_do_not_cut_the_reconnect_backoff_short(short_tmp: Path) -> None:
+    sender = Sender(str(short_tmp / "nobody.sock"))
+    try:
+        for batch in range(200):  # one progress every 10 ms for 2 s, daemon down throughout
+            sender.offer(QID, payload(batch))
+            time.sleep(0.01)
+        attempts = sender.stats().retried
+    finally:
+        sender.close(0.1)
+    # Backoff 50 ms doubling: about 6 attempts in 2 s. Waking on every offer made it ~200.
+    assert 1 <= attempts <= 12
