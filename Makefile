@@ -22,6 +22,7 @@ demo: setup
 bench: setup
 	$(PY) bench/ingest.py
 	$(PY) bench/flush.py
+	$(PY) bench/listener.py
 
 lint: setup
 	.venv/bin/ruff check sidecar spark_bridge tests bench scripts

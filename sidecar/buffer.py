@@ -46,7 +46,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 # KEYS[1] pending zset, KEYS[2] queries set, KEYS[3] names hash, KEYS[3+i] hash of update i.
 # ARGV[4i-3..4i]: query id, batch id (canonical decimal), checkpoint JSON, name ("" if none).
 # Returns one integer per update: 1 applied, 0 stale.
-_APPLY_LUA = _PRELUDE_LUA + """
+_APPLY_LUA = (
+    _PRELUDE_LUA
+    + """
 local out = {}
 for i = 1, #KEYS - 3 do
   local key = KEYS[i + 3]
@@ -69,6 +71,7 @@ for i = 1, #KEYS - 3 do
 end
 return out
 """
+)
 
 # Everything the flusher needs, read atomically with Redis' clock.
 # KEYS[1] pending zset. ARGV[1] query hash prefix; ARGV[2..] extra query ids to report even
@@ -98,7 +101,9 @@ return out
 # KEYS[1] query hash, KEYS[2] pending zset.
 # ARGV: query id, version at snapshot, pending at snapshot, snapshot time (ms), durable batch.
 # Returns the updates still pending.
-_MARK_FLUSHED_LUA = _PRELUDE_LUA + """
+_MARK_FLUSHED_LUA = (
+    _PRELUDE_LUA
+    + """
 local flushed = redis.call('HGET', KEYS[1], 'flushed_batch_id')
 if not flushed or newer(ARGV[5], flushed) then
   redis.call('HSET', KEYS[1], 'flushed_batch_id', ARGV[5])
@@ -119,6 +124,7 @@ redis.call('HSET', KEYS[1], 'first_pending_ms', ARGV[4])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 return left
 """
+)
 
 # Redis error replies that mean "not now" rather than "never". redis-py turns some prefixes
 # into their own exception classes (stripping the prefix), so check both.
