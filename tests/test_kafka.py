@@ -223,6 +223,24 @@ async def test_lag_from_sparks_latest_offset_without_a_broker(make_config: Confi
         )
 
 
+async def test_lag_per_topic_when_partition_labels_are_off(make_config: ConfigFactory) -> None:
+    config = make_config(kafka_lag_per_partition="false")
+    async with running_daemon(config) as daemon:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(kafka_progress(QID, 4, lag=7))).applied
+        await eventually(
+            lambda: daemon.metrics.kafka_query_lag.labels("orders-to-delta")._value.get() == 21
+        )
+        _, text = await anyio.to_thread.run_sync(scrape, daemon)
+    assert (
+        metric_value(
+            text, "checkpoint_sidecar_kafka_lag_records", query="orders-to-delta", topic="events"
+        )
+        == 21
+    )
+    assert 'partition="' not in text
+
+
 async def test_no_group_is_touched_when_the_feature_is_off(
     make_config: ConfigFactory, broker: KafkaBroker
 ) -> None:

@@ -133,6 +133,16 @@ def test_list_and_show_read_the_blobs(
     doc = json.loads(cli(env, "show", QID, "--json").stdout)
     assert doc["batch_id"] == 3 and doc["schema_version"] == 1
 
+    resume = cli(env, "starting-offsets", "orders-to-delta")
+    assert resume.returncode == 0, resume.stderr
+    assert resume.stdout.strip() == '{"events":{"0":400,"1":401,"2":402}}'
+    widened = cli(env, "starting-offsets", QID, "--partitions", "events=5", "--missing", "latest")
+    assert json.loads(widened.stdout) == {
+        "events": {"0": 400, "1": 401, "2": 402, "3": -1, "4": -1}
+    }
+    refused = cli(env, "starting-offsets", QID, "--partitions", "events=4", "--missing", "error")
+    assert refused.returncode == 1 and "events-3" in refused.stderr
+
     missing = cli(env, "show", "no-such-query")
     assert missing.returncode == 1
     assert "no checkpoint for query 'no-such-query'" in missing.stderr
