@@ -12,7 +12,6 @@ Stopping (``drain``): stop accepting, stop reading, answer what was already read
 from __future__ import annotations
 
 import logging
-import os
 import stat
 import time
 from collections.abc import Sequence
@@ -80,6 +79,16 @@ async def bind_unix_socket(path: str, mode: int) -> Listener[ByteStream]:
     return listener
 
 
+async def _remove_if_ours(path: str, inode: int) -> None:
+    """Remove the socket file only if it is still the one we bound (not a successor's)."""
+    file = anyio.Path(path)
+    try:
+        if (await file.stat()).st_ino == inode:
+            await file.unlink()
+    except FileNotFoundError:
+        pass
+
+
 class SocketServer:
     """Accepts connections and answers their requests until :meth:`drain`."""
 
@@ -123,7 +132,7 @@ class SocketServer:
         listeners: list[Listener[ByteStream]] = [
             await bind_unix_socket(cfg.socket_path, cfg.socket_mode)
         ]
-        inode = os.stat(cfg.socket_path).st_ino
+        inode = (await anyio.Path(cfg.socket_path).stat()).st_ino
         if cfg.tcp_port is not None:
             tcp = await anyio.create_tcp_listener(local_host=cfg.tcp_host, local_port=cfg.tcp_port)
             self.tcp_port = tcp.extra(anyio.abc.SocketAttribute.local_port)
@@ -150,11 +159,8 @@ class SocketServer:
             self.bound = False
             with anyio.CancelScope(shield=True):
                 await listener.aclose()
-            try:  # remove the socket file only if it is still the one we bound
-                if os.stat(cfg.socket_path).st_ino == inode:
-                    os.unlink(cfg.socket_path)
-            except FileNotFoundError:
-                pass
+            with anyio.CancelScope(shield=True):
+                await _remove_if_ours(cfg.socket_path, inode)
 
     async def drain(self) -> None:
         """Stop accepting and reading; return once every connection has been answered."""

@@ -103,3 +103,55 @@ def procs() -> Iterator[list[DaemonProcess]]:
     yield started
     for proc in started:
         proc.kill()
+
+
+@pytest.fixture(autouse=True)
+def no_blocking_calls(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail an async test whose event loop makes a blocking call (sleep, file or socket I/O).
+
+    The daemon runs on that loop in-process, so this checks the daemon's code too.
+    """
+    if request.node.get_closest_marker("allow_blocking") or not _is_async(request):
+        yield
+        return
+    from blockbuster import blockbuster_ctx
+
+    with blockbuster_ctx(scanned_modules=["sidecar", "spark_bridge"]) as bb:
+        # Constructing an Azure SDK client reads platform files once (user agent); it
+        # happens at start-up, not per request.
+        # redis-py reads its own version from package metadata on each new connection;
+        # anyio stats the path while binding a Unix socket (once, at start-up).
+        for name in (
+            "os.read",
+            "io.BufferedReader.read",
+            "io.TextIOWrapper.read",
+            "os.stat",
+            "os.listdir",
+            "os.scandir",
+        ):
+            if name in bb.functions:
+                bb.functions[name].can_block_in(
+                    "platform.py", {"platform", "libc_ver", "freedesktop_os_release"}
+                )
+                bb.functions[name].can_block_in(
+                    "anyio/_core/_sockets.py", {"setup_unix_local_socket"}
+                )
+                bb.functions[name].can_block_in(
+                    "importlib/metadata/__init__.py",
+                    {
+                        "mtime",
+                        "search",
+                        "read_text",
+                        "lookup",
+                        "__init__",
+                        "children",
+                        "zip_children",
+                    },
+                )
+        yield
+
+
+def _is_async(request: pytest.FixtureRequest) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(getattr(request.node, "obj", None))
