@@ -184,6 +184,7 @@ class Daemon:
                 self.coalescer.queued,
             )
         with anyio.move_on_after(max(0.0, deadline - time.monotonic())) as flushing:
+            await self.flusher.stop_loop()
             await self.flusher.final_flush()
         if flushing.cancelled_caught:
             await self._log_unflushed(grace)

@@ -105,9 +105,11 @@ _MARK_FLUSHED_LUA = (
     _PRELUDE_LUA
     + """
 local flushed = redis.call('HGET', KEYS[1], 'flushed_batch_id')
-if not flushed or newer(ARGV[5], flushed) then
-  redis.call('HSET', KEYS[1], 'flushed_batch_id', ARGV[5])
+if flushed and newer(flushed, ARGV[5]) then
+  -- a stale mark (a newer flush was already recorded): it must not clear newer updates
+  return tonumber(redis.call('HGET', KEYS[1], 'pending') or '0')
 end
+redis.call('HSET', KEYS[1], 'flushed_batch_id', ARGV[5])
 redis.call('HSET', KEYS[1], 'flushed_ms', now)
 local left = 0
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then

@@ -22,7 +22,12 @@ import msgspec
 #: Longest accepted query id / run id. Spark uses UUIDs (36 characters).
 MAX_ID_CHARS = 256
 
-Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+#: Query and run ids (Spark uses UUIDs). The id names a blob and a Redis key, so it is kept to
+#: a safe alphabet: no "/" or ".." can step outside the namespace.
+Id = Annotated[
+    str,
+    msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS, pattern=r"^[A-Za-z0-9][A-Za-z0-9_:.-]*$"),
+]
 #: Spark batch ids are Java longs.
 BatchId = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 

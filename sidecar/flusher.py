@@ -72,6 +72,8 @@ class Flusher:
         #: Queries a previous run left pending: due whatever the thresholds until flushed
         #: (None until the first snapshot has been read).
         self._recovering: set[str] | None = None
+        self._loop = anyio.CancelScope()
+        self._loop_done = anyio.Event()
 
     # --- acknowledgements in blob mode -----------------------------------------------------
 
@@ -100,10 +102,18 @@ class Flusher:
     # --- the loop --------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            await self.tick()
-            await anyio.sleep(self._config.flush_interval_s)
+        with self._loop:
+            task_status.started()
+            while True:
+                await self.tick()
+                await anyio.sleep(self._config.flush_interval_s)
+        self._loop_done.set()
+
+    async def stop_loop(self) -> None:
+        """Stop the periodic ticks (and wait for one in progress) before the final flush,
+        so two passes never race on the same query's lease."""
+        self._loop.cancel()
+        await self._loop_done.wait()
 
     async def tick(self, *, final: bool = False) -> int:
         """One pass. Returns how many owned queries are still left pending by a failure."""
@@ -239,8 +249,18 @@ class Flusher:
             left,
         )
         self._durable_now(q.query_id, durable)
-        if result == "ok" and self._on_durable is not None:
-            self._on_durable(checkpoint)
+        if self._on_durable is not None:
+            # Also for "skipped": the blob holds this batch or newer (e.g. written before a
+            # Redis failure prevented mark_flushed), so these offsets are durable; the Kafka
+            # committer itself refuses to move a group backwards.
+            try:
+                self._on_durable(checkpoint)
+            except Exception:
+                log.exception(
+                    "after flushing query=%s batch=%d: durable hook failed",
+                    label,
+                    checkpoint.batch_id,
+                )
         return True
 
     def _backoff(self, query_id: str) -> float:

@@ -96,7 +96,8 @@ class _Group:
     offsets: Offsets
     dirty: bool = True
     committed: Offsets = field(default_factory=dict)  # as far as we know (broker's view)
-    fetched: bool = False  # committed offsets read from the broker since (re)connecting
+    #: Partitions whose committed offset was read from the broker since (re)connecting.
+    fetched: set[tuple[str, int]] = field(default_factory=set)
     last_commit: float = 0.0
     failures: int = 0
     retry_at: float = 0.0
@@ -110,7 +111,9 @@ class KafkaCommitter:
         self._config = config
         self._metrics = metrics
         self._lag = lag
-        self._groups: dict[str, _Group] = {}  # by query id
+        # By group name: a query restarted under the same name (new id) shares its group, so
+        # only the newest checkpoint is committed and the backwards check covers both.
+        self._groups: dict[str, _Group] = {}
         self._wake = anyio.Event()
         self._extra = config.kafka_query_set
         self._admin: Any = None
@@ -120,10 +123,10 @@ class KafkaCommitter:
         offsets = kafka_offsets(checkpoint, self._extra)
         if not offsets:
             return
-        group = self._groups.get(checkpoint.query_id)
         name = group_name(self._config.kafka_group_template, checkpoint, self._config.namespace)
-        if group is None or group.name != name:
-            group = self._groups[checkpoint.query_id] = _Group(name, checkpoint, offsets)
+        group = self._groups.get(name)
+        if group is None:
+            self._groups[name] = _Group(name, checkpoint, offsets)
         else:
             group.checkpoint, group.offsets, group.dirty = checkpoint, offsets, True
         self._lag.durable(checkpoint.label, offsets)
@@ -139,8 +142,9 @@ class KafkaCommitter:
                 await self._commit_due()
                 await self._poll_end_offsets()
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                await self.final_commit()
+            # The final commit is made by the daemon's shutdown, within the grace period;
+            # here only the clients are closed, briefly.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(1):
                 await self._close()
 
     async def final_commit(self) -> None:
@@ -172,12 +176,13 @@ class KafkaCommitter:
                     # Manual assignment: commit as a "simple" consumer, never join the group
                     # (it never polls, so nothing is fetched).
                     consumer.assign(list(tps.values()))
-                if not group.fetched:
-                    for key, tp in tps.items():
-                        offset = await consumer.committed(tp)
-                        if offset is not None:
-                            group.committed[key] = max(offset, group.committed.get(key, -1))
-                    group.fetched = True
+                for key, tp in tps.items():
+                    if key in group.fetched:
+                        continue
+                    offset = await consumer.committed(tp)  # e.g. a partition seen first now
+                    if offset is not None:
+                        group.committed[key] = max(offset, group.committed.get(key, -1))
+                    group.fetched.add(key)
                 metadata = commit_metadata(group.checkpoint)
                 commit, lowered = {}, []
                 for key, offset in group.offsets.items():
@@ -201,7 +206,7 @@ class KafkaCommitter:
                     await consumer.commit(commit)
         except (KafkaError, OSError, TimeoutError) as exc:
             group.failures += 1
-            group.fetched = False  # re-read the broker's view after reconnecting
+            group.fetched.clear()  # re-read the broker's view after reconnecting
             delay = min(RETRY_CAP_S, 0.5 * 2 ** min(group.failures - 1, 10))
             group.retry_at = time.monotonic() + delay * random.uniform(0.5, 1.0)
             m.kafka_commits.labels("error").inc()

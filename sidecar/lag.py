@@ -12,6 +12,7 @@ a second by :meth:`LagTracker.run`.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import deque
@@ -21,6 +22,8 @@ from anyio.abc import TaskStatus
 
 from sidecar.checkpoint import Checkpoint
 from sidecar.metrics import Metrics
+
+log = logging.getLogger(__name__)
 
 RATE_WINDOW_S = 60.0
 Offsets = dict[tuple[str, int], int]
@@ -34,7 +37,7 @@ class LagTracker:
         self._durable: dict[str, Offsets] = {}  # by label: offsets durable in the blob
         self._ends: Offsets = {}  # brokers' end offsets
         self._history: dict[str, deque[tuple[float, int]]] = {}
-        self._exported: set[tuple[str, ...]] = set()
+        self._failed: set[str] = set()
 
     def observe(self, checkpoint: Checkpoint) -> None:
         """The newest applied progress of a query (called on the ingest path: O(1))."""
@@ -69,32 +72,40 @@ class LagTracker:
         return {key: max(0, latest[key] - ends[key]) for key in ends if key in latest}
 
     def export(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for label in set(self._observed) | set(self._durable):
+            try:
+                self._export_one(label, now)
+            except Exception:  # one odd query must not take the daemon down
+                if label not in self._failed:
+                    self._failed.add(label)
+                    log.exception("lag of query %s cannot be computed; skipping it", label)
+
+    def _export_one(self, label: str, now: float) -> None:
         from sidecar.kafka import kafka_offsets
 
-        now = time.monotonic() if now is None else now
         m = self._metrics
-        for label in set(self._observed) | set(self._durable):
-            lag = self.lag(label)
-            if lag is None:
-                continue
-            per_topic: dict[str, int] = {}
-            for (topic, partition), records in lag.items():
-                per_topic[topic] = per_topic.get(topic, 0) + records
-                if m.lag_per_partition:
-                    m.kafka_lag.labels(label, topic, str(partition)).set(records)
-            if not m.lag_per_partition:
-                for topic, records in per_topic.items():
-                    m.kafka_lag.labels(label, topic).set(records)
-            total = sum(lag.values())
-            m.kafka_query_lag.labels(label).set(total)
-            # consumption rate from the position (sum of end offsets) over the last minute
-            checkpoint = self._observed.get(label)
-            position = sum(kafka_offsets(checkpoint, self._extra).values()) if checkpoint else 0
-            history = self._history.setdefault(label, deque())
-            history.append((now, position))
-            while len(history) > 2 and now - history[0][0] > RATE_WINDOW_S:
-                history.popleft()
-            (t0, p0), (t1, p1) = history[0], history[-1]
-            rate = (p1 - p0) / (t1 - t0) if t1 > t0 else 0.0
-            seconds = 0.0 if total == 0 else (total / rate if rate > 0 else math.inf)
-            m.kafka_lag_seconds.labels(label).set(seconds)
+        lag = self.lag(label)
+        if lag is None:
+            return
+        per_topic: dict[str, int] = {}
+        for (topic, partition), records in lag.items():
+            per_topic[topic] = per_topic.get(topic, 0) + records
+            if m.lag_per_partition:
+                m.kafka_lag.labels(label, topic, str(partition)).set(records)
+        if not m.lag_per_partition:
+            for topic, records in per_topic.items():
+                m.kafka_lag.labels(label, topic).set(records)
+        total = sum(lag.values())
+        m.kafka_query_lag.labels(label).set(total)
+        # consumption rate from the position (sum of end offsets) over the last minute
+        checkpoint = self._observed.get(label)
+        position = sum(kafka_offsets(checkpoint, self._extra).values()) if checkpoint else 0
+        history = self._history.setdefault(label, deque())
+        history.append((now, position))
+        while len(history) > 2 and now - history[0][0] > RATE_WINDOW_S:
+            history.popleft()
+        (t0, p0), (t1, p1) = history[0], history[-1]
+        rate = (p1 - p0) / (t1 - t0) if t1 > t0 else 0.0
+        seconds = 0.0 if total == 0 else (total / rate if rate > 0 else math.inf)
+        m.kafka_lag_seconds.labels(label).set(seconds)

@@ -77,6 +77,8 @@ class QueryLease:
     failures: int = 0
     #: Batch id the blob holds, read after each acquisition (-1: empty blob); None: unknown.
     blob_batch_id: int | None = field(default=None)
+    #: Serialises acquire / release of this lease (a tick and the final flush may overlap).
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
 
     def to(self, new: LeaseState, reason: str) -> None:
         if new not in _ALLOWED[self.state]:
@@ -126,6 +128,11 @@ class LeaseManager:
         if lease is None:
             lease = self._leases[query_id] = QueryLease(query_id, label)
         lease.label = label
+        async with lease.lock:
+            return await self._ensure_held(lease)
+
+    async def _ensure_held(self, lease: QueryLease) -> QueryLease | None:
+        query_id, label = lease.query_id, lease.label
         now = self._clock()
         if lease.state is LeaseState.HELD:
             if now < lease.valid_until:
@@ -162,6 +169,8 @@ class LeaseManager:
             self._lose(lease, reason)
 
     def _lose(self, lease: QueryLease, reason: str) -> None:
+        if lease.state is LeaseState.LOST:
+            return
         lease.to(LeaseState.LOST, reason)
         self._metrics.lease_held.labels(lease.label).set(0)
         self._schedule_retry(lease, self._clock())
@@ -215,6 +224,10 @@ class LeaseManager:
                 tg.start_soon(self._release, lease)
 
     async def _release(self, lease: QueryLease) -> None:
+        async with lease.lock:
+            await self._release_locked(lease)
+
+    async def _release_locked(self, lease: QueryLease) -> None:
         if lease.state is LeaseState.HELD:
             try:
                 await self._store.release_lease(lease.query_id, self.lease_id)

@@ -34,7 +34,7 @@ from typing import Any
 
 import msgspec
 
-from sidecar.checkpoint import Checkpoint, SparkProgress, from_progress
+from sidecar.checkpoint import Checkpoint, Id, SparkProgress, from_progress
 
 #: Default cap on one request line, newline excluded. A Spark progress event for a Kafka
 #: source with a few thousand partitions is ~100-300 KiB; 1 MiB leaves room and still bounds
@@ -105,7 +105,7 @@ class _PingMsg(msgspec.Struct, tag_field="op", tag="ping"):
 
 
 class _GetMsg(msgspec.Struct, tag_field="op", tag="get"):
-    query_id: str | None = None
+    query_id: Id | None = None
     name: str | None = None
     id: RequestId = None
 

@@ -27,16 +27,23 @@ class ResumeError(SidecarError):
     """The checkpoint cannot give starting offsets as asked; the message says why."""
 
 
+def _partition(p: Any) -> bool:
+    """A Kafka partition number as Spark writes it: ASCII digits, within int32."""
+    return isinstance(p, str) and p.isascii() and p.isdigit() and int(p) < 2**31
+
+
+def _offset(o: Any) -> bool:
+    """A Kafka offset: an int64 (-2/-1 are Spark's earliest/latest markers)."""
+    return isinstance(o, int) and not isinstance(o, bool) and -2 <= o < 2**63
+
+
 def is_kafka_offsets(value: Any) -> bool:
     """True for offsets shaped like Spark's Kafka source: ``{"topic": {"0": 42, ...}}``."""
     return (
         isinstance(value, dict)
         and bool(value)
         and all(
-            isinstance(parts, dict)
-            and all(
-                isinstance(p, str) and p.isdigit() and isinstance(o, int) for p, o in parts.items()
-            )
+            isinstance(parts, dict) and all(_partition(p) and _offset(o) for p, o in parts.items())
             for parts in value.values()
         )
     )

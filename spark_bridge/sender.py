@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from sidecar.protocol import ClientConnection, ProtocolViolation, encode_request
+from sidecar.protocol import ClientConnection, ProtocolViolation, Reply, encode_request
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,9 @@ class SenderStats:
 class Sender:
     """Owns one background thread and one connection to the daemon's Unix socket."""
 
-    def __init__(self, socket_path: str, *, timeout_s: float = 5.0) -> None:
+    def __init__(self, socket_path: str, *, timeout_s: float = 60.0) -> None:
+        """``timeout_s`` bounds one connect or reply wait; it must exceed the daemon's
+        SIDECAR_BLOB_ACK_TIMEOUT_S in blob ack mode (a held ack is not a dead daemon)."""
         self.socket_path = socket_path
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
@@ -159,9 +161,10 @@ class Sender:
 
     def _deliver(self, batch: dict[str, bytes]) -> tuple[dict[str, bytes], int, int]:
         """Send a batch; return (updates to retry, number sent, number refused for good)."""
+        items = list(batch.items())
+        replies: list[Reply] = []
         try:
             sock = self._connect()
-            items = list(batch.items())
             sock.sendall(
                 b"".join(
                     encode_request("progress", next(self._ids), progress=msgspec.Raw(payload))
@@ -169,7 +172,6 @@ class Sender:
                 )
             )
             conn = ClientConnection()
-            replies: list = []  # type: ignore[type-arg]
             while len(replies) < len(items):
                 data = sock.recv(65536)
                 if not data:
@@ -177,6 +179,13 @@ class Sender:
                 replies += conn.receive_data(data)
         except (OSError, ProtocolViolation) as exc:
             self._disconnect()
+            if replies:
+                # The daemon answered part of the batch before closing (e.g. it refused an
+                # oversized frame with frame_too_large): settle those, retry only the rest,
+                # so one bad update cannot wedge the queries queued behind it.
+                retry, sent, failed = self._settle(items[: len(replies)], replies)
+                retry.update(items[len(replies) :])
+                return retry, sent, failed
             if self._down_since is None:
                 self._down_since = time.monotonic()
                 log.warning(
@@ -194,6 +203,11 @@ class Sender:
                 time.monotonic() - self._down_since,
             )
             self._down_since = None
+        return self._settle(items, replies)
+
+    def _settle(
+        self, items: list[tuple[str, bytes]], replies: list[Reply]
+    ) -> tuple[dict[str, bytes], int, int]:
         retry: dict[str, bytes] = {}
         sent = failed = 0
         for (query_id, payload), reply in zip(items, replies, strict=True):

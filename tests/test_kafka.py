@@ -326,3 +326,55 @@ def test_rate_source_has_no_kafka_offsets() -> None:
 
     c = from_progress(msgspec.convert(rate_progress("x", 3), SparkProgress))
     assert kafka_offsets(c, frozenset({"x", "rate-demo"})) == {}
+
+
+# --- regressions found in review -------------------------------------------------------------
+
+
+async def test_odd_partition_keys_never_crash_the_daemon(make_config: ConfigFactory) -> None:
+    config = make_config()
+    weird = kafka_progress(QID, 1)
+    weird["sources"][0]["endOffset"] = {"events": {"²": 5}}
+    weird["sources"][0]["latestOffset"] = {"events": {"²": 9}}
+    async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
+        assert (await c.progress(weird)).applied
+        await anyio.sleep(1.5)  # past a lag export
+        assert (await c.ping()).ok
+
+
+async def test_a_restarted_query_with_the_same_name_owns_the_group(
+    make_config: ConfigFactory, broker: KafkaBroker
+) -> None:
+    await create_topic_with_records(broker.bootstrap)
+    config = make_config(
+        kafka_bootstrap_servers=broker.bootstrap, count_threshold=1, kafka_recommit_interval_s=1
+    )
+    resumed = "4b1d0c2e-0000-4000-8000-00000000beef"  # new checkpoint dir: new id, same name
+    async with running_daemon(config), group_reader(broker.bootstrap) as reader:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(progress(2))).applied
+            await wait_committed(reader, end_offsets_of(2))
+            assert (await c.progress(progress(3, query_id=resumed))).applied
+            await wait_committed(reader, end_offsets_of(3))
+        await anyio.sleep(2.5)  # several idle re-commits: the old query must not win again
+        assert await committed(reader) == end_offsets_of(3)
+
+
+async def test_a_partition_seen_later_is_checked_against_the_broker(
+    make_config: ConfigFactory, broker: KafkaBroker
+) -> None:
+    from aiokafka.structs import OffsetAndMetadata
+
+    await create_topic_with_records(broker.bootstrap)
+    async with group_reader(broker.bootstrap) as other_tool:
+        await other_tool.commit({TPS[2]: OffsetAndMetadata(45, "")})
+    config = make_config(kafka_bootstrap_servers=broker.bootstrap, count_threshold=1)
+    two = kafka_progress(QID, 1, topic=TOPIC, partitions=2, per_partition=10)
+    three = progress(2)  # partition 2 appears, at 32 < 45
+    async with running_daemon(config) as daemon, group_reader(broker.bootstrap) as reader:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(two)).applied
+            await wait_committed(reader, [20, 21, 45])
+            assert (await c.progress(three)).applied
+            await wait_committed(reader, [30, 31, 45])
+        assert daemon.metrics.kafka_partitions_skipped._value.get() >= 1

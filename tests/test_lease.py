@@ -108,3 +108,30 @@ async def test_leases_are_renewed_in_the_background_past_their_duration(
     assert metric_value(text, "checkpoint_sidecar_lease_renewals_total", result="ok") >= 3
     assert metric_value(text, "checkpoint_sidecar_lease_renewals_total", result="lost") == 0
     assert metric_value(text, "checkpoint_sidecar_flushes_total", result="lease_lost") == 0
+
+
+async def test_overlapping_acquire_and_release_never_break_the_state_machine(
+    make_config: ConfigFactory,
+) -> None:
+    config = make_config()
+    store = BlobStore(config)
+    await store.ensure_container()
+    theirs = LeaseManager(store, THEIRS, 15, Metrics())
+    ours = LeaseManager(store, OURS, 15, Metrics())
+    try:
+        assert await theirs.ensure_held("q2", "q2") is not None
+        # two passes (a tick and the final flush) racing on a lease held elsewhere
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(ours.ensure_held, "q2", "q2")
+        assert ours.state("q2") is LeaseState.LOST
+        await theirs.release_all()
+        # an acquisition racing with shutdown's release: the lease ends released, not held
+        async with anyio.create_task_group() as tg:
+            ours._leases["q2"].retry_at = 0
+            tg.start_soon(ours.ensure_held, "q2", "q2")
+            tg.start_soon(ours.release_all)
+        assert ours.state("q2") is LeaseState.RELEASED
+        assert await store.lease_state("q2") == "available"
+    finally:
+        await store.aclose()

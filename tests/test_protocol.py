@@ -33,6 +33,7 @@ from sidecar.protocol import (
     encode_error,
     encode_ok,
     encode_request,
+    parse_request,
 )
 from tests.sparkshapes import kafka_progress, rate_progress
 
@@ -432,7 +433,8 @@ json_values = st.recursive(
     ),
     max_leaves=12,
 )
-ids_text = st.text(min_size=1, max_size=256)
+# Query and run ids: Spark's are UUIDs; the protocol accepts a safe alphabet (they name blobs).
+ids_text = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_:.-]{0,255}\Z", fullmatch=True)
 
 source_dicts = st.fixed_dictionaries(
     {
@@ -634,3 +636,13 @@ def test_request_before_an_oversized_frame_in_the_same_read_is_not_dropped() -> 
     events = conn.receive_data(encode_request("ping", 1) + b"x" * 65 + b"\n")
     assert events[0] == Ping(1)  # as when the same bytes arrive in two reads
     assert isinstance(events[-1], BadRequest) and events[-1].fatal
+
+
+@pytest.mark.parametrize("query_id", ["a/../../b", "../x", "", "q id", "q/1"])
+def test_query_ids_that_could_escape_the_namespace_are_refused(query_id: str) -> None:
+    event = parse_request(encode_request("get", 1, query_id=query_id).rstrip(b"\n"))
+    assert isinstance(event, BadRequest) and event.code is ErrorCode.BAD_REQUEST
+    progress = rate_progress(query_id or "x", 1)
+    progress["id"] = query_id
+    event = parse_request(encode_request("progress", 2, progress=progress).rstrip(b"\n"))
+    assert isinstance(event, BadRequest) and "$.progress.id" in event.message

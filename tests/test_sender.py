@@ -95,3 +95,25 @@ def test_offers_do_not_cut_the_reconnect_backoff_short(short_tmp: Path) -> None:
         sender.close(0.1)
     # Backoff 50 ms doubling: about 6 attempts in 2 s. Waking on every offer made it ~200.
     assert 1 <= attempts <= 12
+
+
+def test_an_oversized_update_is_dropped_and_the_others_still_go(
+    daemon_env: dict[str, str], procs: list[DaemonProcess], short_tmp: Path
+) -> None:
+    daemon = DaemonProcess({**daemon_env, "SIDECAR_MAX_FRAME_BYTES": "4096"}, short_tmp / "d.log")
+    procs.append(daemon)
+    daemon.start()
+    sender = Sender(daemon_env["SIDECAR_SOCKET_PATH"])
+    other = "7c0ffee0-1234-4abc-9def-000000000002"
+    try:
+        huge = json.dumps(kafka_progress(QID, 1, partitions=400)).encode()
+        assert len(huge) > 4096
+        sender.offer(QID, huge)  # refused by the daemon: frame_too_large, connection closed
+        sender.offer(other, payload(5, other))  # queued behind it in the same write
+        assert sender.flush(15)
+        stats = sender.stats()
+        assert (stats.failed, stats.sent, stats.pending) == (1, 1, 0)
+        saved = spark_bridge.load_checkpoint(other, daemon_env["SIDECAR_SOCKET_PATH"])
+        assert saved["batch_id"] == 5
+    finally:
+        sender.close(1)
