@@ -13,8 +13,10 @@ off: the flusher retries with backoff and jitter and sees every failure.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -30,7 +32,7 @@ from azure.core.exceptions import (
 from azure.storage.blob import ContentSettings
 from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient, ContainerClient
 
-from sidecar.checkpoint import Checkpoint, SourceOffsets
+from sidecar.checkpoint import Checkpoint
 from sidecar.config import Config
 from sidecar.errors import LeaseConflict, LeaseLost, StoreError, StoreUnavailable
 
@@ -47,29 +49,29 @@ class Writer(msgspec.Struct, frozen=True):
     instance_id: str
 
 
-class CheckpointDocument(msgspec.Struct, frozen=True):
-    """The JSON document stored in a query's blob (schema version 1)."""
+class CheckpointDocument(Checkpoint, frozen=True):
+    """The JSON document stored in a query's blob (schema version 1): the checkpoint's
+    fields plus these."""
 
     schema_version: int
     checkpoint_id: str
-    query_id: str
-    run_id: str
-    name: str | None
-    batch_id: int
-    timestamp: str
-    sources: list[SourceOffsets]
     writer: Writer
     written_at: str
 
-    def checkpoint(self) -> Checkpoint:
-        return Checkpoint(
-            query_id=self.query_id,
-            run_id=self.run_id,
-            name=self.name,
-            batch_id=self.batch_id,
-            timestamp=self.timestamp,
-            sources=self.sources,
+    @classmethod
+    def of(cls, checkpoint: Checkpoint, writer: Writer) -> CheckpointDocument:
+        """A new document (fresh checkpoint id, written now) for ``checkpoint``."""
+        return cls(
+            **msgspec.structs.asdict(checkpoint),
+            schema_version=SCHEMA_VERSION,
+            checkpoint_id=uuid.uuid4().hex,
+            writer=writer,
+            written_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
         )
+
+    def checkpoint(self) -> Checkpoint:
+        """The checkpoint alone, without the document's own fields."""
+        return Checkpoint(**{f: getattr(self, f) for f in Checkpoint.__struct_fields__})
 
 
 class BlobInfo(msgspec.Struct, frozen=True):

@@ -21,10 +21,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 import anyio
 from anyio.abc import TaskStatus
@@ -207,7 +205,7 @@ class Flusher:
                     durable,
                 )
             else:
-                body = encode_document(self._document(checkpoint))
+                body = encode_document(CheckpointDocument.of(checkpoint, self._writer))
                 started = time.perf_counter()
                 await self._store.write(
                     q.query_id, body, lease_id=self._leases.lease_id, query_name=checkpoint.name
@@ -269,21 +267,3 @@ class Flusher:
         delay *= random.uniform(0.5, 1.0)  # jitter: queries must not retry in lockstep
         self._retry_at[query_id] = time.monotonic() + delay
         return delay
-
-    def _document(self, c: ckpt.Checkpoint) -> CheckpointDocument:
-        return CheckpointDocument(
-            schema_version=1,
-            checkpoint_id=uuid.uuid4().hex,
-            query_id=c.query_id,
-            run_id=c.run_id,
-            name=c.name,
-            batch_id=c.batch_id,
-            timestamp=c.timestamp,
-            sources=c.sources,
-            writer=self._writer,
-            written_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
-        )
-
-    def pending_summary(self) -> str:
-        """For the shutdown log: what is known to be durable, per query."""
-        return ", ".join(f"{self._labels.get(q, q)}@{b}" for q, b in self._durable.items())

@@ -11,11 +11,13 @@ import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.app import Daemon
+from sidecar.blobstore import BlobStore, CheckpointDocument
 from sidecar.config import Config
 from sidecar.devservices import REPO_ROOT
 
@@ -106,3 +108,38 @@ class DaemonProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float = 60, what: str = "condition") -> Any:
+    """Poll ``predicate`` (blocking; for sync tests) until it returns something truthy."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def read_blob(env: dict[str, str], query_id: str) -> CheckpointDocument | None:
+    """A query's checkpoint document, read with the same settings as the daemon (sync)."""
+
+    async def read() -> CheckpointDocument | None:
+        store = BlobStore(Config.from_env(env))
+        try:
+            return await store.read(query_id)
+        finally:
+            await store.aclose()
+
+    return anyio.run(read)
+
+
+def wait_blob(
+    env: dict[str, str], query_id: str, batch: int, timeout_s: float = 40
+) -> CheckpointDocument:
+    """Wait until the query's blob holds ``batch`` or newer (sync)."""
+
+    def reached() -> CheckpointDocument | None:
+        doc = read_blob(env, query_id)
+        return doc if doc is not None and doc.batch_id >= batch else None
+
+    return wait_for(reached, timeout_s, f"the blob to hold batch {batch}")  # type: ignore[no-any-return]

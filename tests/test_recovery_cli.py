@@ -9,14 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import anyio
 import pytest
 
-from sidecar.blobstore import BlobStore
-from sidecar.config import Config
 from sidecar.devservices import REPO_ROOT
 from sidecar.protocol import ClientConnection, encode_request
-from tests.helpers import DaemonProcess
+from tests.helpers import DaemonProcess, read_blob, wait_blob
 from tests.sparkshapes import kafka_progress
 
 QID = "9d3e1f20-55aa-4b8e-8f1c-2a3b4c5d6e7f"
@@ -45,29 +42,6 @@ def send(path: str, *batches: int) -> list[bool | None]:
     return [r.applied for r in replies]
 
 
-def read_blob(env: dict[str, str]):  # type: ignore[no-untyped-def]
-    async def read():  # type: ignore[no-untyped-def]
-        store = BlobStore(Config.from_env(env))
-        try:
-            return await store.read(QID)
-        finally:
-            await store.aclose()
-
-    return anyio.run(read)
-
-
-def wait_blob(env: dict[str, str], batch: int, timeout_s: float = 40):  # type: ignore[no-untyped-def]
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        doc = read_blob(env)
-        if doc is not None and doc.batch_id >= batch:
-            return doc
-        time.sleep(0.1)
-    raise AssertionError(f"blob did not reach batch {batch} in {timeout_s}s: {read_blob(env)}")
-
-
 def test_kill_9_with_pending_updates_then_restart_reaches_last_acked_batch(
     env: dict[str, str], procs: list[DaemonProcess], short_tmp: Path
 ) -> None:
@@ -75,17 +49,17 @@ def test_kill_9_with_pending_updates_then_restart_reaches_last_acked_batch(
     procs.append(first)
     first.start()
     assert send(env["SIDECAR_SOCKET_PATH"], 0, 1) == [True, True]
-    assert wait_blob(env, 1).writer.pid == first.proc.pid  # type: ignore[union-attr]
+    assert wait_blob(env, QID, 1).writer.pid == first.proc.pid  # type: ignore[union-attr]
     assert send(env["SIDECAR_SOCKET_PATH"], 2) == [True]  # below the threshold: pending
     first.signal(signal.SIGKILL)
     assert first.wait() == -signal.SIGKILL
-    assert read_blob(env).batch_id == 1  # batch 2 was acknowledged but never flushed
+    assert read_blob(env, QID).batch_id == 1  # batch 2 was acknowledged but never flushed
 
     # The dead daemon's lease lives on until it expires; the new one waits it out.
     second = DaemonProcess(env, short_tmp / "second.log")
     procs.append(second)
     second.start()
-    doc = wait_blob(env, 2)
+    doc = wait_blob(env, QID, 2)
     assert doc.batch_id == 2
     assert doc.writer.pid == second.proc.pid  # type: ignore[union-attr]
     assert "another owner holds the lease" in second.log()
@@ -110,7 +84,7 @@ def test_list_and_show_read_the_blobs(
     procs.append(daemon)
     daemon.start()
     send(env["SIDECAR_SOCKET_PATH"], 0, 1, 2, 3)
-    wait_blob(env, 3)
+    wait_blob(env, QID, 3)
     daemon.signal(signal.SIGTERM)
     assert daemon.wait() == 0  # the daemon need not run for the read side
 

@@ -10,7 +10,7 @@ import msgspec
 
 import spark_bridge
 from spark_bridge.sender import Sender
-from tests.helpers import DaemonProcess
+from tests.helpers import DaemonProcess, wait_for
 from tests.sparkshapes import kafka_progress
 
 QID = "7c0ffee0-1234-4abc-9def-000000000001"
@@ -18,13 +18,6 @@ QID = "7c0ffee0-1234-4abc-9def-000000000001"
 
 def payload(batch: int, query_id: str = QID) -> bytes:
     return json.dumps(kafka_progress(query_id, batch)).encode()
-
-
-def wait_for(predicate, timeout_s: float = 20) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_updates_offered_while_the_daemon_is_down_are_conflated_then_delivered(

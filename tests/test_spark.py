@@ -7,17 +7,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 import spark_bridge
-from sidecar.blobstore import BlobStore, CheckpointDocument
-from sidecar.config import Config
-from tests.helpers import DaemonProcess
+from tests.helpers import DaemonProcess, wait_blob, wait_for
 
 pyspark = pytest.importorskip("pyspark", reason="installed by `make setup` (extra: spark)")
 from pyspark.sql import SparkSession  # noqa: E402
@@ -41,15 +38,6 @@ def spark() -> Iterator[SparkSession]:
     session.dataSource.register(KafkaShapedSource)
     yield session
     session.stop()
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float = 60, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def start_query(
@@ -100,27 +88,6 @@ def run_until_exhausted(q: StreamingQuery, max_offset: int) -> dict[str, Any]:
         return None
 
     return wait_for(done, what=f"the query to read up to offset {max_offset}")  # type: ignore[no-any-return]
-
-
-def read_blob(env: dict[str, str], query_id: str) -> CheckpointDocument | None:
-    async def read() -> CheckpointDocument | None:
-        store = BlobStore(Config.from_env(env))
-        try:
-            return await store.read(query_id)
-        finally:
-            await store.aclose()
-
-    return anyio.run(read)
-
-
-def wait_blob(
-    env: dict[str, str], query_id: str, batch: int, timeout_s: float = 40
-) -> CheckpointDocument:
-    def reached() -> CheckpointDocument | None:
-        doc = read_blob(env, query_id)
-        return doc if doc is not None and doc.batch_id >= batch else None
-
-    return wait_for(reached, timeout_s, f"the blob to hold batch {batch}")  # type: ignore[no-any-return]
 
 
 @pytest.fixture
