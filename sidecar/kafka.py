@@ -25,16 +25,22 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+from aiokafka.helpers import create_ssl_context
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from anyio.abc import TaskStatus
 
 from sidecar.checkpoint import Checkpoint
 from sidecar.config import Config
-from sidecar.lag import LagTracker
 from sidecar.metrics import Metrics
 from sidecar.resume import is_kafka_offsets
+
+if TYPE_CHECKING:  # lag.py uses kafka_offsets from here
+    from sidecar.lag import LagTracker
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +122,6 @@ class KafkaCommitter:
         self._groups: dict[str, _Group] = {}
         self._wake = anyio.Event()
         self._extra = config.kafka_query_set
-        self._admin: Any = None
 
     def durable(self, checkpoint: Checkpoint) -> None:
         """A checkpoint is now in the blob: commit its Kafka offsets (non-blocking)."""
@@ -163,9 +168,6 @@ class KafkaCommitter:
                     tg.start_soon(self._commit, group)
 
     async def _commit(self, group: _Group) -> None:
-        from aiokafka.errors import KafkaError
-        from aiokafka.structs import OffsetAndMetadata, TopicPartition
-
         m = self._metrics
         label = group.checkpoint.label
         try:
@@ -239,8 +241,6 @@ class KafkaCommitter:
 
     async def _consumer(self, group: _Group) -> Any:
         if group.consumer is None:
-            from aiokafka import AIOKafkaConsumer
-
             consumer = AIOKafkaConsumer(
                 group_id=group.name, enable_auto_commit=False, **self._client_options()
             )
@@ -269,8 +269,6 @@ class KafkaCommitter:
                 sasl_plain_password=cfg.kafka_sasl_password,
             )
         if cfg.kafka_security_protocol.endswith("SSL"):
-            from aiokafka.helpers import create_ssl_context
-
             options["ssl_context"] = create_ssl_context(
                 cafile=cfg.kafka_ssl_cafile,
                 certfile=cfg.kafka_ssl_certfile,
@@ -280,9 +278,6 @@ class KafkaCommitter:
 
     async def _poll_end_offsets(self) -> None:
         """Read the brokers' end offsets of every committed partition, for lag metrics."""
-        from aiokafka.errors import KafkaError
-        from aiokafka.structs import TopicPartition
-
         groups = [g for g in self._groups.values() if g.consumer is not None]
         if not groups:
             return

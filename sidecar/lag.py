@@ -21,6 +21,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from sidecar.checkpoint import Checkpoint
+from sidecar.kafka import kafka_offsets
 from sidecar.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,6 @@ class LagTracker:
 
     def lag(self, label: str) -> Offsets | None:
         """Lag per (topic, partition) of the query ``label``, None when unknown."""
-        from sidecar.kafka import kafka_offsets
-
         durable = self._durable.get(label)
         if durable and all(key in self._ends for key in durable):
             return {key: max(0, self._ends[key] - offset) for key, offset in durable.items()}
@@ -82,8 +81,6 @@ class LagTracker:
                     log.exception("lag of query %s cannot be computed; skipping it", label)
 
     def _export_one(self, label: str, now: float) -> None:
-        from sidecar.kafka import kafka_offsets
-
         m = self._metrics
         lag = self.lag(label)
         if lag is None:

@@ -87,7 +87,7 @@ def test_offers_do_not_cut_the_reconnect_backoff_short(short_tmp: Path) -> None:
     finally:
         sender.close(0.1)
     # Backoff 50 ms doubling: about 6 attempts in 2 s. Waking on every offer made it ~200.
-    assert 1 <= attempts <= 12
+    assert 0 < attempts <= 12
 
 
 def test_an_oversized_update_is_dropped_and_the_others_still_go(

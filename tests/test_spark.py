@@ -12,15 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 import spark_bridge
+from spark_bridge.demo_source import KafkaShapedSource
 from tests.helpers import DaemonProcess, wait_blob, wait_for
-
-pyspark = pytest.importorskip("pyspark", reason="installed by `make setup` (extra: spark)")
-from pyspark.sql import SparkSession  # noqa: E402
-from pyspark.sql.streaming import StreamingQuery  # noqa: E402
-
-from spark_bridge.demo_source import KafkaShapedSource  # noqa: E402
 
 
 @pytest.fixture(scope="session")
