@@ -1,10 +1,13 @@
 # The README's commands. Each target installs what it needs first (scripts/setup.sh).
 PY := .venv/bin/python
 
-.PHONY: setup test run demo bench lint clean
+.PHONY: setup jar test run demo bench lint clean
 
 setup:
 	@bash scripts/setup.sh
+
+## The JVM listener jar (spark_bridge/jars/), from spark_bridge/jvm with javac; part of setup.
+jar: setup
 
 ## Run the test suite against real redis-server and Azurite (started by the tests).
 test: setup

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepare a fresh machine for `make test`, `make run`, `make bench`:
 #   - .venv/ with this package and its test dependencies
+#   - a JDK 17 (javac) and the JVM listener jar built from spark_bridge/jvm (scripts/build_jar.sh)
 #   - redis-server (Debian package, when missing and running as root)
 #   - Node.js + the Azure Storage emulator Azurite, pinned, in .tools/azurite
 # Idempotent and quick when everything is already there (stamp files).
@@ -47,13 +48,15 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     touch "$stamp"
 fi
 
-# --- Java 17+ for PySpark 4 -----------------------------------------------------------------
+# --- JDK 17+: PySpark 4 needs Java 17; javac builds the listener jar ------------------------
 java_major() { java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print v[1]; exit}'; }
-if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ] 2>/dev/null; then
-    log "PySpark 4 needs Java 17 or newer (found: $(java -version 2>&1 | head -1 || echo none))"
-    apt_install openjdk-17-jre-headless
+if ! command -v javac >/dev/null 2>&1 || ! command -v java >/dev/null 2>&1 \
+        || [ "$(java_major)" -lt 17 ] 2>/dev/null; then
+    log "PySpark 4 needs Java 17+ and the listener build needs javac (found: $(java -version 2>&1 | head -1 || echo none))"
+    apt_install openjdk-17-jdk-headless
 fi
 log "java: $(java -version 2>&1 | head -1)"
+bash scripts/build_jar.sh
 
 # --- redis-server -----------------------------------------------------------------------
 if ! command -v redis-server >/dev/null 2>&1; then
