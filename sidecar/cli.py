@@ -20,6 +20,8 @@ from sidecar.app import Daemon
 from sidecar.config import Config
 from sidecar.errors import ConfigError, SidecarError
 from sidecar.resume import kafka_starting_offsets
+from spark_bridge.handle import BridgeError
+from spark_bridge.jvm import listener_jar
 
 log = logging.getLogger("sidecar")
 
@@ -61,6 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
         "within SIDECAR_SHUTDOWN_GRACE_S; a second signal forces exit.",
     )
     _add_settings(run)
+    sub.add_parser(
+        "listener-jar",
+        help="print the path of the bundled Spark listener jar",
+        description="Print the path of the JVM listener jar shipped with this package, for "
+        'spark-submit --jars "$(checkpoint-sidecar listener-jar)" --conf '
+        "spark.sql.streaming.streamingQueryListeners="
+        "io.checkpointsidecar.SidecarStreamingListener. Exit code 1 when it was not built "
+        "(a source checkout without `make setup`).",
+    )
     show = sub.add_parser("config", help="print the effective configuration (secrets redacted)")
     _add_settings(show)
     lister = sub.add_parser(
@@ -119,6 +130,8 @@ def _config_from(args: argparse.Namespace) -> Config:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "listener-jar":
+        return _listener_jar()
     try:
         config = _config_from(args)
     except ConfigError as exc:
@@ -154,6 +167,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SidecarError as exc:
         log.error("%s", exc)
         return EXIT_FAILURE
+
+
+def _listener_jar() -> int:
+    try:
+        print(listener_jar())
+    except BridgeError as exc:
+        print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
 
 
 def _inspect(args: argparse.Namespace, config: Config) -> int:

@@ -57,6 +57,16 @@ class ErrorCode(enum.StrEnum):
     INTERNAL = "internal"  # a bug; the message says what failed
 
 
+#: Error codes after which resending the same update can succeed (the daemon was down, busy,
+#: or not yet durable); every other error is final for that update. Clients classify replies
+#: with this set: the Python sender imports it, the JVM listener's copy is checked against it.
+RETRIABLE_CODES: frozenset[str] = frozenset(
+    {ErrorCode.UNAVAILABLE, ErrorCode.NOT_DURABLE, ErrorCode.SHUTTING_DOWN, ErrorCode.INTERNAL}
+)
+#: Error codes after which the daemon closes the connection: a client reconnects.
+CLOSING_CODES: frozenset[str] = frozenset({ErrorCode.FRAME_TOO_LARGE})
+
+
 # --- events ------------------------------------------------------------------------------
 
 

@@ -1,10 +1,13 @@
 """Spark side of checkpoint-sidecar.
 
-One line in a PySpark streaming job::
+The listener is Java (``io.checkpointsidecar.SidecarStreamingListener``, bundled jar:
+:func:`listener_jar`), registered by configuration alone (``spark-submit --jars … --conf
+spark.sql.streaming.streamingQueryListeners=…``, or :func:`configure` on a builder), or in a
+running PySpark job with one line::
 
     handle = spark_bridge.attach(spark)        # socket from SIDECAR_SOCKET_PATH
 
-posts every finished micro-batch's offsets to the daemon, and::
+Either way it posts every finished micro-batch's offsets to the daemon, and::
 
     spark.readStream.format("kafka").option(
         "startingOffsets", spark_bridge.starting_offsets("orders-to-delta"))
@@ -14,28 +17,33 @@ resumes a query from its last saved position when Spark's own checkpoint is gone
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from sidecar.resume import Missing, ResumeError, kafka_starting_offsets
-from spark_bridge.sender import Sender, SenderStats
+from spark_bridge.handle import BridgeError, BridgeHandle, SenderStats
+from spark_bridge.jvm import LISTENER_CLASS, configure, listener_jar
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from spark_bridge.listener import CheckpointListener
-
 __all__ = [
+    "LISTENER_CLASS",
+    "BridgeError",
     "BridgeHandle",
     "ResumeError",
     "SenderStats",
     "attach",
+    "configure",
+    "listener_jar",
     "load_checkpoint",
     "starting_offsets",
 ]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET_PATH = "/tmp/checkpoint-sidecar.sock"
 
@@ -44,42 +52,58 @@ def _socket_path(socket_path: str | None) -> str:
     return socket_path or os.environ.get("SIDECAR_SOCKET_PATH") or DEFAULT_SOCKET_PATH
 
 
-@dataclass
-class BridgeHandle:
-    """What :func:`attach` returns: stats while running, ``close()`` at the end."""
-
-    spark: SparkSession
-    listener: CheckpointListener
-    sender: Sender
-
-    def stats(self) -> SenderStats:
-        """Counters: offered, sent, conflated, failed, retried, reconnects, pending."""
-        return self.sender.stats()
-
-    def close(self, timeout_s: float = 5.0) -> bool:
-        """Unregister the listener and deliver what is pending, within ``timeout_s``.
-
-        Returns True when everything offered was acknowledged by the daemon.
-        """
-        try:
-            self.spark.streams.removeListener(self.listener)
-        finally:
-            delivered = self.sender.close(timeout_s)
-        return delivered
+def _is_connect(spark: Any) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def attach(spark: SparkSession, socket_path: str | None = None) -> BridgeHandle:
+def attach(
+    spark: SparkSession,
+    socket_path: str | None = None,
+    *,
+    listener: Literal["auto", "jvm", "python"] = "auto",
+) -> BridgeHandle:
     """Register the checkpoint listener on ``spark``; return a handle with ``close()``.
 
-    The daemon need not be running: progress is kept (latest per query) and delivered once
-    it is reachable. The listener never slows or fails the query.
-    """
-    from spark_bridge.listener import CheckpointListener
+    ``listener="auto"`` (the default) registers the JVM listener
+    (``io.checkpointsidecar.SidecarStreamingListener``), loading the bundled jar into the
+    running driver if the session was not started with it, or reuses the one registered by
+    configuration. ``"python"`` registers the Python fallback listener instead.
 
-    sender = Sender(_socket_path(socket_path))
-    listener = CheckpointListener(sender)
-    spark.streams.addListener(listener)
-    return BridgeHandle(spark, listener, sender)
+    The daemon need not be running: progress is kept (latest per query) and delivered once
+    it is reachable. The listener never slows or fails the query. The socket is
+    ``socket_path``, else ``spark.checkpointSidecar.socketPath``, else ``SIDECAR_SOCKET_PATH``.
+
+    Raises:
+        BridgeError: the JVM listener cannot be loaded, or ``spark`` is a Spark Connect
+            session (listeners registered from a Connect client run in the client, not in
+            the driver beside the sidecar: register the JVM listener on the Connect server by
+            configuration; ``listener="python"`` runs the Python one in this client anyway).
+    """
+    if _is_connect(spark):
+        if listener != "python":
+            raise BridgeError(
+                "this is a Spark Connect session: a listener added here runs in this client "
+                "process, not in the driver beside the sidecar, and only while this client "
+                "lives. Start the Connect server with the JVM listener instead: --jars "
+                f'"$(checkpoint-sidecar listener-jar)" --conf '
+                f"spark.sql.streaming.streamingQueryListeners={LISTENER_CLASS} "
+                "(see docs/spark-bridge.md); or pass listener='python' to run the Python "
+                "listener in this client knowingly"
+            )
+        log.warning(
+            "Spark Connect: the checkpoint-sidecar Python listener runs in this client process "
+            "and posts to %s from here, only while this client session lives",
+            _socket_path(socket_path),
+        )
+    if listener == "python":
+        from spark_bridge.listener import attach_python
+
+        return attach_python(spark, _socket_path(socket_path))
+    if listener not in ("auto", "jvm"):
+        raise ValueError(f"listener must be 'auto', 'jvm' or 'python', not {listener!r}")
+    from spark_bridge.jvm import attach_jvm
+
+    return attach_jvm(spark, {"socketPath": socket_path} if socket_path else {})
 
 
 def load_checkpoint(

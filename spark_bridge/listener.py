@@ -1,21 +1,29 @@
-"""The StreamingQueryListener that hands each finished micro-batch's progress to the sender.
+"""The Python fallback listener, for where no JVM listener can be loaded.
 
-Spark calls ``onQueryProgress`` from its asynchronous listener bus; ``onQueryStarted`` runs
-synchronously inside ``query.start()``. The listener therefore does almost nothing on
-Spark's thread: it takes Spark's own progress JSON (``event.progress.json``, one Py4J call
-to the JVM, ~0.2 ms; the attribute accessors would stringify offsets, a null becoming
-"None") and the query id, offers both to the sender, and returns. Nothing else: no socket
-to the daemon, no parsing, and it never raises into Spark. Costs: ``bench/listener.py``.
+Prefer the JVM listener (``spark_bridge.jvm``): PySpark converts every listener event on
+Spark's listener thread before a Python listener runs (tens of milliseconds per event), which
+with many queries makes Spark drop events. This one is kept for environments that cannot load
+a jar into the driver, and for Spark Connect clients that explicitly ask for it.
+
+On Spark's thread it takes Spark's own progress JSON (``event.progress.json``: the attribute
+accessors stringify offsets, a null becoming "None") and the query id, offers both to the
+sender, and returns; it never raises into Spark.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+import threading
+import time
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from spark_bridge.handle import BridgeHandle, SenderStats
 from spark_bridge.sender import Sender
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +37,8 @@ class CheckpointListener(StreamingQueryListener):
     def __init__(self, sender: Sender) -> None:
         self._sender = sender
         self.errors = 0
+        self._cond = threading.Condition()
+        self._running: set[str] = set()  # progress seen, terminated event not yet
 
     def onQueryStarted(self, event: Any) -> None:
         pass  # runs inside query.start(): keep it free
@@ -36,7 +46,10 @@ class CheckpointListener(StreamingQueryListener):
     def onQueryProgress(self, event: Any) -> None:
         try:
             progress = event.progress
-            self._sender.offer(str(progress.id), progress.json.encode())
+            query_id = str(progress.id)
+            with self._cond:
+                self._running.add(query_id)
+            self._sender.offer(query_id, progress.json.encode())
         except Exception:  # never into Spark; count and log the first few
             self.errors += 1
             if self.errors <= 3:
@@ -47,11 +60,54 @@ class CheckpointListener(StreamingQueryListener):
 
     def onQueryTerminated(self, event: Any) -> None:
         try:
+            query_id = str(event.id)
             if not self._sender.flush(DRAIN_ON_TERMINATE_S):
                 log.warning(
                     "query %s terminated with offsets still undelivered to checkpoint-sidecar (%s)",
-                    event.id,
+                    query_id,
                     self._sender.stats(),
                 )
+            with self._cond:
+                self._running.discard(query_id)
+                self._cond.notify_all()
         except Exception:
             log.exception("checkpoint-sidecar listener failed on query termination")
+
+    def await_terminated(self, active: set[str], timeout_s: float) -> bool:
+        """Wait until every query seen here, except ``active``, had its terminated event."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._running <= active, timeout_s)
+
+
+class PythonHandle(BridgeHandle):
+    """The Python listener and its sender thread."""
+
+    kind = "python"
+
+    def __init__(self, spark: SparkSession, listener: CheckpointListener, sender: Sender) -> None:
+        self.spark = spark
+        self.listener = listener
+        self.sender = sender
+
+    def stats(self) -> SenderStats:
+        return self.sender.stats()
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        return self.sender.flush(timeout_s)
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        active = {str(q.id) for q in self.spark.streams.active}
+        terminated = self.listener.await_terminated(active, timeout_s)
+        try:
+            self.spark.streams.removeListener(self.listener)
+        finally:
+            delivered = self.sender.close(max(0.0, deadline - time.monotonic()))
+        return terminated and delivered
+
+
+def attach_python(spark: SparkSession, socket_path: str) -> PythonHandle:
+    sender = Sender(socket_path)
+    listener = CheckpointListener(sender)
+    spark.streams.addListener(listener)
+    return PythonHandle(spark, listener, sender)

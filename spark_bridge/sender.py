@@ -9,42 +9,39 @@ The sender thread speaks the daemon's protocol through :mod:`sidecar.protocol` (
 module the daemon uses), pipelines everything pending in one write, reads the replies in
 order, and on a broken connection or a retriable error reply puts the updates back (unless
 superseded meanwhile) and reconnects with capped exponential backoff.
+
+Only the sender thread touches the socket. ``close()`` asks it to stop through a flag and a
+wake-up (a socket pair watched beside the connection), never by closing the socket under it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import selectors
 import socket
 import threading
 import time
-from dataclasses import dataclass
 
 import msgspec
 
-from sidecar.protocol import ClientConnection, ProtocolViolation, Reply, encode_request
+from sidecar.protocol import (
+    CLOSING_CODES,
+    RETRIABLE_CODES,
+    ClientConnection,
+    ProtocolViolation,
+    Reply,
+    encode_request,
+)
+from spark_bridge.handle import SenderStats
 
 log = logging.getLogger(__name__)
 
-#: Error codes after which resending the same update can succeed.
-RETRIABLE_CODES = frozenset({"unavailable", "not_durable", "shutting_down", "internal"})
 BACKOFF_START_S = 0.05
 BACKOFF_MAX_S = 5.0
 #: Queries tracked at most; beyond it the update is dropped and counted as failed.
 MAX_QUERIES = 10_000
-
-
-@dataclass(frozen=True)
-class SenderStats:
-    """Counters, readable from Python (``handle.stats()``)."""
-
-    offered: int
-    sent: int  # acknowledged by the daemon (applied or already stored)
-    conflated: int  # superseded by a newer progress of the same query before being sent
-    failed: int  # refused for good (bad request) or dropped (over MAX_QUERIES)
-    retried: int  # send attempts that must be repeated (daemon down, retriable error)
-    reconnects: int  # connections made after the first one
-    pending: int  # queries with an update not yet acknowledged
 
 
 class Sender:
@@ -71,6 +68,12 @@ class Sender:
         self._connected_once = False
         self.offered = self.sent = self.conflated = self.failed = 0
         self.retried = self.reconnects = 0
+        self.last_error: str | None = None
+        # close() wakes the thread out of a socket wait by writing to _wake_w.
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._thread = threading.Thread(
             target=self._run, name="checkpoint-sidecar-sender", daemon=True
         )
@@ -82,10 +85,15 @@ class Sender:
         """Queue the latest progress of ``query_id``. Never blocks on I/O, never raises."""
         with self._lock:
             self.offered += 1
+            if self._closing:
+                self.failed += 1
+                self.last_error = "offered after close; dropped"
+                return
             if query_id in self._latest:
                 self.conflated += 1
             elif len(self._latest) >= MAX_QUERIES:
                 self.failed += 1
+                self.last_error = f"more than {MAX_QUERIES} queries pending; dropped"
                 return
             self._latest[query_id] = progress_json
             self._work.notify()
@@ -102,6 +110,7 @@ class Sender:
                 self.retried,
                 self.reconnects,
                 len(self._in_flight.union(self._latest)),
+                self.last_error,
             )
 
     def flush(self, timeout_s: float = 5.0) -> bool:
@@ -122,13 +131,23 @@ class Sender:
             self._closing = True
             self._work.notify_all()
             self._idle.notify_all()
+        with contextlib.suppress(OSError):  # already closed: the thread has ended
+            self._wake_w.send(b"x")
         self._thread.join(timeout=1.0)
-        self._disconnect()
         return done
 
     # --- the sender thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._disconnect()
+            self._selector.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _loop(self) -> None:
         while True:
             with self._lock:
                 while not self._latest and not self._closing:
@@ -162,23 +181,35 @@ class Sender:
     def _deliver(self, batch: dict[str, bytes]) -> tuple[dict[str, bytes], int, int]:
         """Send a batch; return (updates to retry, number sent, number refused for good)."""
         items = list(batch.items())
+        ids = [next(self._ids) for _ in items]
         replies: list[Reply] = []
         try:
             sock = self._connect()
-            sock.sendall(
+            deadline = time.monotonic() + self._timeout_s
+            self._send_all(
+                sock,
                 b"".join(
-                    encode_request("progress", next(self._ids), progress=msgspec.Raw(payload))
-                    for _, payload in items
-                )
+                    encode_request("progress", rid, progress=msgspec.Raw(payload))
+                    for rid, (_, payload) in zip(ids, items, strict=True)
+                ),
+                deadline,
             )
             conn = ClientConnection()
             while len(replies) < len(items):
-                data = sock.recv(65536)
+                self._wait(sock, selectors.EVENT_READ, deadline)
+                try:
+                    data = sock.recv(65536)
+                except BlockingIOError:
+                    continue  # a spurious wake-up
                 if not data:
                     raise ConnectionError("the daemon closed the connection")
-                replies += conn.receive_data(data)
+                for reply in conn.receive_data(data):
+                    _check_id(reply, ids[len(replies)] if len(replies) < len(ids) else None)
+                    replies.append(reply)
         except (OSError, ProtocolViolation) as exc:
             self._disconnect()
+            with self._lock:
+                self.last_error = str(exc) or type(exc).__name__
             if replies:
                 # The daemon answered part of the batch before closing (e.g. it refused an
                 # oversized frame with frame_too_large): settle those, retry only the rest,
@@ -196,6 +227,8 @@ class Sender:
                     len(batch),
                 )
             return batch, 0, 0
+        if any(r.error is not None and r.error.code in CLOSING_CODES for r in replies):
+            self._disconnect()  # the daemon closes after such an error; do not write into it
         if self._down_since is not None:
             log.info(
                 "checkpoint-sidecar at %s reachable again after %.1fs",
@@ -217,6 +250,10 @@ class Sender:
                 retry[query_id] = payload
             else:
                 failed += 1
+                with self._lock:
+                    self.last_error = (
+                        f"{reply.error.code}: {reply.error.message}" if reply.error else "refused"
+                    )
                 log.warning(
                     "checkpoint-sidecar refused the progress of query %s: %s",
                     query_id,
@@ -224,15 +261,40 @@ class Sender:
                 )
         return retry, sent, failed
 
+    def _wait(self, sock: socket.socket, events: int, deadline: float) -> None:
+        """Wait until ``sock`` is ready; raise on timeout or when close() asks to stop."""
+        key = self._selector.register(sock, events)
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no answer from the daemon within {self._timeout_s}s")
+                for ready, _ in self._selector.select(left):
+                    if ready.fileobj is self._wake_r or self._closing:
+                        raise InterruptedError("the sender is closing")
+                    if ready is key or ready.fileobj is sock:
+                        return
+        finally:
+            self._selector.unregister(sock)
+
+    def _send_all(self, sock: socket.socket, data: bytes, deadline: float) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[sock.send(view) :]
+            except BlockingIOError:
+                self._wait(sock, selectors.EVENT_WRITE, deadline)
+
     def _connect(self) -> socket.socket:
         if self._sock is None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self._timeout_s)
             try:
-                sock.connect(self.socket_path)
+                sock.connect(self.socket_path)  # a local socket: refused or accepted at once
             except OSError:
                 sock.close()
                 raise
+            sock.setblocking(False)
             self._sock = sock
             if self._connected_once:
                 self.reconnects += 1
@@ -245,3 +307,12 @@ class Sender:
                 self._sock.close()
             finally:
                 self._sock = None
+
+
+def _check_id(reply: Reply, expected: int | None) -> None:
+    """Replies come in request order and echo the id (null only on errors such as
+    frame_too_large, which the daemon cannot attribute); anything else is not our daemon."""
+    if expected is None:
+        raise ProtocolViolation("more replies than requests")
+    if (reply.id is None and reply.ok) or (reply.id is not None and reply.id != expected):
+        raise ProtocolViolation(f"reply id {reply.id!r} where {expected} was due")

@@ -42,7 +42,8 @@ import org.slf4j.LoggerFactory;
  * Spark Connect server, which builds one listener per client session, keeps one connection.
  */
 final class Sender {
-  private static final Logger LOG = LoggerFactory.getLogger(SidecarStreamingListener.class);
+  // Named by string: the sender runs without Spark's classes (conformance tests).
+  private static final Logger LOG = LoggerFactory.getLogger("io.checkpointsidecar.SidecarStreamingListener");
 
   static Logger log() {
     return LOG;
@@ -277,14 +278,32 @@ final class Sender {
     List<byte[]> frames = new ArrayList<>(batch.size());
     String failure = null;
     try {
-      for (Map.Entry<String, Payload> e : batch) frames.add(Wire.progressRequest(nextId++, e.getValue().json()));
+      int size = 0;
+      for (Map.Entry<String, Payload> e : batch) {
+        byte[] frame = Wire.progressRequest(nextId++, e.getValue().json());
+        frames.add(frame);
+        size += frame.length;
+      }
+      ByteBuffer out = ByteBuffer.allocate(size);
+      for (byte[] frame : frames) out.put(frame);
+      out.flip();
       SocketChannel ch = connect();
-      for (byte[] frame : frames) write(ch, ByteBuffer.wrap(frame));
+      IOException writeError = null;
+      try {
+        write(ch, out);
+      } catch (IOException e) {
+        // The daemon may have answered part of the batch and closed (frame_too_large): read
+        // what it sent before settling, so those replies count and only the rest is resent.
+        writeError = e;
+      }
       Wire.ReplyDecoder decoder = new Wire.ReplyDecoder();
-      long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(settings.replyTimeoutMs);
+      long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(
+          writeError == null ? settings.replyTimeoutMs : settings.connectTimeoutMs);
       while (replies.size() < batch.size()) {
         readBuffer.clear();
-        if (read(ch, readBuffer, deadline) < 0) throw new EOFException("the daemon closed the connection");
+        if (read(ch, readBuffer, deadline) < 0) {
+          throw writeError != null ? writeError : new EOFException("the daemon closed the connection");
+        }
         for (Wire.Reply r : decoder.feed(readBuffer.array(), 0, readBuffer.position())) {
           long expected = firstId + replies.size();
           if (r.id != null && !(r.id instanceof Long && (Long) r.id == expected)) {
@@ -301,6 +320,9 @@ final class Sender {
       failure = e instanceof IOException ? e.getMessage() : e.toString();
       if (failure == null) failure = e.getClass().getSimpleName();
       disconnect();
+    }
+    for (Wire.Reply r : replies) {
+      if (r.closesConnection()) disconnect(); // the daemon closes after it; do not write into it
     }
     if (failure == null && downSinceNs >= 0) {
       LOG.info("checkpoint-sidecar at {} reachable again after {} ms", endpoint,
@@ -331,9 +353,10 @@ final class Sender {
           failed++;
           LOG.warn("checkpoint-sidecar refused the progress of query {}: {}", e.getKey(), r);
         }
-        if (r != null && !r.ok) lastError = r.toString();
       }
+      // The daemon's own word says more than the transport error it caused.
       if (failure != null) lastError = failure;
+      for (Wire.Reply r : replies) if (!r.ok) lastError = r.toString();
       inFlight.clear();
       lock.notifyAll();
     }

@@ -25,6 +25,9 @@ final class Wire {
       Collections.unmodifiableSet(
           new HashSet<>(Arrays.asList("unavailable", "not_durable", "shutting_down", "internal")));
 
+  /** Error codes after which the daemon closes the connection ({@code sidecar.protocol.CLOSING_CODES}). */
+  static final Set<String> CLOSING = Collections.singleton("frame_too_large");
+
   /**
    * Cap on one reply line. The daemon's largest reply is a {@code get} with a checkpoint (we send
    * none); progress replies are under 200 bytes, errors under a few KiB. A longer line means the
@@ -57,6 +60,10 @@ final class Wire {
       this.ok = ok;
       this.errorCode = errorCode;
       this.errorMessage = errorMessage;
+    }
+
+    boolean closesConnection() {
+      return !ok && CLOSING.contains(errorCode);
     }
 
     boolean retriable() {

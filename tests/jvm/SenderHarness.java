@@ -1,0 +1,73 @@
+package io.checkpointsidecar;
+
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+
+/**
+ * Test-only driver of the listener's Sender, without Spark: the conformance tests
+ * (tests/test_listener_conformance.py) run it as a child process and speak to it line by line.
+ *
+ * <p>Arguments: settings as {@code key=value} (keys of {@link Settings}, no prefix). Commands on
+ * stdin, one reply line each on stdout: {@code offer QUERY JSON} → {@code ok}; {@code flush MS},
+ * {@code await QUERY MS}, {@code close MS} → {@code true|false}; {@code stats} → the stats JSON;
+ * {@code retriable}, {@code closing} → those error codes, sorted, comma-separated.
+ */
+final class SenderHarness {
+  public static void main(String[] args) throws Exception {
+    Map<String, String> conf = new HashMap<>();
+    for (String arg : args) {
+      int eq = arg.indexOf('=');
+      conf.put(arg.substring(0, eq), arg.substring(eq + 1));
+    }
+    Sender sender = Sender.acquire(new Settings(conf, System.getenv()));
+    BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+    String line;
+    while ((line = in.readLine()) != null) {
+      String[] w = line.split(" ", 3);
+      switch (w[0]) {
+        case "offer":
+          final String json = w[2];
+          sender.offer(w[1], () -> json);
+          reply("ok");
+          break;
+        case "flush":
+          reply(String.valueOf(sender.flush(Long.parseLong(w[1]))));
+          break;
+        case "await":
+          reply(String.valueOf(sender.awaitQuery(w[1], Long.parseLong(w[2]))));
+          break;
+        case "stats":
+          reply(sender.statsJson());
+          break;
+        case "retriable":
+          reply(sorted(Wire.RETRIABLE));
+          break;
+        case "closing":
+          reply(sorted(Wire.CLOSING));
+          break;
+        case "close":
+          reply(String.valueOf(sender.release(Long.parseLong(w[1]))));
+          return;
+        default:
+          reply("unknown command " + w[0]);
+      }
+    }
+  }
+
+  private static String sorted(java.util.Set<String> codes) {
+    List<String> list = new ArrayList<>(codes);
+    Collections.sort(list);
+    return String.join(",", list);
+  }
+
+  private static void reply(String text) {
+    System.out.println(text);
+    System.out.flush();
+  }
+}
