@@ -38,10 +38,16 @@ class CheckpointListener(StreamingQueryListener):
         self._sender = sender
         self.errors = 0
         self._cond = threading.Condition()
-        self._running: set[str] = set()  # progress seen, terminated event not yet
+        self._running: set[str] = set()  # started or progressing, not yet terminated
 
     def onQueryStarted(self, event: Any) -> None:
-        pass  # runs inside query.start(): keep it free
+        # Called inside query.start(), synchronously: record the query (one set insert), so
+        # close() waits for its terminated event even when none of its progress arrived yet.
+        try:
+            with self._cond:
+                self._running.add(str(event.id))
+        except Exception:
+            self.errors += 1
 
     def onQueryProgress(self, event: Any) -> None:
         try:

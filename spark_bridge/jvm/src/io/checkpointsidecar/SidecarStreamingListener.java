@@ -6,6 +6,7 @@ import java.util.HashSet;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
 import org.apache.spark.SparkConf;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.sql.streaming.StreamingQueryListener;
@@ -41,10 +42,10 @@ public class SidecarStreamingListener extends StreamingQueryListener {
   private final transient Sender sender;
   private final long terminateWaitMs;
   private final transient Object lock = new Object();
-  /** Queries with a progress offered and no terminated event yet (guarded by lock). */
+  /** Queries started or progressing, and not yet terminated (guarded by lock). */
   private final transient Set<String> running = new HashSet<>();
   private volatile boolean closed;
-  private volatile long errors;
+  private final transient AtomicLong errors = new AtomicLong();
 
   /** Used by {@code spark.sql.streaming.streamingQueryListeners}: Spark passes its conf. */
   public SidecarStreamingListener(SparkConf conf) {
@@ -79,7 +80,15 @@ public class SidecarStreamingListener extends StreamingQueryListener {
 
   @Override
   public void onQueryStarted(QueryStartedEvent event) {
-    // Runs synchronously inside query.start(): nothing to do.
+    // Called synchronously inside query.start(): one set insert, so that close() waits for
+    // this query's terminated event even when none of its progress has arrived yet.
+    try {
+      synchronized (lock) {
+        running.add(event.id().toString());
+      }
+    } catch (RuntimeException e) {
+      countError(e);
+    }
   }
 
   @Override
@@ -102,11 +111,7 @@ public class SidecarStreamingListener extends StreamingQueryListener {
   public void onQueryTerminated(QueryTerminatedEvent event) {
     try {
       String queryId = event.id().toString();
-      boolean seen;
-      synchronized (lock) {
-        seen = running.contains(queryId);
-      }
-      if (seen && !closed && !sender.awaitQuery(queryId, terminateWaitMs)) {
+      if (!closed && !sender.awaitQuery(queryId, terminateWaitMs)) {
         Sender.log().warn("query {} terminated with its last offsets not yet acknowledged by "
             + "checkpoint-sidecar after {} ms; they stay queued and are retried; {}",
             queryId, terminateWaitMs, sender.statsJson());
@@ -121,7 +126,7 @@ public class SidecarStreamingListener extends StreamingQueryListener {
   }
 
   private void countError(RuntimeException e) {
-    long n = ++errors; // Spark calls a listener from one thread
+    long n = errors.incrementAndGet(); // onQueryStarted runs on the thread calling start()
     if (n <= 3) Sender.log().error("checkpoint-sidecar listener failed on an event (never raised into Spark)", e);
   }
 
@@ -130,7 +135,7 @@ public class SidecarStreamingListener extends StreamingQueryListener {
   /** Counters as JSON: offered, sent, conflated, failed, retried, reconnects, pending, last_error, endpoint, listener_errors. */
   public String statsJson() {
     String s = sender.statsJson();
-    return s.substring(0, s.length() - 1) + ",\"listener_errors\":" + errors + "}";
+    return s.substring(0, s.length() - 1) + ",\"listener_errors\":" + errors.get() + "}";
   }
 
   /** Wait until everything offered so far is settled; false on timeout. */
@@ -139,8 +144,8 @@ public class SidecarStreamingListener extends StreamingQueryListener {
   }
 
   /**
-   * Wait until every query this listener saw, other than {@code activeQueryIds} (comma-separated),
-   * has had its terminated event handled. Spark's listener bus is asynchronous: a query that
+   * Wait until every query this listener saw start or progress, other than {@code activeQueryIds}
+   * (comma-separated), has had its terminated event handled. Spark's listener bus is asynchronous: a query that
    * {@code stop()} returned for may still have its last progress and terminated events queued.
    */
   public boolean awaitTerminated(String activeQueryIds, long timeoutMs) {
