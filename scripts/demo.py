@@ -1,10 +1,12 @@
 """`make demo`: a real Spark streaming query whose offsets flow Spark → daemon → Redis → blob.
 
 Everything is real and local: redis-server and Azurite on free ports in temp dirs, the daemon
-as its own process, a PySpark 4 streaming query (a Python data source with Kafka-shaped
-offsets) with the checkpoint listener attached. After a short run it prints the checkpoint
-read back from the blob, a few lines of /metrics, and the startingOffsets a replacement
-query would resume from; then it stops everything cleanly.
+as its own process, a PySpark streaming query on the built-in ``rate-micro-batch`` source
+(PySpark 3.4+ and 4) with the JVM listener registered the conf-only way
+(``spark_bridge.configure``: ``spark.jars`` + ``spark.sql.streaming.streamingQueryListeners``).
+After a short run it reads the checkpoint back from the blob, checks that it holds Spark's last
+batch and end offsets, prints a few lines of /metrics and where a replacement query would
+resume; then it stops everything cleanly.
 """
 
 from __future__ import annotations
@@ -19,8 +21,14 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+import anyio
+
+from sidecar.blobstore import CheckpointDocument
+from sidecar.config import Config
 from sidecar.devservices import REPO_ROOT, Azurite, RedisServer, free_port
+from sidecar.report import find_checkpoint
 
 RUN_S = float(os.environ.get("DEMO_SECONDS", "15"))
 QUERY = "orders-demo"
@@ -92,31 +100,54 @@ def main() -> int:
     return code
 
 
+def as_json(offset: Any) -> Any:
+    """An offset from ``StreamingQuery.lastProgress`` as a JSON value (PySpark 4 gives JSON
+    text, PySpark 3.x parsed values)."""
+    return json.loads(offset) if isinstance(offset, str) else offset
+
+
+def read_blob(query: str, batch_id: int, timeout_s: float = 20) -> CheckpointDocument:
+    """The query's checkpoint read from the blob itself (not the daemon), once it holds
+    ``batch_id`` or ``timeout_s`` passed. Settings from the same environment as the daemon."""
+    config = Config.from_env(os.environ)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        doc = anyio.run(find_checkpoint, config, query).document
+        assert doc is not None
+        if doc.batch_id >= batch_id or time.monotonic() > deadline:
+            return doc
+        time.sleep(0.2)
+
+
 def run_spark(env: dict[str, str], metrics_port: int, work: Path) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    say("starting a local SparkSession (about 5 s)")
+    import pyspark
     from pyspark.sql import SparkSession
 
     import spark_bridge
-    from spark_bridge.demo_source import KafkaShapedSource
 
-    spark = (
+    say(f"starting a local SparkSession, PySpark {pyspark.__version__} (about 5 s)")
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("checkpoint-sidecar-demo")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
     )
+    # The conf-only way (what spark-submit --jars … --conf … does): Spark itself creates the
+    # listener in the driver JVM; no Python runs on Spark's listener thread.
+    spark = spark_bridge.configure(builder, env["SIDECAR_SOCKET_PATH"]).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(KafkaShapedSource)
-    handle = spark_bridge.attach(spark)  # the one line a job adds (socket from the env)
+    conf = spark.sparkContext.getConf()
+    say(f"  spark.jars = {conf.get('spark.jars')}")
+    say(f"  spark.sql.streaming.streamingQueryListeners = {spark_bridge.LISTENER_CLASS}")
+    handle = spark_bridge.attach(spark)  # finds the listener Spark created: stats and close
+    say(f"listener      {handle.kind} ({spark_bridge.LISTENER_CLASS}, registered by Spark conf)")
     query = (
-        spark.readStream.format("kafka_shaped")
-        .option("topic", "orders")
-        .option("partitions", "3")
+        spark.readStream.format("rate-micro-batch")
         .option("rowsPerBatch", "100")
+        .option("numPartitions", "3")
         .load()
         .writeStream.format("noop")
         .queryName(QUERY)
@@ -130,34 +161,39 @@ def run_spark(env: dict[str, str], metrics_port: int, work: Path) -> int:
         time.sleep(3)
         last = query.lastProgress
         if last:
-            end = json.loads(last["sources"][0]["endOffset"])
+            end = as_json(last["sources"][0]["endOffset"])
             say(
                 f"  spark batch {last['batchId']:>3}  endOffset {json.dumps(end)}  "
                 f"bridge {handle.stats()}"
             )
     query.stop()
     last = query.lastProgress
-    time.sleep(0.5)  # Spark's listener bus delivers the last event asynchronously
+    spark_end = as_json(last["sources"][0]["endOffset"])
+    # Spark's listener bus is asynchronous: close() first waits for the query's terminated
+    # event (the last progress comes before it), then for the daemon's acks (bounded).
     delivered = handle.close(timeout_s=10)
     say(f"query stopped after batch {last['batchId']}; all offsets delivered: {delivered}")
 
     from sidecar.cli import main as cli
 
-    say("the checkpoint read back from the blob (checkpoint-sidecar show orders-demo):")
-    deadline = time.monotonic() + 20
-    while True:
-        doc = spark_bridge.load_checkpoint(QUERY)
-        if doc["batch_id"] >= last["batchId"] or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    doc = read_blob(QUERY, last["batchId"])
+    say(f"the checkpoint read back from the blob (checkpoint-sidecar show {QUERY}):")
     cli(["show", QUERY])
-    agree = doc["sources"][0]["end_offset"] == json.loads(last["sources"][0]["endOffset"])
+    same_batch = doc.batch_id == last["batchId"]
+    agree = doc.sources[0].end_offset == spark_end
     say(
-        f"blob batch {doc['batch_id']} == Spark's last batch {last['batchId']}: "
-        f"{doc['batch_id'] == last['batchId']}; end offsets equal: {agree}"
+        f"blob batch {doc.batch_id} == Spark's last batch {last['batchId']}: {same_batch}; "
+        f"end offsets equal ({json.dumps(spark_end)}): {agree}"
     )
-    resume = spark_bridge.starting_offsets(QUERY)
-    say(f"a replacement query would use .option('startingOffsets', '{resume}')")
+    say(
+        f"resume: a replacement query starts at the saved end offset "
+        f"{json.dumps(doc.sources[0].end_offset)}, the next row to read"
+    )
+    say(
+        "  (rate-micro-batch takes no starting position; for a Kafka source, "
+        f"spark_bridge.starting_offsets({QUERY!r}) turns the saved end offsets into its "
+        "startingOffsets)"
+    )
     say("a few lines of /metrics:")
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
         for line in r.read().decode().splitlines():
@@ -172,7 +208,7 @@ def run_spark(env: dict[str, str], metrics_port: int, work: Path) -> int:
             ):
                 print(f"    {line}")
     spark.stop()
-    return 0 if doc["batch_id"] == last["batchId"] and agree else 1
+    return 0 if delivered and same_batch and agree else 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Prepare a fresh machine for `make test`, `make run`, `make bench`:
-#   - .venv/ with this package and its test dependencies
+#   - .venv/ with this package and its test dependencies (PySpark 4)
+#   - .venv-spark35/ with this package, its test dependencies and PySpark 3.5, for the Spark
+#     tests that must also pass on Spark 3.5 (`make test` runs them there too)
 #   - a JDK 17 (javac) and the JVM listener jar built from spark_bridge/jvm (scripts/build_jar.sh)
 #   - redis-server (Debian package, when missing and running as root)
 #   - Node.js + the Azure Storage emulator Azurite, pinned, in .tools/azurite
@@ -9,8 +11,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 AZURITE_VERSION="3.37.0"
+# The main environment's PySpark, and the second one the Spark tests also run under.
+SPARK4_VERSION="4.3.0"
+SPARK35_VERSION="3.5.9"
 PYTHON="${PYTHON:-python3}"
 VENV=".venv"
+VENV35=".venv-spark35"
 TOOLS=".tools"
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -36,17 +42,33 @@ apt_install() {
 import sys
 sys.exit(0 if sys.version_info >= (3, 11) else 1)
 PY
-stamp="$VENV/.installed"
-if [ ! -x "$VENV/bin/python" ]; then
-    log "creating $VENV"
-    "$PYTHON" -m venv "$VENV"
-fi
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    log "installing the package and test dependencies into $VENV"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test,dev,spark]'
-    touch "$stamp"
-fi
+# venv_install DIR PYSPARK_VERSION PIP_ARGS...: create DIR once; (re)install when
+# pyproject.toml changed or the PySpark pin did (the stamp file records the pin).
+venv_install() {
+    local dir="$1" pyspark="$2" stamp="$1/.installed"
+    shift 2
+    if [ ! -x "$dir/bin/python" ]; then
+        log "creating $dir"
+        "$PYTHON" -m venv "$dir"
+    fi
+    if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
+            || [ "$(cat "$stamp")" != "pyspark==$pyspark" ]; then
+        log "installing the package, test dependencies and pyspark==$pyspark into $dir"
+        "$dir/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
+        "$dir/bin/python" -m pip install -q --disable-pip-version-check "$@" "pyspark==$pyspark"
+        echo "pyspark==$pyspark" > "$stamp"
+    fi
+}
+venv_install "$VENV" "$SPARK4_VERSION" -e '.[test,dev,spark]'
+
+# --- Second environment: PySpark 3.5 -------------------------------------------------------
+# `make test` runs the Spark tests that are not PySpark-4-only (marker `spark and not
+# spark4`) again here. Same Python; no dev tools. No pyarrow or pandas version of its own:
+# those tests use neither (the pyarrow-based Kafka-shaped demo source is PySpark 4 only).
+# The first install downloads pyspark 3.5's sdist (~300 MB) and builds its wheel once (pip
+# caches it); afterwards the stamp file skips the whole step.
+venv_install "$VENV35" "$SPARK35_VERSION" -e '.[test]'
+# --- end of the PySpark 3.5 environment ------------------------------------------------------
 
 # --- JDK 17+: PySpark 4 needs Java 17; javac builds the listener jar ------------------------
 java_major() { java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print v[1]; exit}'; }

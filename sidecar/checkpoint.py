@@ -10,6 +10,11 @@ Ordering rule: a query's checkpoint only moves forward. Spark keeps a query's ``
 restarts from the same checkpoint directory (``runId`` changes on every start), and batch
 ids grow by one per finished micro-batch, so "newer" means "greater ``batch_id`` for the same
 query id". The rule is enforced atomically in Redis (see ``sidecar.buffer``).
+
+Position rule: a progress in which no source reports an end offset says nothing about where
+to resume, so it is never stored (:func:`has_position`). Spark 3.4 and older report a trigger
+that ran no batch (an idle query) that way, under the *next* batch id: stored, it would
+replace the last real offsets with nulls and make that batch's real update look stale.
 """
 
 from __future__ import annotations
@@ -87,6 +92,16 @@ _OBJECT_HASH = re.compile(r"@[0-9a-f]{4,16}\b")
 def normalize_description(description: str) -> str:
     """A source description without JVM object hashes, stable across query runs."""
     return _OBJECT_HASH.sub("", description)
+
+
+def has_position(checkpoint: Checkpoint) -> bool:
+    """True when some source reports an end offset, i.e. the checkpoint says where to resume.
+
+    False for a progress whose sources' end offsets are all null (or that has no source):
+    the daemon acknowledges such an update (``applied: false``) and stores nothing. A query
+    with several sources, some of which have not produced offsets yet, does have a position.
+    """
+    return any(source.end_offset is not None for source in checkpoint.sources)
 
 
 def from_progress(progress: SparkProgress) -> Checkpoint:

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from sidecar import __version__
 from sidecar.protocol import ErrorCode
 
-UPDATE_RESULTS = ("applied", "stale", "rejected")
+UPDATE_RESULTS = ("applied", "stale", "no_offsets", "rejected")
 #: ok: written; skipped: the blob already held that batch or newer; not_owned: lease held
 #: elsewhere; lease_lost: the store refused our lease; error: store/Redis failure (retried).
 FLUSH_RESULTS = ("ok", "skipped", "not_owned", "lease_lost", "error")
@@ -35,7 +35,9 @@ class Metrics:
         self.updates = Counter(
             "checkpoint_sidecar_updates",
             "Progress updates received, by result: applied (stored), stale (batch not newer "
-            "than the stored one), rejected (invalid, or not stored because Redis failed)",
+            "than the stored one), no_offsets (no source reports an end offset, e.g. an idle "
+            "query on Spark 3.4: not stored), rejected (invalid, or not stored because Redis "
+            "failed)",
             ["result"],
             registry=r,
         )

@@ -16,7 +16,7 @@ Requests::
 
 Replies::
 
-    {"id": 1, "ok": true, "applied": true}        # stored in Redis (false: stale batch)
+    {"id": 1, "ok": true, "applied": true}        # stored (false: stale, or no end offsets)
     {"id": 2, "ok": true, "checkpoint": {...} | null}
     {"id": 3, "ok": true}
     {"id": …, "ok": false, "error": {"code": "bad_json", "message": "…"}}

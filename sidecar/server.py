@@ -109,6 +109,7 @@ class SocketServer:
         # Label children bound once: .labels() costs more than the increment on this path.
         self._applied = metrics.updates.labels("applied")
         self._stale = metrics.updates.labels("stale")
+        self._no_offsets = metrics.updates.labels("no_offsets")
         self._rejected = metrics.updates.labels("rejected")
         self._flusher = flusher if config.ack_mode == "blob" else None
         self._buffer = buffer
@@ -211,7 +212,7 @@ class SocketServer:
         for event in events:
             slot = None
             started = time.perf_counter()
-            if isinstance(event, Progress):
+            if isinstance(event, Progress) and ckpt.has_position(event.checkpoint):
                 slot = await self._coalescer.submit(event.checkpoint)
             staged.append((event, slot, started))
         out = bytearray()
@@ -222,6 +223,16 @@ class SocketServer:
     async def _reply(self, event: Event, slot: _Slot | None, started: float) -> bytes:
         m = self._metrics
         match event:
+            case Progress(id=rid, checkpoint=c) if not ckpt.has_position(c):
+                # Nothing to resume from (sidecar.checkpoint's position rule): not stored, and
+                # acknowledged at once, even in blob ack mode (no blob will ever hold it), so
+                # the client neither resends it nor counts it as failed.
+                self._no_offsets.inc()
+                log.debug(
+                    "update query=%s batch=%d has no end offsets; not stored", c.label, c.batch_id
+                )
+                m.ack_seconds.observe(time.perf_counter() - started)
+                return encode_ok(rid, applied=False)
             case Progress(id=rid, checkpoint=c):
                 assert slot is not None
                 try:

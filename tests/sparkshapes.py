@@ -113,3 +113,37 @@ def kafka_progress(
         name=name,
         run_id=run_id,
     )
+
+
+def idle_progress_spark34(
+    query_id: str,
+    batch_id: int,
+    *,
+    topic: str = "events",
+    name: str | None = "orders-to-delta",
+    run_id: str = "0e1c3f52-9d2b-4f7e-a3c4-5d6e7f809a1b",
+) -> dict[str, Any]:
+    """What Spark 3.4 and older report for a trigger that ran no batch (an idle query).
+
+    Every offset is null and ``batchId`` is the *next* batch's (Spark 3.5+ sends
+    ``onQueryIdle`` instead). It carries no position, so the daemon must not store it.
+    """
+    progress = _progress(
+        query_id,
+        batch_id,
+        [
+            {
+                "description": f"KafkaV2[Subscribe[{topic}]]",
+                "startOffset": None,
+                "endOffset": None,
+                "latestOffset": None,
+                "numInputRows": 0,
+                "inputRowsPerSecond": 0.0,
+                "processedRowsPerSecond": 0.0,
+            }
+        ],
+        name=name,
+        run_id=run_id,
+    )
+    progress["durationMs"] = {"latestOffset": 1, "triggerExecution": 1}
+    return progress

@@ -16,7 +16,7 @@ from sidecar.config import Config
 from sidecar.keys import Keys
 from sidecar.protocol import encode_request
 from tests.helpers import eventually, metric_value, running_daemon, scrape
-from tests.sparkshapes import kafka_progress, rate_progress
+from tests.sparkshapes import idle_progress_spark34, kafka_progress, rate_progress
 
 ConfigFactory = Callable[..., Config]
 
@@ -76,6 +76,37 @@ async def test_stale_and_duplicate_batches_are_not_applied(make_config: ConfigFa
     assert row[b"batch_id"] == b"6"
     assert msgspec.json.decode(row[b"checkpoint"])["batch_id"] == 6
     assert row[b"pending"] == b"2"  # only applied updates count towards the next flush
+
+
+@pytest.mark.parametrize("ack_mode", ["redis", "blob"])
+async def test_progress_without_end_offsets_is_acknowledged_and_never_stored(
+    make_config: ConfigFactory, ack_mode: str
+) -> None:
+    # blob mode: the reply comes at once, not as not_durable after the timeout (no blob will
+    # ever hold such an update, so waiting for one would make clients resend it forever).
+    config = make_config(ack_mode=ack_mode, blob_ack_timeout_s=30, count_threshold=1)
+    async with running_daemon(config) as daemon:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            with anyio.fail_after(5):
+                reply = await c.progress(idle_progress_spark34("q-idle", 0))
+            assert (reply.ok, reply.applied, reply.error) == (True, False, None)
+            assert (await c.get("q-idle")).checkpoint is None
+            assert await stored(config, "q-idle") == {}
+
+            # An idle trigger after batch 3 comes as batch 4: it must neither replace batch 3's
+            # offsets with nulls nor make the real batch 4 look stale.
+            assert (await c.progress(kafka_progress("q-idle", 3))).applied is True
+            with anyio.fail_after(5):
+                reply = await c.progress(idle_progress_spark34("q-idle", 4))
+            assert (reply.ok, reply.applied) == (True, False)
+            got = await c.get("q-idle")
+            assert got.checkpoint is not None and got.checkpoint["batch_id"] == 3
+            end = kafka_progress("q-idle", 3)["sources"][0]["endOffset"]
+            assert got.checkpoint["sources"][0]["end_offset"] == end
+            assert (await c.progress(kafka_progress("q-idle", 4))).applied is True
+        _, text = await anyio.to_thread.run_sync(scrape, daemon)
+    assert metric_value(text, "checkpoint_sidecar_updates_total", result="no_offsets") == 2
+    assert metric_value(text, "checkpoint_sidecar_updates_total", result="rejected") == 0
 
 
 async def test_batch_ids_beyond_double_precision_stay_ordered(make_config: ConfigFactory) -> None:

@@ -35,7 +35,7 @@ from sidecar.protocol import (
     encode_request,
     parse_request,
 )
-from tests.sparkshapes import kafka_progress, rate_progress
+from tests.sparkshapes import idle_progress_spark34, kafka_progress, rate_progress
 
 QID = "8a3f7c2e-5b1d-4e6f-9a0b-1c2d3e4f5a6b"
 OTHER_QID = "1f2e3d4c-5b6a-4798-8a9b-0c1d2e3f4a5b"
@@ -417,6 +417,41 @@ def test_huge_batch_ids_survive(batch_id: int) -> None:
     assert isinstance(event, Progress)
     assert event.checkpoint.batch_id == batch_id
     assert checkpoint.decode(checkpoint.encode(event.checkpoint)).batch_id == batch_id
+
+
+# --- the position rule: a checkpoint without any end offset is never stored ------------------
+
+
+def test_spark34_idle_progress_parses_but_has_no_position() -> None:
+    progress = idle_progress_spark34(QID, 4)
+    [event] = ServerConnection().receive_data(encode_request("progress", 1, progress=progress))
+
+    assert event == Progress(1, expected_checkpoint(progress))  # valid: answered, not an error
+    assert not checkpoint.has_position(event.checkpoint)
+
+
+@pytest.mark.parametrize(
+    ("end_offsets", "expected"),
+    [
+        ([None], False),  # Spark 3.4's idle trigger
+        ([], False),  # no source at all: nothing to resume either
+        ([None, None], False),
+        ([0], True),  # falsy, still a position (a rate source at its start)
+        ([{}], True),
+        ([{"events": {"0": 5}}], True),
+        ([None, {"events": {"0": 5}}], True),  # one source has not produced offsets yet
+    ],
+)
+def test_has_position_when_any_source_reports_an_end_offset(
+    end_offsets: list[Any], expected: bool
+) -> None:
+    progress = rate_progress(QID, 3)
+    source = progress["sources"][0]
+    progress["sources"] = [source | {"endOffset": end} for end in end_offsets]
+    [event] = ServerConnection().receive_data(encode_request("progress", 1, progress=progress))
+
+    assert isinstance(event, Progress)
+    assert checkpoint.has_position(event.checkpoint) is expected
 
 
 # --- property tests ----------------------------------------------------------------------------
