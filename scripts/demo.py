@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 
-from sidecar.blobstore import CheckpointDocument
+from sidecar.checkpoint import CheckpointDocument
 from sidecar.config import Config
 from sidecar.devservices import REPO_ROOT, Azurite, RedisServer, free_port
 from sidecar.report import find_checkpoint

@@ -26,12 +26,15 @@ from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
 from sidecar import __version__
+from sidecar import checkpoint as ckpt
 from sidecar.admin import AdminServer
-from sidecar.blobstore import BlobStore, Writer
+from sidecar.backoff import Backoff
+from sidecar.blobstore import BlobStore
 from sidecar.buffer import RedisBuffer, WriteCoalescer
 from sidecar.config import Config
 from sidecar.errors import SidecarError
 from sidecar.flusher import Flusher
+from sidecar.handler import RequestHandler
 from sidecar.kafka import KafkaCommitter
 from sidecar.lag import LagTracker
 from sidecar.lease import LeaseManager
@@ -52,13 +55,18 @@ class Daemon:
         config.check_runnable()
         self.config = config
         self.instance_id = str(uuid.uuid4())
-        self.writer = Writer(
+        self.writer = ckpt.Writer(
             host=socket.gethostname(), pid=os.getpid(), instance_id=self.instance_id
         )
         self.metrics = Metrics(registry, lag_per_partition=config.kafka_lag_per_partition)
         self.lag = LagTracker(self.metrics, config.kafka_query_set)
         self.committer = (
-            KafkaCommitter(config, self.metrics, self.lag)
+            KafkaCommitter(
+                config,
+                self.metrics,
+                on_committable=self.lag.durable,
+                on_end_offsets=self.lag.end_offsets,
+            )
             if config.kafka_bootstrap_servers
             else None
         )
@@ -80,15 +88,16 @@ class Daemon:
             self.writer,
             on_durable=self.committer.durable if self.committer else None,
         )
-        self.server = SocketServer(
-            config,
-            self.buffer,
+        self.handler = RequestHandler(
             self.coalescer,
+            self.buffer,
             self.metrics,
-            store=self.store,
-            flusher=self.flusher,
-            lag=self.lag,
+            observe=self.lag.observe,
+            wait_durable=self.flusher.wait_durable if config.ack_mode == "blob" else None,
+            blob_ack_timeout_s=config.blob_ack_timeout_s,
+            lookup_blob=self._lookup_blob,
         )
+        self.server = SocketServer(config, self.handler, self.metrics)
         self.admin = AdminServer(
             config.metrics_host,
             config.metrics_port,
@@ -149,9 +158,14 @@ class Daemon:
             self.stopped.set()
         log.info("stopped")
 
+    async def _lookup_blob(self, query_id: str | None, name: str | None) -> bytes | None:
+        """A checkpoint from its blob (``get`` when Redis has none), encoded as in Redis."""
+        doc = await self.store.find(query_id, name)
+        return ckpt.encode(doc.checkpoint()) if doc is not None else None
+
     async def _wait_for(self, what: str, probe: Callable[[], Awaitable[None]]) -> bool:
         """Retry ``probe`` until it succeeds (True) or a stop is requested first (False)."""
-        delay = 0.1
+        backoff = Backoff(0.1, RETRY_MAX_S)
         while True:
             try:
                 await probe()
@@ -159,11 +173,11 @@ class Daemon:
             except SidecarError as exc:
                 if not exc.retriable:
                     raise
+                delay = backoff.failed()
                 log.warning("waiting for %s (retry in %.1fs): %s", what, delay, exc)
             with anyio.move_on_after(delay):
                 await self._stop.wait()
                 return False
-            delay = min(delay * 2, RETRY_MAX_S)
 
     async def _shutdown(self) -> None:
         grace = self.config.shutdown_grace_s

@@ -2,7 +2,7 @@
 
 Layout: container ``SIDECAR_CONTAINER``, blob ``<namespace>/<query_id>.json``, metadata
 ``query_name`` (so ``list`` can show names without downloading). The document format is
-:class:`CheckpointDocument` (``docs/blob-format.md``).
+:class:`sidecar.checkpoint.CheckpointDocument` (``docs/blob-format.md``).
 
 Azure SDK errors are translated here, once: a refused lease → :class:`LeaseConflict`
 (acquire) or :class:`LeaseLost` (renew, write); network errors, timeouts, 5xx and 429 →
@@ -13,10 +13,8 @@ off: the flusher retries with backoff and jitter and sees every failure.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -32,46 +30,11 @@ from azure.core.exceptions import (
 from azure.storage.blob import ContentSettings
 from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient, ContainerClient
 
-from sidecar.checkpoint import Checkpoint
+from sidecar.checkpoint import CheckpointDocument, decode_document
 from sidecar.config import Config
 from sidecar.errors import LeaseConflict, LeaseLost, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
-
-SCHEMA_VERSION = 1
-
-
-class Writer(msgspec.Struct, frozen=True):
-    """Who wrote a checkpoint document."""
-
-    host: str
-    pid: int
-    instance_id: str
-
-
-class CheckpointDocument(Checkpoint, frozen=True):
-    """The JSON document stored in a query's blob (schema version 1): the checkpoint's
-    fields plus these."""
-
-    schema_version: int
-    checkpoint_id: str
-    writer: Writer
-    written_at: str
-
-    @classmethod
-    def of(cls, checkpoint: Checkpoint, writer: Writer) -> CheckpointDocument:
-        """A new document (fresh checkpoint id, written now) for ``checkpoint``."""
-        return cls(
-            **msgspec.structs.asdict(checkpoint),
-            schema_version=SCHEMA_VERSION,
-            checkpoint_id=uuid.uuid4().hex,
-            writer=writer,
-            written_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
-        )
-
-    def checkpoint(self) -> Checkpoint:
-        """The checkpoint alone, without the document's own fields."""
-        return Checkpoint(**{f: getattr(self, f) for f in Checkpoint.__struct_fields__})
 
 
 class BlobInfo(msgspec.Struct, frozen=True):
@@ -82,31 +45,10 @@ class BlobInfo(msgspec.Struct, frozen=True):
     document: CheckpointDocument | None
 
 
-_encoder = msgspec.json.Encoder()
-_doc_decoder = msgspec.json.Decoder(CheckpointDocument)
-
 _JSON = ContentSettings(content_type="application/json")
 
 # Status codes that mean "try again later".
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-
-
-def encode_document(doc: CheckpointDocument) -> bytes:
-    return _encoder.encode(doc)
-
-
-def decode_document(data: bytes, blob_name: str = "blob") -> CheckpointDocument | None:
-    """Parse a blob's body; None for the empty body of a freshly created blob.
-
-    Raises:
-        StoreError: the body is not a checkpoint document (written by something else?).
-    """
-    if not data:
-        return None
-    try:
-        return _doc_decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise StoreError(f"{blob_name} is not a checkpoint document: {exc}") from exc
 
 
 class BlobStore:
@@ -237,6 +179,12 @@ class BlobStore:
             except ResourceNotFoundError:
                 return None
         return decode_document(data, blob.blob_name)
+
+    async def find(self, query_id: str | None, name: str | None) -> CheckpointDocument | None:
+        """The document of query ``query_id``, else the newest of the queries named ``name``."""
+        if query_id is not None:
+            return await self.read(query_id)
+        return newest_named(await self.list(), name) if name is not None else None
 
     async def list(self) -> list[BlobInfo]:
         """Every checkpoint blob of the namespace, with its document and lease state."""

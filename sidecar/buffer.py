@@ -301,7 +301,7 @@ class Snapshot:
     queries: list[PendingQuery]
 
 
-class _Slot:
+class PendingWrite:
     """Where the coalescer puts one update's outcome; the submitter waits on it."""
 
     __slots__ = ("done", "error", "result")
@@ -331,8 +331,8 @@ class WriteCoalescer:
     def __init__(self, buffer: RedisBuffer, *, max_batch: int = 256, max_queued: int = 4096):
         self._buffer = buffer
         self._max_batch = max_batch
-        self._send: MemoryObjectSendStream[tuple[Checkpoint, _Slot]]
-        self._recv: MemoryObjectReceiveStream[tuple[Checkpoint, _Slot]]
+        self._send: MemoryObjectSendStream[tuple[Checkpoint, PendingWrite]]
+        self._recv: MemoryObjectReceiveStream[tuple[Checkpoint, PendingWrite]]
         self._send, self._recv = anyio.create_memory_object_stream(max_queued)
 
     @property
@@ -340,9 +340,9 @@ class WriteCoalescer:
         """Updates waiting for their round trip (for the fill-level gauge)."""
         return self._send.statistics().current_buffer_used
 
-    async def submit(self, checkpoint: Checkpoint) -> _Slot:
+    async def submit(self, checkpoint: Checkpoint) -> PendingWrite:
         """Queue one update; await the returned slot's ``wait()`` for its outcome."""
-        slot = _Slot()
+        slot = PendingWrite()
         await self._send.send((checkpoint, slot))
         return slot
 
@@ -358,7 +358,7 @@ class WriteCoalescer:
                         break
                 await self._flush(batch)
 
-    async def _flush(self, batch: list[tuple[Checkpoint, _Slot]]) -> None:
+    async def _flush(self, batch: list[tuple[Checkpoint, PendingWrite]]) -> None:
         try:
             results = await self._buffer.apply([c for c, _ in batch])
         except Exception as exc:  # every submitter gets the error; none is left waiting

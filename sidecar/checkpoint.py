@@ -1,4 +1,4 @@
-"""The checkpoint record: what the daemon keeps per streaming query. Pure, no I/O.
+"""The checkpoint record and the blob document that carries it. Pure, no I/O.
 
 A checkpoint is derived from one Spark ``StreamingQueryProgress`` (as serialized by
 ``StreamingQueryProgress.json``): the query's identity, the finished micro-batch id, and for
@@ -20,9 +20,13 @@ replace the last real offsets with nulls and make that batch's real update look 
 from __future__ import annotations
 
 import re
+import uuid
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import msgspec
+
+from sidecar.errors import StoreError
 
 #: Longest accepted query id / run id. Spark uses UUIDs (36 characters).
 MAX_ID_CHARS = 256
@@ -127,6 +131,65 @@ def from_progress(progress: SparkProgress) -> Checkpoint:
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Checkpoint)
+
+
+# --- the blob document ----------------------------------------------------------------------
+
+SCHEMA_VERSION = 1
+
+
+class Writer(msgspec.Struct, frozen=True):
+    """Who wrote a checkpoint document."""
+
+    host: str
+    pid: int
+    instance_id: str
+
+
+class CheckpointDocument(Checkpoint, frozen=True):
+    """The JSON document stored in a query's blob (schema version 1): the checkpoint's
+    fields plus these."""
+
+    schema_version: int
+    checkpoint_id: str
+    writer: Writer
+    written_at: str
+
+    @classmethod
+    def of(cls, checkpoint: Checkpoint, writer: Writer) -> CheckpointDocument:
+        """A new document (fresh checkpoint id, written now) for ``checkpoint``."""
+        return cls(
+            **msgspec.structs.asdict(checkpoint),
+            schema_version=SCHEMA_VERSION,
+            checkpoint_id=uuid.uuid4().hex,
+            writer=writer,
+            written_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
+        )
+
+    def checkpoint(self) -> Checkpoint:
+        """The checkpoint alone, without the document's own fields."""
+        return Checkpoint(**{f: getattr(self, f) for f in Checkpoint.__struct_fields__})
+
+
+_doc_decoder = msgspec.json.Decoder(CheckpointDocument)
+
+
+def encode_document(doc: CheckpointDocument) -> bytes:
+    return _encoder.encode(doc)
+
+
+def decode_document(data: bytes, blob_name: str = "blob") -> CheckpointDocument | None:
+    """Parse a blob's body; None for the empty body of a freshly created blob.
+
+    Raises:
+        StoreError: the body is not a checkpoint document (written by something else?).
+    """
+    if not data:
+        return None
+    try:
+        return _doc_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"{blob_name} is not a checkpoint document: {exc}") from exc
 
 
 def encode(checkpoint: Checkpoint) -> bytes:

@@ -19,7 +19,7 @@ from sidecar import __version__, report
 from sidecar.app import Daemon
 from sidecar.config import Config
 from sidecar.errors import ConfigError, SidecarError
-from sidecar.resume import kafka_starting_offsets
+from sidecar.offsets import kafka_starting_offsets
 from spark_bridge.handle import BridgeError
 from spark_bridge.jvm import listener_jar
 

@@ -9,7 +9,8 @@ at most ``flush_concurrency`` at a time, each write time-limited.
 A flush writes only under the query's lease (``sidecar.lease``) and never moves a blob
 backwards: after acquiring a lease it reads the blob, and a snapshot not newer than what the
 blob holds is recorded as flushed without a write. A failed write is retried with capped
-exponential backoff and jitter; nothing is dropped, because the pending state in Redis is
+exponential backoff and jitter (``sidecar.backoff``; errors that are not ``retriable`` wait
+the full cap and are logged as errors); nothing is dropped, because the pending state in Redis is
 cleared only after the write succeeded, and only as far as the written snapshot covered.
 
 At start the first tick flushes whatever a previous run left pending (crash recovery); at
@@ -19,7 +20,6 @@ stop :meth:`final_flush` flushes everything owned, whatever the thresholds.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -28,7 +28,8 @@ import anyio
 from anyio.abc import TaskStatus
 
 from sidecar import checkpoint as ckpt
-from sidecar.blobstore import BlobStore, CheckpointDocument, Writer, encode_document
+from sidecar.backoff import Backoff
+from sidecar.blobstore import BlobStore
 from sidecar.buffer import PendingQuery, RedisBuffer
 from sidecar.config import Config
 from sidecar.errors import LeaseLost, SidecarError
@@ -49,7 +50,7 @@ class Flusher:
         store: BlobStore,
         leases: LeaseManager,
         metrics: Metrics,
-        writer: Writer,
+        writer: ckpt.Writer,
         *,
         on_durable: Callable[[ckpt.Checkpoint], None] | None = None,
     ) -> None:
@@ -62,8 +63,7 @@ class Flusher:
         #: Called with each checkpoint once it is in the blob (Kafka commits follow it).
         self._on_durable = on_durable
         self._limiter = anyio.CapacityLimiter(config.flush_concurrency)
-        self._failures: dict[str, int] = {}
-        self._retry_at: dict[str, float] = {}
+        self._backoff = Backoff(RETRY_BASE_S, RETRY_CAP_S)
         self._waiters: dict[str, list[tuple[int, anyio.Event]]] = defaultdict(list)
         self._durable: dict[str, int] = {}
         self._labels: dict[str, str] = {}
@@ -121,7 +121,6 @@ class Flusher:
             log.warning("flush check skipped: %s", exc)
             return 1
         cfg = self._config
-        now = time.monotonic()
         if self._recovering is None:
             # Recovery: whatever a previous run acknowledged but did not flush is due now,
             # whatever the thresholds, and stays due until flushed (e.g. once the dead
@@ -145,7 +144,7 @@ class Flusher:
                 self._durable_now(q.query_id, q.flushed_batch_id)
             if q.pending <= 0:
                 continue
-            if not final and self._retry_at.get(q.query_id, 0.0) > now:
+            if not final and not self._backoff.ready(q.query_id):
                 continue
             if (
                 final
@@ -192,11 +191,13 @@ class Flusher:
             log.debug("flush query=%s batch=%d skipped: lease not held", label, q.batch_id)
             return True
         try:
-            if lease.blob_batch_id is None:
+            blob_batch_id = lease.blob_batch_id
+            if blob_batch_id is None:
                 doc = await self._store.read(q.query_id)
-                lease.blob_batch_id = doc.batch_id if doc is not None else -1
-            if checkpoint.batch_id <= lease.blob_batch_id:
-                durable = lease.blob_batch_id
+                blob_batch_id = doc.batch_id if doc is not None else -1
+                lease.record_blob(blob_batch_id)
+            if checkpoint.batch_id <= blob_batch_id:
+                durable = blob_batch_id
                 result = "skipped"
                 log.info(
                     "flush query=%s batch=%d: blob already holds batch %d, not writing",
@@ -205,13 +206,14 @@ class Flusher:
                     durable,
                 )
             else:
-                body = encode_document(CheckpointDocument.of(checkpoint, self._writer))
+                body = ckpt.encode_document(ckpt.CheckpointDocument.of(checkpoint, self._writer))
                 started = time.perf_counter()
                 await self._store.write(
                     q.query_id, body, lease_id=self._leases.lease_id, query_name=checkpoint.name
                 )
                 m.flush_seconds.observe(time.perf_counter() - started)
-                lease.blob_batch_id = durable = checkpoint.batch_id
+                durable = checkpoint.batch_id
+                lease.record_blob(durable)
                 result = "ok"
             left = await self._buffer.mark_flushed(q, durable)
         except LeaseLost as exc:
@@ -220,18 +222,20 @@ class Flusher:
             return True
         except SidecarError as exc:
             m.flushes.labels("error").inc()
-            delay = self._backoff(q.query_id)
-            log.warning(
+            # A retriable error (store or Redis down) retries soon; any other (a refused
+            # credential, a bad request) waits the full cap: it needs an operator first.
+            delay = self._backoff.failed(q.query_id, give_up_ramp=not exc.retriable)
+            log.log(
+                logging.WARNING if exc.retriable else logging.ERROR,
                 "flush query=%s batch=%d failed (retry %d in %.1fs): %s",
                 label,
                 q.batch_id,
-                self._failures[q.query_id],
+                self._backoff.failures(q.query_id),
                 delay,
                 exc,
             )
             return False
-        self._failures.pop(q.query_id, None)
-        self._retry_at.pop(q.query_id, None)
+        self._backoff.succeeded(q.query_id)
         if self._recovering:
             self._recovering.discard(q.query_id)
         m.flushes.labels(result).inc()
@@ -260,10 +264,3 @@ class Flusher:
                     checkpoint.batch_id,
                 )
         return True
-
-    def _backoff(self, query_id: str) -> float:
-        failures = self._failures[query_id] = self._failures.get(query_id, 0) + 1
-        delay: float = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(failures - 1, 16))
-        delay *= random.uniform(0.5, 1.0)  # jitter: queries must not retry in lockstep
-        self._retry_at[query_id] = time.monotonic() + delay
-        return delay

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from aiokafka import AIOKafkaConsumer
@@ -34,45 +34,16 @@ from aiokafka.helpers import create_ssl_context
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from anyio.abc import TaskStatus
 
+from sidecar.backoff import Backoff
 from sidecar.checkpoint import Checkpoint
 from sidecar.config import Config
 from sidecar.metrics import Metrics
-from sidecar.resume import is_kafka_offsets
-
-if TYPE_CHECKING:  # lag.py uses kafka_offsets from here
-    from sidecar.lag import LagTracker
+from sidecar.offsets import Offsets, kafka_offsets
 
 log = logging.getLogger(__name__)
 
-# Descriptions of Spark's Kafka sources (v1 KafkaSource, v2 KafkaV2 / KafkaMicroBatchStream).
-KAFKA_SOURCE_PREFIXES = ("KafkaV2", "KafkaSource", "KafkaMicroBatchStream", "KafkaTable")
 TICK_S = 1.0
 RETRY_CAP_S = 30.0
-
-Offsets = dict[tuple[str, int], int]
-
-
-def kafka_offsets(
-    checkpoint: Checkpoint,
-    extra_queries: frozenset[str] = frozenset(),
-    which: str = "end_offset",
-) -> Offsets:
-    """Offsets (``which``: end_offset or latest_offset) of the checkpoint's Kafka sources, as
-    {(topic, partition): offset}.
-
-    A source counts when Spark describes it as Kafka, or — for queries named in
-    ``extra_queries`` (by name or id) — when its offsets merely have the Kafka shape.
-    """
-    opted_in = bool({checkpoint.query_id, checkpoint.name} & extra_queries)
-    out: Offsets = {}
-    for source in checkpoint.sources:
-        kafka = source.description.startswith(KAFKA_SOURCE_PREFIXES) or opted_in
-        offsets = getattr(source, which)
-        if kafka and is_kafka_offsets(offsets):
-            for topic, parts in offsets.items():
-                for partition, offset in parts.items():
-                    out[(topic, int(partition))] = int(offset)
-    return out
 
 
 def group_name(template: str, checkpoint: Checkpoint, namespace: str) -> str:
@@ -105,18 +76,28 @@ class _Group:
     #: Partitions whose committed offset was read from the broker since (re)connecting.
     fetched: set[tuple[str, int]] = field(default_factory=set)
     last_commit: float = 0.0
-    failures: int = 0
-    retry_at: float = 0.0
     consumer: Any = None
 
 
 class KafkaCommitter:
     """Owns one aiokafka consumer per group (created lazily) and the commit loop."""
 
-    def __init__(self, config: Config, metrics: Metrics, lag: LagTracker) -> None:
+    def __init__(
+        self,
+        config: Config,
+        metrics: Metrics,
+        *,
+        on_committable: Callable[[str, Offsets], None] | None = None,
+        on_end_offsets: Callable[[Offsets], None] | None = None,
+    ) -> None:
+        """``on_committable(label, offsets)``: a query's durable Kafka offsets, as they become
+        known; ``on_end_offsets(ends)``: the brokers' end offsets of committed partitions
+        (both feed the lag gauges; wired in ``sidecar.app``)."""
         self._config = config
         self._metrics = metrics
-        self._lag = lag
+        self._on_committable = on_committable
+        self._on_end_offsets = on_end_offsets
+        self._backoff = Backoff(0.5, RETRY_CAP_S)
         # By group name: a query restarted under the same name (new id) shares its group, so
         # only the newest checkpoint is committed and the backwards check covers both.
         self._groups: dict[str, _Group] = {}
@@ -134,7 +115,8 @@ class KafkaCommitter:
             self._groups[name] = _Group(name, checkpoint, offsets)
         else:
             group.checkpoint, group.offsets, group.dirty = checkpoint, offsets, True
-        self._lag.durable(checkpoint.label, offsets)
+        if self._on_committable is not None:
+            self._on_committable(checkpoint.label, offsets)
         self._wake.set()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -164,7 +146,7 @@ class KafkaCommitter:
         async with anyio.create_task_group() as tg:
             for group in self._groups.values():
                 due = group.dirty or now - group.last_commit >= interval
-                if due and now >= group.retry_at:
+                if due and self._backoff.ready(group.name):
                     tg.start_soon(self._commit, group)
 
     async def _commit(self, group: _Group) -> None:
@@ -207,17 +189,15 @@ class KafkaCommitter:
                 if commit:
                     await consumer.commit(commit)
         except (KafkaError, OSError, TimeoutError) as exc:
-            group.failures += 1
             group.fetched.clear()  # re-read the broker's view after reconnecting
-            delay = min(RETRY_CAP_S, 0.5 * 2 ** min(group.failures - 1, 10))
-            group.retry_at = time.monotonic() + delay * random.uniform(0.5, 1.0)
+            delay = self._backoff.failed(group.name)
             m.kafka_commits.labels("error").inc()
             m.kafka_up.set(0)
             log.warning(
                 "kafka group=%s query=%s commit failed (retry %d in %.1fs): %r",
                 group.name,
                 label,
-                group.failures,
+                self._backoff.failures(group.name),
                 delay,
                 exc,
             )
@@ -226,7 +206,7 @@ class KafkaCommitter:
         for tp, oam in commit.items():
             group.committed[(tp.topic, tp.partition)] = oam.offset
         group.dirty = False
-        group.failures = 0
+        self._backoff.succeeded(group.name)
         group.last_commit = time.monotonic()
         m.kafka_up.set(1)
         if commit:
@@ -289,7 +269,8 @@ class KafkaCommitter:
         except (KafkaError, OSError, TimeoutError) as exc:
             log.debug("kafka end offsets unavailable: %r", exc)
             return
-        self._lag.end_offsets({(tp.topic, tp.partition): off for tp, off in ends.items()})
+        if self._on_end_offsets is not None:
+            self._on_end_offsets({(tp.topic, tp.partition): off for tp, off in ends.items()})
 
     async def _close(self) -> None:
         for group in self._groups.values():

@@ -21,13 +21,12 @@ import anyio
 from anyio.abc import TaskStatus
 
 from sidecar.checkpoint import Checkpoint
-from sidecar.kafka import kafka_offsets
 from sidecar.metrics import Metrics
+from sidecar.offsets import Offsets, kafka_offsets
 
 log = logging.getLogger(__name__)
 
 RATE_WINDOW_S = 60.0
-Offsets = dict[tuple[str, int], int]
 
 
 class LagTracker:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 import anyio
 from anyio.abc import TaskStatus
 
+from sidecar.backoff import Backoff
 from sidecar.blobstore import BlobStore
 from sidecar.errors import LeaseConflict, LeaseLost, SidecarError
 from sidecar.metrics import Metrics
@@ -76,9 +76,14 @@ class QueryLease:
     retry_at: float = 0.0
     failures: int = 0
     #: Batch id the blob holds, read after each acquisition (-1: empty blob); None: unknown.
+    #: Only valid while the lease is held without a gap: reset on every (re)acquisition.
     blob_batch_id: int | None = field(default=None)
     #: Serialises acquire / release of this lease (a tick and the final flush may overlap).
     lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+    def record_blob(self, batch_id: int) -> None:
+        """What the blob holds now: read after acquiring, or just written under this lease."""
+        self.blob_batch_id = batch_id
 
     def to(self, new: LeaseState, reason: str) -> None:
         if new not in _ALLOWED[self.state]:
@@ -109,6 +114,9 @@ class LeaseManager:
         self._metrics = metrics
         self._clock = clock
         self._leases: dict[str, QueryLease] = {}
+        # The cap keeps a standby's takeover within about a third of a lease duration after
+        # the owner lets go.
+        self._backoff = Backoff(1.0, self.renew_every_s, clock=clock)
 
     @property
     def renew_every_s(self) -> float:
@@ -180,10 +188,7 @@ class LeaseManager:
         if immediately:
             lease.retry_at = now
             return
-        # Capped exponential backoff with jitter; the cap keeps a standby's takeover within
-        # about a third of a lease duration after the owner lets go.
-        delay = min(self.renew_every_s, 0.5 * 2 ** min(lease.failures, 10))
-        lease.retry_at = now + delay * random.uniform(0.5, 1.0)
+        lease.retry_at = now + self._backoff.delay(lease.failures)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Renew every held lease every third of its duration, until cancelled."""

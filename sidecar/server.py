@@ -1,10 +1,11 @@
-"""The socket server: a thin I/O shell around :mod:`sidecar.protocol`.
+"""The socket server: a thin I/O shell around :mod:`sidecar.protocol` and a request handler.
 
-Read bytes, feed the decoder, act on the events, write the replies — all protocol rules live
-in the pure module. Per connection, every update of one read is submitted before any reply is
-awaited, so updates pipelined by one client (and those of concurrent clients) share a Redis
-round trip; replies still go out in request order. A ``get`` is answered after every earlier
-request of its connection, so a client reads its own writes.
+Read bytes, feed the decoder, hand the events to the handler (``sidecar.handler``, wired in
+``sidecar.app``), write the replies — the protocol's rules live in the pure module, what a
+request does lives in the handler. Per connection, every event of one read is begun before
+any reply is awaited, so updates pipelined by one client (and those of concurrent clients)
+share a Redis round trip; replies still go out in request order. A ``get`` is answered after
+every earlier request of its connection, so a client reads its own writes.
 
 Stopping (``drain``): stop accepting, stop reading, answer what was already read, close.
 """
@@ -13,33 +14,17 @@ from __future__ import annotations
 
 import logging
 import stat
-import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import anyio
-import msgspec
 from anyio.abc import ByteStream, Listener, TaskStatus
 from anyio.streams.stapled import MultiListener
 
-from sidecar import checkpoint as ckpt
-from sidecar.blobstore import BlobStore, newest_named
-from sidecar.buffer import RedisBuffer, WriteCoalescer, _Slot
 from sidecar.config import Config
-from sidecar.errors import SidecarError, SocketInUse
-from sidecar.flusher import Flusher
-from sidecar.lag import LagTracker
+from sidecar.errors import SocketInUse
 from sidecar.metrics import Metrics
-from sidecar.protocol import (
-    BadRequest,
-    ErrorCode,
-    Event,
-    Get,
-    Ping,
-    Progress,
-    ServerConnection,
-    encode_error,
-    encode_ok,
-)
+from sidecar.protocol import Event, ServerConnection
 
 log = logging.getLogger(__name__)
 
@@ -89,31 +74,18 @@ async def _remove_if_ours(path: str, inode: int) -> None:
         pass
 
 
+class Handler(Protocol):
+    """What the server needs of the request handler (``sidecar.handler.RequestHandler``)."""
+
+    async def begin(self, event: Event) -> Callable[[], Awaitable[bytes]]: ...
+
+
 class SocketServer:
     """Accepts connections and answers their requests until :meth:`drain`."""
 
-    def __init__(
-        self,
-        config: Config,
-        buffer: RedisBuffer,
-        coalescer: WriteCoalescer,
-        metrics: Metrics,
-        *,
-        store: BlobStore | None = None,
-        flusher: Flusher | None = None,
-        lag: LagTracker | None = None,
-    ) -> None:
+    def __init__(self, config: Config, handler: Handler, metrics: Metrics) -> None:
         self._config = config
-        self._store = store
-        self._lag = lag
-        # Label children bound once: .labels() costs more than the increment on this path.
-        self._applied = metrics.updates.labels("applied")
-        self._stale = metrics.updates.labels("stale")
-        self._no_offsets = metrics.updates.labels("no_offsets")
-        self._rejected = metrics.updates.labels("rejected")
-        self._flusher = flusher if config.ack_mode == "blob" else None
-        self._buffer = buffer
-        self._coalescer = coalescer
+        self._handler = handler
         self._metrics = metrics
         self._accepting = anyio.CancelScope()
         self._readers: set[anyio.CancelScope] = set()
@@ -207,93 +179,10 @@ class SocketServer:
                 self._all_closed.set()
 
     async def _answer(self, events: Sequence[Event]) -> bytes:
-        # Submit every update of this read first, so they share one Redis round trip.
-        staged: list[tuple[Event, _Slot | None, float]] = []
-        for event in events:
-            slot = None
-            started = time.perf_counter()
-            if isinstance(event, Progress) and ckpt.has_position(event.checkpoint):
-                slot = await self._coalescer.submit(event.checkpoint)
-            staged.append((event, slot, started))
+        # Begin every request of this read first (updates share one Redis round trip), then
+        # collect the replies in request order.
+        replies = [await self._handler.begin(event) for event in events]
         out = bytearray()
-        for event, slot, started in staged:
-            out += await self._reply(event, slot, started)
+        for reply in replies:
+            out += await reply()
         return bytes(out)
-
-    async def _reply(self, event: Event, slot: _Slot | None, started: float) -> bytes:
-        m = self._metrics
-        match event:
-            case Progress(id=rid, checkpoint=c) if not ckpt.has_position(c):
-                # Nothing to resume from (sidecar.checkpoint's position rule): not stored, and
-                # acknowledged at once, even in blob ack mode (no blob will ever hold it), so
-                # the client neither resends it nor counts it as failed.
-                self._no_offsets.inc()
-                log.debug(
-                    "update query=%s batch=%d has no end offsets; not stored", c.label, c.batch_id
-                )
-                m.ack_seconds.observe(time.perf_counter() - started)
-                return encode_ok(rid, applied=False)
-            case Progress(id=rid, checkpoint=c):
-                assert slot is not None
-                try:
-                    applied = await slot.wait()
-                except SidecarError as exc:
-                    self._rejected.inc()
-                    return encode_error(rid, ErrorCode(exc.code), str(exc))
-                except Exception:
-                    log.exception("storing update query=%s batch=%d failed", c.label, c.batch_id)
-                    self._rejected.inc()
-                    return encode_error(rid, ErrorCode.INTERNAL, "internal error; see daemon log")
-                (self._applied if applied else self._stale).inc()
-                if applied and self._lag is not None:
-                    self._lag.observe(c)
-                if not applied:
-                    log.debug("stale update query=%s batch=%d not applied", c.label, c.batch_id)
-                if self._flusher is not None:  # ack_mode=blob: wait until the blob has it
-                    with anyio.move_on_after(self._config.blob_ack_timeout_s):
-                        await self._flusher.wait_durable(c.query_id, c.batch_id)
-                        m.ack_seconds.observe(time.perf_counter() - started)
-                        return encode_ok(rid, applied=applied)
-                    return encode_error(
-                        rid,
-                        ErrorCode.NOT_DURABLE,
-                        f"batch {c.batch_id} of query {c.label} is stored in Redis but not yet "
-                        f"in the blob after {self._config.blob_ack_timeout_s}s (lease not held "
-                        "or store unavailable; see /readyz); resending is safe",
-                    )
-                m.ack_seconds.observe(time.perf_counter() - started)
-                return encode_ok(rid, applied=applied)
-            case Get(id=rid, query_id=query_id, name=name):
-                try:
-                    raw = await self._lookup(query_id, name)
-                except SidecarError as exc:
-                    return encode_error(rid, ErrorCode(exc.code), str(exc))
-                return encode_ok(rid, checkpoint=msgspec.Raw(raw) if raw else None)
-            case Ping(id=rid):
-                return encode_ok(rid)
-            case BadRequest(id=rid, code=code, message=message, fatal=fatal, op=op):
-                m.bad_requests.labels(code.value).inc()
-                if op == "progress":
-                    self._rejected.inc()
-                log.log(
-                    logging.WARNING if fatal else logging.INFO,
-                    "bad request (%s): %s",
-                    code.value,
-                    message,
-                )
-                return encode_error(rid, code, message)
-        raise AssertionError(f"unhandled event {event!r}")
-
-    async def _lookup(self, query_id: str | None, name: str | None) -> bytes | None:
-        """A checkpoint from Redis, else from the blob (Redis lost it, or never had it)."""
-        if query_id is None and name is not None:
-            query_id = await self._buffer.query_id_for(name)
-        raw = await self._buffer.get(query_id) if query_id is not None else None
-        if raw is not None or self._store is None:
-            return raw
-        if query_id is not None:
-            doc = await self._store.read(query_id)
-        else:
-            assert name is not None
-            doc = newest_named(await self._store.list(), name)
-        return ckpt.encode(doc.checkpoint()) if doc is not None else None

@@ -23,7 +23,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-from sidecar.resume import Missing, ResumeError, kafka_starting_offsets
+from sidecar.offsets import Missing, ResumeError, kafka_starting_offsets
 from spark_bridge.handle import BridgeError, BridgeHandle, SenderStats
 from spark_bridge.jvm import LISTENER_CLASS, configure, listener_jar
 
@@ -176,7 +176,7 @@ def starting_offsets(
     Uses each partition's saved ``endOffset`` (the next offset to read: no gap, no overlap).
     Partitions absent from the checkpoint (see ``partitions``) start at ``missing``:
     "earliest" (default; nothing skipped), "latest", or "error".
-    See :func:`sidecar.resume.kafka_starting_offsets`.
+    See :func:`sidecar.offsets.kafka_starting_offsets`.
     """
     return kafka_starting_offsets(
         load_checkpoint(query, socket_path),

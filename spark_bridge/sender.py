@@ -26,6 +26,7 @@ import time
 
 import msgspec
 
+from sidecar.backoff import Backoff
 from sidecar.protocol import (
     CLOSING_CODES,
     RETRIABLE_CODES,
@@ -63,7 +64,7 @@ class Sender:
         self._closing = False
         self._ids = itertools.count(1)
         self._sock: socket.socket | None = None
-        self._backoff_s = BACKOFF_START_S
+        self._backoff = Backoff(BACKOFF_START_S, BACKOFF_MAX_S)
         self._down_since: float | None = None
         self._connected_once = False
         self.offered = self.sent = self.conflated = self.failed = 0
@@ -168,15 +169,14 @@ class Sender:
             if retry:
                 self._sleep_backoff()
             else:
-                self._backoff_s = BACKOFF_START_S
+                self._backoff.succeeded()
 
     def _sleep_backoff(self) -> None:
         """Wait out the backoff; new offers do not cut it short, only close() does."""
-        deadline = time.monotonic() + self._backoff_s
+        deadline = time.monotonic() + self._backoff.failed()
         with self._lock:
             while not self._closing and (left := deadline - time.monotonic()) > 0:
                 self._work.wait(left)
-        self._backoff_s = min(BACKOFF_MAX_S, self._backoff_s * 2)
 
     def _deliver(self, batch: dict[str, bytes]) -> tuple[dict[str, bytes], int, int]:
         """Send a batch; return (updates to retry, number sent, number refused for good)."""

@@ -17,7 +17,8 @@ import anyio
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.app import Daemon
-from sidecar.blobstore import BlobStore, CheckpointDocument
+from sidecar.blobstore import BlobStore
+from sidecar.checkpoint import CheckpointDocument
 from sidecar.config import Config
 from sidecar.devservices import REPO_ROOT
 

@@ -16,7 +16,8 @@ from azure.core.exceptions import HttpResponseError
 from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
 from sidecar.app import Daemon
-from sidecar.blobstore import BlobStore, CheckpointDocument
+from sidecar.blobstore import BlobStore
+from sidecar.checkpoint import CheckpointDocument
 from sidecar.client import SidecarClient
 from sidecar.config import Config
 from sidecar.devservices import Azurite

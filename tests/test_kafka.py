@@ -17,7 +17,8 @@ from sidecar.client import SidecarClient
 from sidecar.config import Config
 from sidecar.devservices import KafkaBroker
 from sidecar.errors import ConfigError
-from sidecar.kafka import group_name, kafka_offsets
+from sidecar.kafka import group_name
+from sidecar.offsets import kafka_offsets
 from tests.helpers import eventually, metric_value, running_daemon, scrape
 from tests.sparkshapes import kafka_progress, rate_progress
 

@@ -1,4 +1,9 @@
-"""Resume from a saved checkpoint: build a Kafka source's ``startingOffsets``. Pure.
+"""Offsets: the shapes of Spark's source offsets, and resuming from them. Pure.
+
+Spark's Kafka source reports offsets as ``{"topic": {"partition": offset}}``;
+:func:`kafka_offsets` flattens a checkpoint's Kafka sources for the Kafka committer and the
+lag gauges, :func:`kafka_starting_offsets` turns a saved checkpoint into a new query's
+``startingOffsets``.
 
 Spark's ``endOffset`` of a finished batch is the next offset to read, so starting a new query
 from it neither skips nor repeats a committed batch.
@@ -17,9 +22,14 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from sidecar.checkpoint import Checkpoint
 from sidecar.errors import SidecarError
 
 Missing = Literal["earliest", "latest", "error"]
+#: Offsets of Kafka partitions: (topic, partition) → offset.
+Offsets = dict[tuple[str, int], int]
+#: Descriptions of Spark's Kafka sources (v1 KafkaSource, v2 KafkaV2 / KafkaMicroBatchStream).
+KAFKA_SOURCE_PREFIXES = ("KafkaV2", "KafkaSource", "KafkaMicroBatchStream", "KafkaTable")
 _SPECIAL = {"earliest": -2, "latest": -1}
 
 
@@ -47,6 +57,29 @@ def is_kafka_offsets(value: Any) -> bool:
             for parts in value.values()
         )
     )
+
+
+def kafka_offsets(
+    checkpoint: Checkpoint,
+    extra_queries: frozenset[str] = frozenset(),
+    which: str = "end_offset",
+) -> Offsets:
+    """Offsets (``which``: end_offset or latest_offset) of the checkpoint's Kafka sources, as
+    {(topic, partition): offset}.
+
+    A source counts when Spark describes it as Kafka, or — for queries named in
+    ``extra_queries`` (by name or id) — when its offsets merely have the Kafka shape.
+    """
+    opted_in = bool({checkpoint.query_id, checkpoint.name} & extra_queries)
+    out: Offsets = {}
+    for source in checkpoint.sources:
+        kafka = source.description.startswith(KAFKA_SOURCE_PREFIXES) or opted_in
+        offsets = getattr(source, which)
+        if kafka and is_kafka_offsets(offsets):
+            for topic, parts in offsets.items():
+                for partition, offset in parts.items():
+                    out[(topic, int(partition))] = int(offset)
+    return out
 
 
 def kafka_starting_offsets(

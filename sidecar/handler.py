@@ -1,0 +1,172 @@
+"""What each request does: the daemon's request policy, between the socket shell and Redis.
+
+::
+
+    progress ─▶ has a position? ─no──▶ applied:false (never stored)
+                   │ yes
+                   ▼
+               WriteCoalescer ─▶ Redis (one round trip per batch of updates)
+                   │ applied / stale
+                   ├─▶ observe (lag gauges)
+                   └─▶ ack_mode=blob: wait until the blob holds it (≤ blob_ack_timeout_s)
+    get      ─▶ Redis ─▶ else the blob (Redis lost it, or never had it)
+    ping     ─▶ ok
+    bad line ─▶ counted, logged, error reply
+
+The server (``sidecar.server``) calls :meth:`RequestHandler.begin` for every event of one
+read before awaiting any reply, so the updates of a read share a Redis round trip; the
+replies are then awaited and written in request order. What lies beyond Redis — lag, the
+flusher's durability, the blob lookup — reaches this module as callables wired in
+``sidecar.app``, so the flow of imports stays one way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import anyio
+import msgspec
+
+from sidecar import checkpoint as ckpt
+from sidecar.buffer import PendingWrite, RedisBuffer, WriteCoalescer
+from sidecar.errors import SidecarError
+from sidecar.metrics import Metrics
+from sidecar.protocol import (
+    BadRequest,
+    ErrorCode,
+    Event,
+    Get,
+    Ping,
+    Progress,
+    RequestId,
+    encode_error,
+    encode_ok,
+)
+
+log = logging.getLogger(__name__)
+
+#: The reply of one request, awaited after every request of the same read was begun.
+Reply = Callable[[], Awaitable[bytes]]
+#: Return once the query's blob holds this batch or a newer one (the flusher's).
+WaitDurable = Callable[[str, int], Awaitable[None]]
+#: A checkpoint read from the blob store, by query id or by name (encoded), or None.
+LookupBlob = Callable[[str | None, str | None], Awaitable[bytes | None]]
+
+
+class RequestHandler:
+    """Turns protocol events into reply bytes. One per daemon, shared by all connections."""
+
+    def __init__(
+        self,
+        coalescer: WriteCoalescer,
+        buffer: RedisBuffer,
+        metrics: Metrics,
+        *,
+        observe: Callable[[ckpt.Checkpoint], None] | None = None,
+        wait_durable: WaitDurable | None = None,
+        blob_ack_timeout_s: float = 30.0,
+        lookup_blob: LookupBlob | None = None,
+    ) -> None:
+        """``wait_durable`` given: ``ack_mode=blob`` (acknowledge once in the blob)."""
+        self._coalescer = coalescer
+        self._buffer = buffer
+        self._metrics = metrics
+        self._observe = observe
+        self._wait_durable = wait_durable
+        self._blob_ack_timeout_s = blob_ack_timeout_s
+        self._lookup_blob = lookup_blob
+        # Label children bound once: .labels() costs more than the increment on this path.
+        self._applied = metrics.updates.labels("applied")
+        self._stale = metrics.updates.labels("stale")
+        self._no_offsets = metrics.updates.labels("no_offsets")
+        self._rejected = metrics.updates.labels("rejected")
+
+    async def begin(self, event: Event) -> Reply:
+        """Start handling ``event`` (a progress is submitted to Redis now); return its reply."""
+        started = time.perf_counter()
+        match event:
+            case Progress(id=rid, checkpoint=c) if not ckpt.has_position(c):
+                return self._now(self._no_position(rid, c, started))
+            case Progress(id=rid, checkpoint=c):
+                slot = await self._coalescer.submit(c)
+                return lambda: self._progress(rid, c, slot, started)
+            case Get(id=rid, query_id=query_id, name=name):
+                return lambda: self._get(rid, query_id, name)
+            case Ping(id=rid):
+                return self._now(encode_ok(rid))
+            case BadRequest():
+                return self._now(self._bad(event))
+        raise AssertionError(f"unhandled event {event!r}")
+
+    @staticmethod
+    def _now(reply: bytes) -> Reply:
+        async def ready() -> bytes:
+            return reply
+
+        return ready
+
+    def _no_position(self, rid: RequestId, c: ckpt.Checkpoint, started: float) -> bytes:
+        # Nothing to resume from (sidecar.checkpoint's position rule): not stored, and
+        # acknowledged at once, even in blob ack mode (no blob will ever hold it), so the
+        # client neither resends it nor counts it as failed.
+        self._no_offsets.inc()
+        log.debug("update query=%s batch=%d has no end offsets; not stored", c.label, c.batch_id)
+        self._metrics.ack_seconds.observe(time.perf_counter() - started)
+        return encode_ok(rid, applied=False)
+
+    async def _progress(
+        self, rid: RequestId, c: ckpt.Checkpoint, slot: PendingWrite, started: float
+    ) -> bytes:
+        try:
+            applied = await slot.wait()
+        except SidecarError as exc:
+            self._rejected.inc()
+            return encode_error(rid, ErrorCode(exc.code), str(exc))
+        except Exception:
+            log.exception("storing update query=%s batch=%d failed", c.label, c.batch_id)
+            self._rejected.inc()
+            return encode_error(rid, ErrorCode.INTERNAL, "internal error; see daemon log")
+        (self._applied if applied else self._stale).inc()
+        if applied and self._observe is not None:
+            self._observe(c)
+        if not applied:
+            log.debug("stale update query=%s batch=%d not applied", c.label, c.batch_id)
+        if self._wait_durable is not None:  # ack_mode=blob: wait until the blob has it
+            with anyio.move_on_after(self._blob_ack_timeout_s):
+                await self._wait_durable(c.query_id, c.batch_id)
+                self._metrics.ack_seconds.observe(time.perf_counter() - started)
+                return encode_ok(rid, applied=applied)
+            return encode_error(
+                rid,
+                ErrorCode.NOT_DURABLE,
+                f"batch {c.batch_id} of query {c.label} is stored in Redis but not yet in the "
+                f"blob after {self._blob_ack_timeout_s}s (lease not held or store unavailable; "
+                "see /readyz); resending is safe",
+            )
+        self._metrics.ack_seconds.observe(time.perf_counter() - started)
+        return encode_ok(rid, applied=applied)
+
+    async def _get(self, rid: RequestId, query_id: str | None, name: str | None) -> bytes:
+        try:
+            if query_id is None and name is not None:
+                query_id = await self._buffer.query_id_for(name)
+            raw = await self._buffer.get(query_id) if query_id is not None else None
+            if raw is None and self._lookup_blob is not None:
+                raw = await self._lookup_blob(query_id, None if query_id else name)
+        except SidecarError as exc:
+            return encode_error(rid, ErrorCode(exc.code), str(exc))
+        return encode_ok(rid, checkpoint=msgspec.Raw(raw) if raw else None)
+
+    def _bad(self, event: BadRequest) -> bytes:
+        self._metrics.bad_requests.labels(event.code.value).inc()
+        if event.op == "progress":
+            self._rejected.inc()
+        log.log(
+            logging.WARNING if event.fatal else logging.INFO,
+            "bad request (%s): %s",
+            event.code.value,
+            event.message,
+        )
+        return encode_error(event.id, event.code, event.message)
