@@ -39,7 +39,7 @@ COPY spark_bridge/ spark_bridge/
 
 # /wheels ends up with checkpoint_sidecar-<version>-py3-none-any.whl and a wheel for every
 # dependency, so the final stage installs offline (--no-index) exactly what was resolved here.
-RUN python -m pip wheel --wheel-dir /wheels .
+RUN python -m pip wheel --wheel-dir /wheels ".[daemon]"
 
 # ---- final: a venv with the wheel installed, run as a non-root user ---------------------
 FROM ${PYTHON_IMAGE}
@@ -63,7 +63,7 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
  && python -m pip --python /opt/venv/bin/python install \
         --no-cache-dir --disable-pip-version-check --root-user-action=ignore \
         --no-index --find-links=/wheels \
-        checkpoint-sidecar \
+        "checkpoint-sidecar[daemon]" \
  && /opt/venv/bin/checkpoint-sidecar --version
 
 # Only SIDECAR_* names that sidecar/config.py knows may be set: the daemon refuses unknown

@@ -25,7 +25,8 @@ test: setup
 	        echo "[test] no test ran on PySpark 3.5 (exit 5): check the spark/spark4 markers" >&2; \
 	    fi; exit $$rc; }
 
-## Run the daemon with throw-away local redis-server and Azurite (Ctrl-C / SIGTERM stops all).
+## Run the daemon with throw-away local redis-server and Azurite; it says when GET /readyz
+## answers 200 (the launcher of tests/services.py). Ctrl-C / SIGTERM stops all.
 run: setup
 	$(PY) scripts/run_local.py
 

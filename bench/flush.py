@@ -1,9 +1,10 @@
 """Flush benchmark: blob writes per 10,000 updates, and the latency from update to blob.
 
-Starts redis-server and Azurite (``sidecar.devservices``) and per scenario a fresh ``python -m
-sidecar run`` (own namespace, flush tick 0.05 s, log level WARNING), fed one query with
-strictly increasing batch ids. A query is due when it has C (count_threshold) pending updates
-or its oldest is T (time_threshold_s) old; one write covers everything pending.
+Starts redis-server and Azurite and per scenario a fresh daemon process (own namespace, flush
+tick 0.05 s, log level WARNING; ready once ``/readyz`` answers 200), all from
+``tests.services``, fed one query with strictly increasing batch ids. A query is due when it
+has C (count_threshold) pending updates or its oldest is T (time_threshold_s) old; one write
+covers everything pending.
 
 1. Writes, counted in Azurite's own request log (``Azurite.blob_writes``: the blob's PUTs
    carrying a lease id), not by the daemon. count, paced: N=10,000 updates in groups of C,
@@ -31,6 +32,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -48,8 +50,10 @@ import redis.asyncio as aioredis
 from sidecar.blobstore import BlobStore
 from sidecar.client import SidecarClient
 from sidecar.config import Config
-from sidecar.devservices import REPO_ROOT, Azurite, RedisServer
 from sidecar.keys import Keys
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
+from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer, ServiceError
 
 RESULTS_PATH = REPO_ROOT / "bench" / "results" / "flush.json"
 CONTAINER, QUERY = "bench-flush", "5f2c9a41-7a0e-4c7b-9d51-0f6a8e2b3c10"
@@ -85,12 +89,6 @@ def progress(batch_id: int) -> tuple[str, dict[str, Any]]:
     }}  # fmt: skip
 
 
-def spawn(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    with open(log_path, "ab") as out:
-        cmd = [sys.executable, "-m", "sidecar", "run"]
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-
 class Run:
     """One daemon process with its own namespace, and the means to observe its blob."""
 
@@ -100,34 +98,23 @@ class Run:
         self.store = BlobStore(Config(namespace=self.namespace, container=CONTAINER,
                                       azure_connection_string=conn))  # fmt: skip
         self.redis = aioredis.Redis.from_url(svc.redis_url)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.daemon: DaemonProcess | None = None
         self.client: SidecarClient | None = None
 
     async def start(self, settings: dict[str, str]) -> None:
         sock, svc = str(self.svc.tmp / f"{self.name}.sock"), self.svc
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SIDECAR_")}
-        env.update(
-            SIDECAR_SOCKET_PATH=sock, SIDECAR_REDIS_URL=svc.redis_url,
-            SIDECAR_NAMESPACE=self.namespace, SIDECAR_CONTAINER=CONTAINER,
-            SIDECAR_METRICS_PORT="0", SIDECAR_METRICS_HOST="127.0.0.1",
-            SIDECAR_LOG_LEVEL="WARNING", SIDECAR_FLUSH_INTERVAL_S=str(TICK_S),
-            AZURE_STORAGE_CONNECTION_STRING=svc.azurite.connection_string,
-            PYTHONPATH=str(REPO_ROOT), **settings,
-        )  # fmt: skip
-        self.proc = await anyio.to_thread.run_sync(spawn, env, svc.tmp / f"{self.name}.log")
-        with anyio.fail_after(30):  # the INFO "ready" line is not logged at WARNING: ping
-            while self.client is None:
-                if self.proc.poll() is not None:
-                    raise BenchError(f"{self.name}: daemon exited early:\n{self.log_tail()}")
-                try:
-                    self.client = await SidecarClient.connect(sock)
-                except OSError:
-                    await anyio.sleep(0.05)  # not listening yet
-            if not (await self.client.ping()).ok:
-                raise BenchError(f"{self.name}: ping refused")
+        self.daemon = DaemonProcess({
+            "SIDECAR_SOCKET_PATH": sock, "SIDECAR_REDIS_URL": svc.redis_url,
+            "SIDECAR_NAMESPACE": self.namespace, "SIDECAR_CONTAINER": CONTAINER,
+            "SIDECAR_METRICS_HOST": "127.0.0.1", "SIDECAR_LOG_LEVEL": "WARNING",
+            "SIDECAR_FLUSH_INTERVAL_S": str(TICK_S),
+            "AZURE_STORAGE_CONNECTION_STRING": svc.azurite.connection_string, **settings,
+        }, svc.tmp / f"{self.name}.log")  # fmt: skip
+        await anyio.to_thread.run_sync(self.daemon.start)  # returns once /readyz says 200
+        self.client = await SidecarClient.connect(sock)
 
     def log_tail(self) -> str:
-        return (self.svc.tmp / f"{self.name}.log").read_text(errors="replace")[-3000:]
+        return self.daemon.log()[-3000:] if self.daemon is not None else ""
 
     async def send(self, batches: Iterable[int]) -> None:
         """Pipeline one update per batch id; fail unless every one is acknowledged."""
@@ -177,16 +164,11 @@ class Run:
         if self.client is not None:
             await self.client.aclose()
             self.client = None
-        if self.proc is None or self.proc.poll() is not None:
+        if self.daemon is None or not self.daemon.running:
             return
-        self.proc.terminate()
-        try:
-            await anyio.to_thread.run_sync(self.proc.wait, 20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            await anyio.to_thread.run_sync(self.proc.wait)
-        if self.proc.returncode != 0:
-            raise BenchError(f"{self.name}: exit {self.proc.returncode}:\n{self.log_tail()}")
+        code = await anyio.to_thread.run_sync(self.daemon.stop, signal.SIGTERM, 20)
+        if code != 0:
+            raise BenchError(f"{self.name}: exit {code}:\n{self.log_tail()}")
 
 
 @asynccontextmanager
@@ -355,7 +337,7 @@ def run() -> Result:
 def main() -> int:
     try:
         report = run()
-    except (BenchError, TimeoutError) as exc:
+    except (BenchError, ServiceError, TimeoutError) as exc:
         print(f"bench/flush.py: FAILED: {exc!r}", file=sys.stderr)
         return 1
     RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)

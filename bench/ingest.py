@@ -1,9 +1,9 @@
 """Ingest benchmark: acknowledged updates/s and ack latency of the real daemon.
 
 Starts a private redis-server (append-only, as in the tests) and Azurite (the daemon needs a
-blob store; its flusher runs with default thresholds, ack_mode=redis) from
-``sidecar.devservices``, and ``python -m sidecar run`` as a separate process on a Unix
-socket, then measures from this process, the client:
+blob store; its flusher runs with default thresholds, ack_mode=redis) and the daemon as a
+separate process on a Unix socket, ready once its ``/readyz`` answers 200 (all from
+``tests.services``), then measures from this process, the client:
 
 1. Throughput: 1 and 8 concurrent connections, 40,000 updates per scenario after a warm-up.
    Each connection sends Kafka-shaped Spark progress events with strictly increasing batch
@@ -27,7 +27,6 @@ import os
 import platform
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,6 @@ from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 from statistics import quantiles
-from subprocess import Popen
 from typing import Any
 
 import anyio
@@ -44,8 +42,10 @@ import redis
 from anyio.abc import ByteStream
 
 from sidecar.client import SidecarClient
-from sidecar.devservices import REPO_ROOT, Azurite, RedisServer
 from sidecar.protocol import ClientConnection, Reply, encode_request
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
+from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer, ServiceError
 
 RESULTS_PATH = REPO_ROOT / "bench" / "results" / "ingest.json"
 UPDATES_PER_SCENARIO = 40_000
@@ -204,36 +204,20 @@ async def latency(socket_path: str, pids: Pids) -> dict[str, Any]:
     }  # fmt: skip
 
 
-async def measure(socket_path: str, daemon: Popen[bytes], pids: Pids) -> dict[str, Any]:
-    """Wait until the daemon answers a ping, then run every scenario."""
-    with anyio.fail_after(30):
-        while True:
-            if daemon.poll() is not None:
-                raise BenchError(f"daemon exited with {daemon.returncode} before it was ready")
-            try:
-                async with await SidecarClient.connect(socket_path) as client:
-                    if (await client.ping()).ok:
-                        break
-            except OSError:
-                pass  # not listening yet
-            await anyio.sleep(0.05)
+async def measure(socket_path: str, pids: Pids) -> dict[str, Any]:
+    """Run every scenario against the (ready) daemon."""
     return {
         "throughput": [await throughput(socket_path, n, pids) for n in (1, 8)],
         "latency": await latency(socket_path, pids),
     }
 
 
-def stop_daemon(daemon: Popen[bytes], log: Path) -> None:
+def stop_daemon(daemon: DaemonProcess) -> None:
     """SIGTERM (graceful stop: final flush, lease release); kill after 20 s."""
-    daemon.terminate()
-    try:
-        daemon.wait(20)
-    except subprocess.TimeoutExpired:
-        daemon.kill()
-        daemon.wait()
-    if daemon.returncode != 0:
-        tail = log.read_text(errors="replace")[-3000:]
-        print(f"daemon exited with {daemon.returncode}; log:\n{tail}", file=sys.stderr)
+    if daemon.proc is None:
+        return  # never started
+    if (code := daemon.stop(timeout_s=20)) != 0:
+        print(f"daemon exited with {code}; log:\n{daemon.log()[-3000:]}", file=sys.stderr)
 
 
 def run() -> dict[str, Any]:
@@ -251,23 +235,17 @@ def run() -> dict[str, Any]:
         with redis.Redis.from_url(redis_server.url) as r:
             info = r.info("server")
         socket_path = str(tmp / "s.sock")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SIDECAR_")}
-        env.update(
-            SIDECAR_SOCKET_PATH=socket_path, SIDECAR_REDIS_URL=redis_server.url,
-            SIDECAR_NAMESPACE="bench", SIDECAR_METRICS_PORT="0", SIDECAR_METRICS_HOST="127.0.0.1",
-            SIDECAR_LOG_LEVEL="WARNING", PYTHONPATH=str(REPO_ROOT),
-            AZURE_STORAGE_CONNECTION_STRING=azurite.connection_string,
-        )  # fmt: skip
-        with open(tmp / "daemon.log", "ab") as out:
-            cmd = [sys.executable, "-m", "sidecar", "run"]
-            # Own session: a Ctrl-C reaches only this script, which then stops the daemon.
-            daemon = Popen(
-                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        cleanup.callback(stop_daemon, daemon, tmp / "daemon.log")
+        daemon = DaemonProcess({
+            "SIDECAR_SOCKET_PATH": socket_path, "SIDECAR_REDIS_URL": redis_server.url,
+            "SIDECAR_NAMESPACE": "bench", "SIDECAR_METRICS_HOST": "127.0.0.1",
+            "SIDECAR_LOG_LEVEL": "WARNING",
+            "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string,
+        }, tmp / "daemon.log")  # fmt: skip
+        cleanup.callback(stop_daemon, daemon)
+        daemon.start()  # in its own session: a Ctrl-C reaches only this script, which stops it
         pids = {"daemon": daemon.pid, "redis": int(info["process_id"]), "client": os.getpid(),
                 "whole_machine": None}  # fmt: skip
-        results = anyio.run(measure, socket_path, daemon, pids)
+        results = anyio.run(measure, socket_path, pids)
     rate = results["throughput"][1]
     p99 = results["latency"]["p99_ms"]
     return {
@@ -293,7 +271,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the cleanup runs on SIGTERM too
     try:
         report = run()
-    except BenchError as exc:
+    except (BenchError, ServiceError) as exc:
         print(f"bench/ingest.py: FAILED: {exc}", file=sys.stderr)
         return 1
     RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)

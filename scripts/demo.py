@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,8 +24,10 @@ import anyio
 
 from sidecar.checkpoint import CheckpointDocument
 from sidecar.config import Config
-from sidecar.devservices import REPO_ROOT, Azurite, RedisServer, free_port
 from sidecar.report import find_checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
+from tests.services import Azurite, DaemonProcess, RedisServer
 
 RUN_S = float(os.environ.get("DEMO_SECONDS", "15"))
 QUERY = "orders-demo"
@@ -38,65 +37,39 @@ def say(message: str) -> None:
     print(f"[demo] {message}", flush=True)
 
 
-def wait_socket(path: str, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"[demo] the daemon exited with {proc.returncode}")
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.connect(path)
-                s.sendall(b'{"op":"ping","id":1}\n')
-                if b'"ok":true' in s.recv(100):
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit("[demo] the daemon did not become ready")
-
-
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="cps-demo-"))
     with RedisServer() as redis, Azurite() as azurite:
         say(f"redis-server  {redis.url}")
         say(f"Azurite       {azurite.blob_endpoint}")
-        metrics_port = free_port()
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("SIDECAR_")},
-            "PYTHONPATH": str(REPO_ROOT),
+        settings = {
             "SIDECAR_SOCKET_PATH": str(work / "sidecar.sock"),
             "SIDECAR_REDIS_URL": redis.url,
             "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string,
             "SIDECAR_NAMESPACE": "demo",
             "SIDECAR_CONTAINER": "spark-checkpoints",
             "SIDECAR_METRICS_HOST": "127.0.0.1",
-            "SIDECAR_METRICS_PORT": str(metrics_port),
             "SIDECAR_COUNT_THRESHOLD": "5",
             "SIDECAR_TIME_THRESHOLD_S": "2",
             "SIDECAR_FLUSH_INTERVAL_S": "0.2",
             "SIDECAR_LEASE_DURATION_S": "15",
         }
-        log_path = work / "daemon.log"
-        with open(log_path, "wb") as log:
-            daemon = subprocess.Popen(
-                [sys.executable, "-m", "sidecar", "run"],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        daemon = DaemonProcess(settings, work / "daemon.log")
         try:
-            wait_socket(env["SIDECAR_SOCKET_PATH"], daemon)
+            daemon.start()  # returns once GET /readyz answers 200
             say(
-                f"daemon        pid {daemon.pid}, socket {env['SIDECAR_SOCKET_PATH']}, "
-                f"metrics http://127.0.0.1:{metrics_port}/metrics (log: {log_path})"
+                f"daemon        pid {daemon.pid}, socket {daemon.socket_path}, "
+                f"metrics {daemon.admin_url}/metrics (log: {daemon.log_path})"
             )
-            os.environ.update({k: v for k, v in env.items() if k != "PYTHONPATH"})
-            code = run_spark(env, metrics_port, work)
+            # The blob is read back with the daemon's own settings (Config.from_env).
+            os.environ.update(daemon.settings)
+            code = run_spark(daemon, work)
         finally:
-            daemon.send_signal(signal.SIGTERM)
-            exit_code = daemon.wait(60)
-            say(f"daemon stopped (SIGTERM) with exit code {exit_code}; last log lines:")
-            for line in log_path.read_text().splitlines()[-4:]:
-                print(f"    {line}")
+            if daemon.proc is not None:
+                exit_code = daemon.stop(timeout_s=60)
+                say(f"daemon stopped (SIGTERM) with exit code {exit_code}; last log lines:")
+                for line in daemon.log().splitlines()[-4:]:
+                    print(f"    {line}")
     return code
 
 
@@ -119,7 +92,7 @@ def read_blob(query: str, batch_id: int, timeout_s: float = 20) -> CheckpointDoc
         time.sleep(0.2)
 
 
-def run_spark(env: dict[str, str], metrics_port: int, work: Path) -> int:
+def run_spark(daemon: DaemonProcess, work: Path) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     import pyspark
@@ -137,7 +110,7 @@ def run_spark(env: dict[str, str], metrics_port: int, work: Path) -> int:
     )
     # The conf-only way (what spark-submit --jars … --conf … does): Spark itself creates the
     # listener in the driver JVM; no Python runs on Spark's listener thread.
-    spark = spark_bridge.configure(builder, env["SIDECAR_SOCKET_PATH"]).getOrCreate()
+    spark = spark_bridge.configure(builder, daemon.socket_path).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     conf = spark.sparkContext.getConf()
     say(f"  spark.jars = {conf.get('spark.jars')}")
@@ -195,7 +168,7 @@ def run_spark(env: dict[str, str], metrics_port: int, work: Path) -> int:
         "startingOffsets)"
     )
     say("a few lines of /metrics:")
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+    with urllib.request.urlopen(f"{daemon.admin_url}/metrics", timeout=5) as r:
         for line in r.read().decode().splitlines():
             if line.startswith(
                 (

@@ -59,7 +59,7 @@ venv_install() {
         echo "pyspark==$pyspark" > "$stamp"
     fi
 }
-venv_install "$VENV" "$SPARK4_VERSION" -e '.[test,dev,spark]'
+venv_install "$VENV" "$SPARK4_VERSION" -e '.[daemon,test,dev,spark]'
 
 # --- Second environment: PySpark 3.5 -------------------------------------------------------
 # `make test` runs the Spark tests that are not PySpark-4-only (marker `spark and not
@@ -67,7 +67,7 @@ venv_install "$VENV" "$SPARK4_VERSION" -e '.[test,dev,spark]'
 # those tests use neither (the pyarrow-based Kafka-shaped demo source is PySpark 4 only).
 # The first install downloads pyspark 3.5's sdist (~300 MB) and builds its wheel once (pip
 # caches it); afterwards the stamp file skips the whole step.
-venv_install "$VENV35" "$SPARK35_VERSION" -e '.[test]'
+venv_install "$VENV35" "$SPARK35_VERSION" -e '.[daemon,test]'
 # --- end of the PySpark 3.5 environment ------------------------------------------------------
 
 # --- JDK 17+: PySpark 4 needs Java 17; javac builds the listener jar ------------------------

@@ -52,7 +52,6 @@ class Daemon:
     """The checkpoint sidecar. ``await run()``; call :meth:`request_stop` to stop gracefully."""
 
     def __init__(self, config: Config, *, registry: CollectorRegistry | None = None) -> None:
-        config.check_runnable()
         self.config = config
         self.instance_id = str(uuid.uuid4())
         self.writer = ckpt.Writer(

@@ -80,7 +80,7 @@ class BlobStore:
                 config.account_url, credential=self._credential, **options
             )
         else:
-            config.check_runnable()  # raises ConfigError naming both settings
+            config.require_blob_store()  # raises ConfigError naming both settings
         self._container: ContainerClient = self._service.get_container_client(config.container)
         self.container = config.container
         self.where = f"{self._service.url.split('?')[0]}{config.container}"

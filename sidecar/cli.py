@@ -1,5 +1,10 @@
 """Command line: ``checkpoint-sidecar run`` (the daemon) and helpers.
 
+Parsing, ``config`` and ``listener-jar`` need only the base install (what a Spark driver has);
+the commands that run the daemon or read the blobs live in ``sidecar.commands`` and are
+imported when used, so a driver without the ``daemon`` extra still gets a working
+``checkpoint-sidecar listener-jar`` and a clear message for the rest.
+
 Exit codes: 0 clean stop, 1 runtime failure, 2 bad configuration or usage, 130 forced stop.
 """
 
@@ -8,39 +13,46 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
 
-import anyio
-import msgspec
-
-from sidecar import __version__, report
-from sidecar.app import Daemon
+from sidecar import __version__
 from sidecar.config import Config
-from sidecar.errors import ConfigError, SidecarError
-from sidecar.offsets import kafka_starting_offsets
+from sidecar.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
 from spark_bridge.handle import BridgeError
 from spark_bridge.jvm import listener_jar
 
 log = logging.getLogger("sidecar")
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FORCED = 0, 1, 2, 130
+
+def _commands() -> ModuleType | None:
+    """``sidecar.commands``, or None (with a message) when the daemon extra is missing."""
+    try:
+        from sidecar import commands
+    except ModuleNotFoundError as exc:
+        print(
+            f"checkpoint-sidecar: this command needs the daemon's dependencies ({exc.name} is "
+            "not installed): pip install 'checkpoint-sidecar[daemon]'",
+            file=sys.stderr,
+        )
+        return None
+    return commands
 
 
 def _add_settings(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group(
-        "settings", "each flag overrides its environment variable; validated at start"
-    )
+    """One argument group per component, in declaration order (``Config.settings()``)."""
+    groups: dict[str, Any] = {}
     for f in Config.settings():
-        default = f.default
-        if f.name == "socket_mode":
-            default = f"{default:o}"
-        group.add_argument(
+        if f.group not in groups:
+            note = None if groups else "each flag overrides its environment variable"
+            groups[f.group] = parser.add_argument_group(f"settings: {f.group}", note)
+        groups[f.group].add_argument(
             f"--{f.name.replace('_', '-')}",
             dest=f.name,
             metavar=f.metadata["env"],
-            help=f"{f.metadata['help']} (default: {default})",
+            help=f"{f.metadata['help']} (default: {f.show(f.default) or 'unset'})",
         )
 
 
@@ -146,27 +158,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("azure").setLevel(
         max(logging.WARNING, logging.getLevelName(config.log_level))
     )
-    if args.command in ("list", "show", "starting-offsets"):
-        return _inspect(args, config)
     if args.command == "config":
         for f in Config.settings():
             print(f"{f.metadata['env']}={config.redacted(f.name)}")
         return EXIT_OK
+    commands = _commands()
+    if commands is None:
+        return EXIT_USAGE
+    if args.command in ("list", "show", "starting-offsets"):
+        result: int = commands.inspect(args, config)
+        return result
     if "SIDECAR_NAMESPACE" not in os.environ and args.namespace is None:
         log.warning(
             "SIDECAR_NAMESPACE is not set; using %r. Set one per Spark application "
             "when several share a Redis",
             config.namespace,
         )
-    try:
-        config.check_runnable()
-        return anyio.run(_run, config)
-    except ConfigError as exc:
-        print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except SidecarError as exc:
-        log.error("%s", exc)
-        return EXIT_FAILURE
+    result = commands.run_daemon(config)
+    return result
 
 
 def _listener_jar() -> int:
@@ -176,64 +185,3 @@ def _listener_jar() -> int:
         print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     return EXIT_OK
-
-
-def _inspect(args: argparse.Namespace, config: Config) -> int:
-    try:
-        config.check_runnable()
-        if args.command == "list":
-            infos = anyio.run(report.list_checkpoints, config)
-            report.print_list(infos, as_json=args.json)
-        elif args.command == "starting-offsets":
-            partitions = {}
-            for item in args.partitions:
-                topic, _, count = item.rpartition("=")
-                if not topic or not count.isdigit():
-                    raise ConfigError(f"--partitions {item!r}: expected TOPIC=N, e.g. events=12")
-                partitions[topic] = int(count)
-            info = anyio.run(report.find_checkpoint, config, args.query)
-            assert info.document is not None
-            print(
-                kafka_starting_offsets(
-                    msgspec.to_builtins(info.document.checkpoint()),
-                    source=args.source,
-                    partitions=partitions,
-                    missing=args.missing,
-                )
-            )
-        else:
-            info = anyio.run(report.find_checkpoint, config, args.query)
-            report.print_show(info, as_json=args.json)
-    except SidecarError as exc:
-        print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE
-    return EXIT_OK
-
-
-async def _run(config: Config) -> int:
-    daemon = Daemon(config)
-    forced = False
-
-    async def watch_signals(scope: anyio.CancelScope) -> None:
-        nonlocal forced
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                if not daemon_stopping.is_set():
-                    log.info(
-                        "received %s: stopping gracefully (send it again to force)",
-                        signal.Signals(signum).name,
-                    )
-                    daemon_stopping.set()
-                    daemon.request_stop()
-                else:
-                    log.warning("received %s again: forcing exit", signal.Signals(signum).name)
-                    forced = True
-                    scope.cancel()
-                    return
-
-    daemon_stopping = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(watch_signals, tg.cancel_scope)
-        await daemon.run()
-        tg.cancel_scope.cancel()
-    return EXIT_FORCED if forced else EXIT_OK

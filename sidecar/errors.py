@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+#: Process exit codes: clean stop, runtime failure, bad configuration or usage, forced stop.
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FORCED = 0, 1, 2, 130
+
 
 class SidecarError(Exception):
     """Base class for every error the daemon raises on purpose."""

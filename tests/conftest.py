@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from sidecar.config import Config
-from sidecar.devservices import Azurite, RedisServer
-from tests.helpers import DaemonProcess
+from tests.services import Azurite, DaemonProcess, RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -82,12 +81,12 @@ def make_config(
 def daemon_env(
     redis_server: RedisServer, azurite: Azurite, namespace: str, short_tmp: Path
 ) -> dict[str, str]:
-    """Environment for running the daemon as a real process (tests.helpers.DaemonProcess)."""
+    """Settings for the daemon as a real process (``tests.services.DaemonProcess``, which
+    also picks its admin port)."""
     return {
         "SIDECAR_SOCKET_PATH": str(short_tmp / "s.sock"),
         "SIDECAR_REDIS_URL": redis_server.url,
         "SIDECAR_NAMESPACE": namespace,
-        "SIDECAR_METRICS_PORT": "0",
         "SIDECAR_METRICS_HOST": "127.0.0.1",
         "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string,
         "SIDECAR_CONTAINER": "checkpoints",

@@ -1,17 +1,17 @@
-"""Test helpers: run the daemon in-process or as a real process, read its metrics."""
+"""Test helpers: run the daemon in-process, read its metrics, wait for conditions.
+
+The daemon as a real process: ``tests.services.DaemonProcess``.
+"""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
+import math
 import time
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import anyio
 from prometheus_client.parser import text_string_to_metric_families
@@ -20,7 +20,6 @@ from sidecar.app import Daemon
 from sidecar.blobstore import BlobStore
 from sidecar.checkpoint import CheckpointDocument
 from sidecar.config import Config
-from sidecar.devservices import REPO_ROOT
 
 
 @asynccontextmanager
@@ -45,10 +44,21 @@ async def eventually(predicate: Callable[[], bool], timeout_s: float = 10) -> No
 def metric_value(text: str, name: str, **labels: str) -> float:
     """The value of sample ``name`` with exactly ``labels`` in Prometheus text ``text``."""
     for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return float(sample.value)
+        for item in family.samples:
+            if item.name == name and item.labels == labels:
+                return float(item.value)
     raise AssertionError(f"no sample {name}{labels} in metrics")
+
+
+def sample(daemon: Daemon, name: str, **labels: str) -> float:
+    """The current value of sample ``name`` with exactly ``labels`` in the daemon's registry.
+
+    Read through prometheus-client's public ``CollectorRegistry.get_sample_value``. NaN while
+    the series does not exist (yet), so a comparison in :func:`eventually` stays false until
+    it appears.
+    """
+    value = daemon.metrics.registry.get_sample_value(name, labels)
+    return math.nan if value is None else value
 
 
 def scrape(daemon: Daemon, path: str = "/metrics") -> tuple[int, str]:
@@ -61,58 +71,13 @@ def scrape(daemon: Daemon, path: str = "/metrics") -> tuple[int, str]:
         return err.code, err.read().decode()
 
 
-class DaemonProcess:
-    """``python -m sidecar run`` as a real child process, for signal and exit-code tests."""
-
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SIDECAR_")}
-        self.env.update(env)
-        self.env["PYTHONPATH"] = str(REPO_ROOT)
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, wait_socket: bool = True) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sidecar", "run"],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        if wait_socket:
-            self.wait_ready()
-
-    def wait_ready(self, timeout_s: float = 30) -> None:
-        path = self.env["SIDECAR_SOCKET_PATH"]
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.log()}")
-            if "ready: namespace=" in self.log() and os.path.exists(path):
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"daemon not ready after {timeout_s}s:\n{self.log()}")
-
-    def signal(self, sig: int = signal.SIGTERM) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def wait(self, timeout_s: float = 30) -> int:
-        assert self.proc is not None
-        return self.proc.wait(timeout_s)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], Any], timeout_s: float = 60, what: str = "condition") -> Any:
-    """Poll ``predicate`` (blocking; for sync tests) until it returns something truthy."""
+def wait_for(
+    predicate: Callable[[], T | None], timeout_s: float = 60, what: str = "condition"
+) -> T:
+    """Poll ``predicate`` (blocking; for sync tests) until it returns something truthy; that."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if value := predicate():
@@ -143,4 +108,4 @@ def wait_blob(
         doc = read_blob(env, query_id)
         return doc if doc is not None and doc.batch_id >= batch else None
 
-    return wait_for(reached, timeout_s, f"the blob to hold batch {batch}")  # type: ignore[no-any-return]
+    return wait_for(reached, timeout_s, f"the blob to hold batch {batch}")

@@ -317,8 +317,9 @@ def test_connection_string_key_is_redacted_everywhere() -> None:
 
 def test_run_needs_a_blob_store() -> None:
     with pytest.raises(ConfigError, match="AZURE_STORAGE_CONNECTION_STRING"):
-        Config.from_env({}).check_runnable()
-    Config.from_env({"SIDECAR_ACCOUNT_URL": "https://acct.blob.core.windows.net"}).check_runnable()
+        Config.from_env({}).require_blob_store()
+    account = {"SIDECAR_ACCOUNT_URL": "https://acct.blob.core.windows.net"}
+    Config.from_env(account).require_blob_store()
 
 
 @pytest.mark.parametrize(
@@ -353,3 +354,115 @@ def test_kafka_password_is_redacted() -> None:
     config = Config.from_env({"SIDECAR_KAFKA_SASL_PASSWORD": "pa55word"})
     assert "pa55word" not in repr(config)
     assert config.redacted("kafka_sasl_password") == "***"
+
+
+# --- msgspec types, validation on construction, groups ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "choices"),
+    [
+        ("SIDECAR_ACK_MODE", "disk", "redis, blob"),
+        ("SIDECAR_LOG_LEVEL", "TRACE", "DEBUG, INFO, WARNING, ERROR"),
+        ("SIDECAR_KAFKA_SECURITY_PROTOCOL", "TLS", "PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"),
+        ("SIDECAR_KAFKA_SASL_MECHANISM", "MD5", "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
+    ],
+)
+def test_a_wrong_choice_is_told_the_choices(var: str, raw: str, choices: str) -> None:
+    assert f"{var}={raw!r}: must be one of {choices}" in problems({var: raw})
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "field", "expected"),
+    [
+        ("SIDECAR_ACK_MODE", "BLOB", "ack_mode", "blob"),
+        ("SIDECAR_KAFKA_SECURITY_PROTOCOL", " sasl_ssl ", "kafka_security_protocol", "SASL_SSL"),
+        ("SIDECAR_KAFKA_SASL_MECHANISM", "scram-sha-512", "kafka_sasl_mechanism", "SCRAM-SHA-512"),
+    ],
+)
+def test_choices_are_read_in_any_case(var: str, raw: str, field: str, expected: str) -> None:
+    assert getattr(Config.from_env({var: raw}), field) == expected
+
+
+def test_a_value_out_of_bounds_from_a_flag_is_named_by_the_flag() -> None:
+    message = problems({}, {"metrics_port": "70000", "tcp_host": "10.0.0.1"})
+    assert "--metrics-port='70000': must be between 0 and 65535" in message
+    assert "--tcp-host='10.0.0.1': must be a loopback IP address" in message
+
+
+def test_direct_construction_is_validated_too() -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        Config(metrics_port=70000, tcp_host="10.0.0.1", container="Bad_Name")
+    message = str(excinfo.value)
+    assert "SIDECAR_METRICS_PORT: must be between 0 and 65535" in message
+    assert "SIDECAR_TCP_HOST: must be a loopback IP address" in message
+    assert "SIDECAR_CONTAINER: must be an Azure container name" in message
+    assert Config(namespace="ns", metrics_port=0).metrics_port == 0
+
+
+KAFKA = {"SIDECAR_KAFKA_BOOTSTRAP_SERVERS": "b:9092"}
+
+
+def test_kafka_settings_that_go_together_are_refused_at_construction_all_at_once() -> None:
+    message = problems(
+        KAFKA
+        | {"SIDECAR_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "SIDECAR_KAFKA_SSL_CERTFILE": "c.pem"}
+        | {"SIDECAR_METRICS_PORT": "abc", "SIDECAR_TCP_HOST": "10.0.0.1"}
+    )
+    assert "SIDECAR_KAFKA_SECURITY_PROTOCOL=SASL_SSL needs SIDECAR_KAFKA_SASL_MECHANISM" in message
+    assert "SIDECAR_KAFKA_SSL_CERTFILE and SIDECAR_KAFKA_SSL_KEYFILE go together" in message
+    assert "SIDECAR_METRICS_PORT='abc': invalid literal" in message  # text to value
+    assert "SIDECAR_TCP_HOST='10.0.0.1': must be a loopback" in message  # validation
+    assert len(message.splitlines()) == 5
+
+
+def test_kafka_combinations_are_not_checked_while_kafka_commits_are_off() -> None:
+    config = Config.from_env({"SIDECAR_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"})
+    assert config.kafka_security_protocol == "SASL_SSL"
+    sasl = {
+        "SIDECAR_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "SIDECAR_KAFKA_SASL_MECHANISM": "PLAIN",
+        "SIDECAR_KAFKA_SASL_USERNAME": "u",
+        "SIDECAR_KAFKA_SASL_PASSWORD": "p",
+    }
+    assert Config.from_env(KAFKA | sasl).kafka_sasl_mechanism == "PLAIN"
+
+
+def test_bootstrap_servers_are_normalised_and_each_checked() -> None:
+    raw = " a:9092 , b:9093,"
+    assert Config.from_env({"SIDECAR_KAFKA_BOOTSTRAP_SERVERS": raw}).kafka_bootstrap_servers == (
+        "a:9092,b:9093"
+    )
+    message = problems({"SIDECAR_KAFKA_BOOTSTRAP_SERVERS": "a:9092,nohost,b"})
+    assert "must be host:port[,host:port...]; not nohost, b" in message
+
+
+def test_socket_mode_is_shown_in_octal() -> None:
+    config = Config.from_env({"SIDECAR_SOCKET_MODE": "660"})
+    assert config.redacted("socket_mode") == "660"
+    assert "socket_mode=660," in repr(config)
+
+
+def test_a_config_without_a_blob_store_is_valid_until_the_blobs_are_used() -> None:
+    config = Config.from_env({})  # what `checkpoint-sidecar config` shows
+    assert config.redacted("azure_connection_string") == ""
+    with pytest.raises(ConfigError, match="SIDECAR_ACCOUNT_URL"):
+        config.require_blob_store()
+
+
+def test_settings_are_grouped_by_component_in_the_order_data_flows() -> None:
+    groups: dict[str, list[str]] = {}
+    for s in Config.settings():
+        groups.setdefault(s.group, []).append(s.name)
+    # Each group is one run of fields (one --help section): declaration order keeps them together.
+    assert [n for names in groups.values() for n in names] == [s.name for s in Config.settings()]
+    assert [names[0] for names in groups.values()] == [
+        "socket_path",
+        "redis_url",
+        "azure_connection_string",
+        "count_threshold",
+        "kafka_bootstrap_servers",
+        "metrics_host",
+    ]
+    kafka = next(names for title, names in groups.items() if title.startswith("Kafka"))
+    assert kafka == [s.name for s in Config.settings() if s.name.startswith("kafka_")]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import cast
 
 import anyio
 import pytest
@@ -20,13 +22,16 @@ from sidecar.blobstore import BlobStore
 from sidecar.checkpoint import CheckpointDocument
 from sidecar.client import SidecarClient
 from sidecar.config import Config
-from sidecar.devservices import Azurite
 from sidecar.keys import Keys
-from tests.helpers import eventually, metric_value, running_daemon, scrape
+from tests.helpers import eventually, metric_value, running_daemon, sample, scrape
+from tests.services import Azurite
 from tests.sparkshapes import kafka_progress, rate_progress
 
 ConfigFactory = Callable[..., Config]
 QID = "5f2c9a41-7a0e-4c7b-9d51-0f6a8e2b3c10"
+FLUSHES = "checkpoint_sidecar_flushes_total"
+PENDING = "checkpoint_sidecar_pending_updates"
+AGE = "checkpoint_sidecar_checkpoint_age_seconds"
 
 
 @asynccontextmanager
@@ -59,14 +64,25 @@ def writes(azurite: Azurite, config: Config, query_id: str = QID) -> int:
 async def redis_field(config: Config, field: str, query_id: str = QID) -> bytes | None:
     r = aioredis.Redis.from_url(config.redis_url)
     try:
-        value: bytes | None = await r.hget(Keys(config.namespace).query(query_id), field)
-        return value
+        value = await r.hget(Keys(config.namespace).query(query_id), field)
+        # redis-py types replies as bytes | str; without decode_responses they are bytes.
+        return cast(bytes | None, value)
     finally:
         await r.aclose()
 
 
 async def metrics(daemon: Daemon) -> str:
     return (await anyio.to_thread.run_sync(scrape, daemon))[1]
+
+
+async def a_pass_saw_pending(daemon: Daemon, pending: int, label: str = "orders-to-delta") -> None:
+    """Wait until a flush pass has seen ``pending`` (> 0) updates of the query, and for the
+    pass after it: whatever the first one decided to write has been written by then."""
+    await eventually(lambda: sample(daemon, PENDING, query=label) == pending)
+    # A pass sets the age of the oldest pending update before it flushes anything, and the
+    # next pass starts only after the previous one's flushes: a new age is a new pass.
+    age = sample(daemon, AGE, query=label)
+    await eventually(lambda: sample(daemon, AGE, query=label) != age)
 
 
 async def test_count_threshold_writes_exactly_once_per_threshold(
@@ -84,7 +100,7 @@ async def test_count_threshold_writes_exactly_once_per_threshold(
                 await wait_blob_batch(store, batches[-1])
             for b in range(20, 23):  # below the threshold: stays in Redis
                 assert (await c.progress(kafka_progress(QID, b))).applied
-        await anyio.sleep(0.5)  # ten flush intervals
+        await a_pass_saw_pending(daemon, 3)
         assert await blob_batch(store) == 19
         assert await redis_field(config, "pending") == b"3"
         assert await redis_field(config, "flushed_batch_id") == b"19"
@@ -109,7 +125,9 @@ async def test_time_threshold_writes_once_when_the_oldest_update_is_old_enough(
                 assert (await c.progress(rate_progress(QID, b))).applied
             assert await blob_batch(store) is None  # not yet: neither threshold reached
             doc = await wait_blob_batch(store, 2)
-        await anyio.sleep(1.5)  # past another time threshold: nothing new to write
+        # A write that must not happen has no event to wait for: let the time threshold
+        # pass once more (1 s, plus some flush passes) with nothing pending.
+        await anyio.sleep(1.5)
         assert writes(azurite, config) == 1
         assert await redis_field(config, "pending") == b"0"
     assert doc.batch_id == 2
@@ -134,7 +152,9 @@ async def test_blob_document_holds_offsets_and_writer(make_config: ConfigFactory
     assert doc.checkpoint_id and doc.written_at
 
 
-async def test_blob_is_leased_while_running_and_free_after_stop(make_config) -> None:
+async def test_blob_is_leased_while_running_and_free_after_stop(
+    make_config: ConfigFactory,
+) -> None:
     config = make_config(count_threshold=1)
     async with blob_reader(config) as store:
         async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
@@ -161,7 +181,9 @@ async def test_a_write_without_the_lease_is_refused_by_the_store(
         assert await blob_batch(store) == 7
 
 
-async def test_final_flush_on_stop_and_ack_count_below_threshold(make_config) -> None:
+async def test_final_flush_on_stop_and_ack_count_below_threshold(
+    make_config: ConfigFactory,
+) -> None:
     config = make_config(count_threshold=1000, time_threshold_s=3600)
     async with blob_reader(config) as store:
         async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
@@ -173,7 +195,9 @@ async def test_final_flush_on_stop_and_ack_count_below_threshold(make_config) ->
     assert await redis_field(config, "pending") == b"0"
 
 
-async def test_get_falls_back_to_the_blob_when_redis_has_nothing(make_config) -> None:
+async def test_get_falls_back_to_the_blob_when_redis_has_nothing(
+    make_config: ConfigFactory,
+) -> None:
     config = make_config(count_threshold=1)
     async with running_daemon(config), blob_reader(config) as store:
         async with await SidecarClient.connect(config.socket_path) as c:
@@ -227,7 +251,7 @@ async def test_ack_mode_blob_says_not_durable_when_the_lease_is_elsewhere(
 
 
 async def test_two_daemons_one_owner_then_takeover_without_regression(
-    make_config: ConfigFactory, short_tmp
+    make_config: ConfigFactory, short_tmp: Path
 ) -> None:
     # The owner flushes every 3 updates, the standby on every update: after the owner's
     # first flush, one more update makes only the standby try (and fail) to take the lease.
@@ -289,7 +313,8 @@ async def test_broken_lease_goes_not_owned_then_recovers(
 
                 assert (await c.progress(kafka_progress(QID, 2))).applied
                 await eventually(lambda: daemon.leases.not_owned() == ["orders-to-delta"])
-                await anyio.sleep(0.3)
+                # a later pass found the lease elsewhere and did not write either
+                await eventually(lambda: sample(daemon, FLUSHES, result="not_owned") >= 1)
                 assert await blob_batch(store) == 1  # nothing written without the lease
                 text = await metrics(daemon)
                 assert (
@@ -328,14 +353,14 @@ async def test_store_outage_retries_and_loses_nothing(
             await anyio.to_thread.run_sync(own_azurite.stop)
             for b in range(2, 6):  # acknowledged from Redis while the store is down
                 assert (await c.progress(kafka_progress(QID, b))).applied
-            await eventually(lambda: daemon.metrics.flushes.labels("error")._value.get() >= 2)
+            await eventually(lambda: sample(daemon, FLUSHES, result="error") >= 2)
             await anyio.to_thread.run_sync(own_azurite.start)
             doc = await wait_blob_batch(store, 5)
     assert doc.batch_id == 5
     assert await redis_field(config, "pending") == b"0"
 
 
-def test_rejects_monotonic_regression_in_blob(make_config) -> None:
+def test_rejects_monotonic_regression_in_blob(make_config: ConfigFactory) -> None:
     """The flusher never writes a batch older than the blob holds (e.g. another Redis)."""
     config = make_config(count_threshold=1)
 
@@ -356,8 +381,35 @@ def test_rejects_monotonic_regression_in_blob(make_config) -> None:
                 await SidecarClient.connect(config.socket_path) as c,
             ):
                 assert (await c.progress(kafka_progress(QID, 4))).applied
-                await eventually(lambda: d.metrics.flushes.labels("skipped")._value.get() == 1)
+                await eventually(lambda: sample(d, FLUSHES, result="skipped") == 1)
             return await blob_batch(store), d.instance_id
 
     batch, _ = anyio.run(scenario)
     assert batch == 9
+
+
+async def test_an_error_retrying_cannot_fix_waits_the_full_cap_and_other_queries_flush(
+    make_config: ConfigFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A blob that is not a checkpoint document (written by something else) makes its
+    query's flush fail with a non-retriable error: logged as an error, retried only after
+    the backoff cap, while every other query keeps flushing."""
+    config = make_config(count_threshold=1)
+    other = QID[:-1] + "1"
+    assert config.azure_connection_string is not None
+    async with BlobServiceClient.from_connection_string(config.azure_connection_string) as svc:
+        container = svc.get_container_client(config.container)
+        if not await container.exists():
+            await container.create_container()
+        await container.upload_blob(f"{config.namespace}/{QID}.json", b"not a checkpoint doc")
+    async with running_daemon(config) as daemon, blob_reader(config) as store:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(rate_progress(QID, 1))).applied
+            assert (await c.progress(rate_progress(other, 1))).applied
+        await wait_blob_batch(store, 1, other)
+        await eventually(lambda: "failed (retry 1 in 30.0s)" in caplog.text)
+        text = await metrics(daemon)
+    record = next(r for r in caplog.records if "failed (retry 1 in 30.0s)" in r.message)
+    assert record.levelname == "ERROR" and "is not a checkpoint document" in record.message
+    assert metric_value(text, "checkpoint_sidecar_flushes_total", result="error") == 1
+    assert await redis_field(config, "checkpoint") is not None  # kept in Redis, not dropped

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
@@ -15,7 +16,8 @@ from sidecar.client import SidecarClient
 from sidecar.config import Config
 from sidecar.keys import Keys
 from sidecar.protocol import encode_request
-from tests.helpers import eventually, metric_value, running_daemon, scrape
+from tests.helpers import eventually, metric_value, running_daemon, sample, scrape
+from tests.services import RedisServer, free_port
 from tests.sparkshapes import idle_progress_spark34, kafka_progress, rate_progress
 
 ConfigFactory = Callable[..., Config]
@@ -24,14 +26,16 @@ ConfigFactory = Callable[..., Config]
 async def stored(config: Config, query_id: str) -> dict[bytes, bytes]:
     r = aioredis.Redis.from_url(config.redis_url)
     try:
-        return await r.hgetall(Keys(config.namespace).query(query_id))  # type: ignore[no-any-return]
+        row = await r.hgetall(Keys(config.namespace).query(query_id))
+        # redis-py types replies as bytes | str; without decode_responses they are bytes.
+        return cast(dict[bytes, bytes], row)
     finally:
         await r.aclose()
 
 
 @pytest.mark.parametrize("make_progress", [rate_progress, kafka_progress])
 async def test_progress_round_trips_through_redis(
-    make_config: ConfigFactory, make_progress
+    make_config: ConfigFactory, make_progress: Callable[[str, int], dict[str, Any]]
 ) -> None:
     config = make_config()
     progress = make_progress("0b7f6c9e-query", 7)
@@ -244,7 +248,7 @@ async def test_metrics_after_known_traffic(make_config: ConfigFactory) -> None:
             await c2.progress(rate_progress("a", 1))  # stale
             await c2.send_raw(b"garbage\n")
             await c2.receive(1)
-            await anyio.sleep(0.05)  # let the server register both connections
+            await eventually(lambda: sample(daemon, "checkpoint_sidecar_connections") == 2)
             status, text = await anyio.to_thread.run_sync(scrape, daemon)
             assert status == 200
             assert metric_value(text, "checkpoint_sidecar_connections") == 2
@@ -266,7 +270,9 @@ async def test_health_and_readiness(make_config: ConfigFactory) -> None:
         assert await anyio.to_thread.run_sync(scrape, daemon, "/readyz") == (200, "ready\n")
 
 
-async def test_redis_outage_gives_unavailable_and_recovers(own_redis, make_config) -> None:
+async def test_redis_outage_gives_unavailable_and_recovers(
+    own_redis: RedisServer, make_config: ConfigFactory
+) -> None:
     config = make_config(redis_url=own_redis.url, redis_timeout_s=0.5)
     async with running_daemon(config) as daemon:
         async with await SidecarClient.connect(config.socket_path) as c:
@@ -289,13 +295,16 @@ async def test_redis_outage_gives_unavailable_and_recovers(own_redis, make_confi
                         break
                     await anyio.sleep(0.1)
             assert reply.applied is True
-            assert (await c.get("q")).checkpoint["batch_id"] == 2  # type: ignore[index]
+            got = await c.get("q")
+            assert got.checkpoint is not None and got.checkpoint["batch_id"] == 2
         _, text = await anyio.to_thread.run_sync(scrape, daemon)
     assert metric_value(text, "checkpoint_sidecar_updates_total", result="rejected") >= 1
     assert metric_value(text, "checkpoint_sidecar_redis_up") == 1
 
 
-async def test_redis_refusing_writes_is_unavailable_not_fatal(own_redis, make_config) -> None:
+async def test_redis_refusing_writes_is_unavailable_not_fatal(
+    own_redis: RedisServer, make_config: ConfigFactory
+) -> None:
     config = make_config(redis_url=own_redis.url)
     admin = aioredis.Redis.from_url(own_redis.url)
     async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
@@ -310,8 +319,6 @@ async def test_redis_refusing_writes_is_unavailable_not_fatal(own_redis, make_co
 
 
 async def test_optional_tcp_listener_on_loopback(make_config: ConfigFactory) -> None:
-    from sidecar.devservices import free_port
-
     config = make_config(tcp_port=free_port())
     async with running_daemon(config) as daemon:
         assert daemon.server.tcp_port == config.tcp_port

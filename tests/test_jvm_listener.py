@@ -16,18 +16,19 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 
 import spark_bridge
-from sidecar.devservices import REPO_ROOT
 from spark_bridge.handle import BridgeError
 from spark_bridge.jvm import JvmHandle, attach_jvm
-from tests.helpers import DaemonProcess, wait_blob, wait_for
+from tests.helpers import wait_blob, wait_for
+from tests.services import REPO_ROOT, DaemonProcess
 
 pytestmark = pytest.mark.spark
 
@@ -66,6 +67,23 @@ def as_json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
+def batch_of(q: StreamingQuery) -> int:
+    """The query's last finished batch, -1 before the first."""
+    last = q.lastProgress
+    return int(last["batchId"]) if last else -1
+
+
+def reached(q: StreamingQuery, batch: int) -> bool:
+    return batch_of(q) >= batch
+
+
+def last_progress(q: StreamingQuery) -> dict[str, Any]:
+    """The query's last progress, once there is one."""
+    last = q.lastProgress
+    assert last is not None, "no progress yet"
+    return last
+
+
 def rate_query(spark: SparkSession, name: str, checkpoint: Path) -> StreamingQuery:
     return (
         spark.readStream.format("rate-micro-batch")
@@ -86,11 +104,11 @@ def test_attach_loads_the_jar_into_a_running_session_and_the_blob_holds_the_last
     assert isinstance(handle, JvmHandle) and handle.kind == "jvm" and not handle.by_conf
     q = rate_query(spark, "jvm_attach", short_tmp / "ck")
     try:
-        wait_for(lambda: (q.lastProgress or {}).get("batchId", -1) >= 3, what="4 batches")
+        wait_for(lambda: batch_of(q) >= 3, what="4 batches")
     finally:
         q.stop()
     assert handle.close(10)
-    last = q.lastProgress
+    last = last_progress(q)
     saved = spark_bridge.load_checkpoint(str(q.id), env["SIDECAR_SOCKET_PATH"])
     assert saved["batch_id"] == last["batchId"]  # at close, not eventually
     assert saved["sources"][0]["end_offset"] == as_json(last["sources"][0]["endOffset"])
@@ -106,7 +124,11 @@ def test_attach_loads_the_jar_into_a_running_session_and_the_blob_holds_the_last
 
 @pytest.mark.parametrize("kind", ["jvm", "python"])
 def test_the_last_batch_survives_stop_then_close_20_times_on_a_busy_machine(
-    spark: SparkSession, env: dict[str, str], daemon: DaemonProcess, short_tmp: Path, kind: str
+    spark: SparkSession,
+    env: dict[str, str],
+    daemon: DaemonProcess,
+    short_tmp: Path,
+    kind: Literal["jvm", "python"],
 ) -> None:
     # Keep both cores busy, as a driver's machine is: Spark's listener bus then lags the
     # query the most, which is what made close() miss the final event before.
@@ -114,14 +136,14 @@ def test_the_last_batch_survives_stop_then_close_20_times_on_a_busy_machine(
     misses: list[tuple[int, int, int]] = []
     try:
         for round_ in range(20):
-            handle = spark_bridge.attach(spark, env["SIDECAR_SOCKET_PATH"], listener=kind)  # type: ignore[arg-type]
+            handle = spark_bridge.attach(spark, env["SIDECAR_SOCKET_PATH"], listener=kind)
             q = rate_query(spark, f"race_{kind}_{round_}", short_tmp / f"ck{round_}")
             try:
-                wait_for(lambda q=q: (q.lastProgress or {}).get("batchId", -1) >= 1, what="batches")
+                wait_for(partial(reached, q, 1), what="batches")
             finally:
                 q.stop()
             closed = handle.close(10)
-            last = q.lastProgress["batchId"]
+            last = last_progress(q)["batchId"]
             saved = spark_bridge.load_checkpoint(str(q.id), env["SIDECAR_SOCKET_PATH"])
             if not closed or saved["batch_id"] != last:
                 misses.append((round_, last, saved["batch_id"]))

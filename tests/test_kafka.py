@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import pytest
@@ -12,14 +13,16 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
-from sidecar.checkpoint import Checkpoint, SourceOffsets
+from sidecar.app import Daemon
+from sidecar.checkpoint import Checkpoint, CheckpointDocument, SourceOffsets
 from sidecar.client import SidecarClient
 from sidecar.config import Config
-from sidecar.devservices import KafkaBroker
 from sidecar.errors import ConfigError
+from sidecar.kafka import TICK_S as COMMIT_TICK_S
 from sidecar.kafka import group_name
 from sidecar.offsets import kafka_offsets
-from tests.helpers import eventually, metric_value, running_daemon, scrape
+from tests.helpers import eventually, metric_value, running_daemon, sample, scrape
+from tests.services import KafkaBroker
 from tests.sparkshapes import kafka_progress, rate_progress
 
 ConfigFactory = Callable[..., Config]
@@ -28,6 +31,9 @@ TOPIC = "events"
 PARTS = 3
 GROUP = "spark-orders-to-delta"
 TPS = [TopicPartition(TOPIC, p) for p in range(PARTS)]
+COMMITS = "checkpoint_sidecar_kafka_commits_total"
+PENDING = "checkpoint_sidecar_pending_updates"
+QUERY_LAG = "checkpoint_sidecar_kafka_query_lag_records"
 
 
 @pytest.fixture
@@ -75,8 +81,16 @@ def end_offsets_of(batch: int) -> list[int]:
     return [(batch + 1) * 10 + p for p in range(PARTS)]  # kafka_progress(per_partition=10)
 
 
-def progress(batch: int, query_id: str = QID) -> dict:  # type: ignore[type-arg]
+def progress(batch: int, query_id: str = QID) -> dict[str, Any]:
     return kafka_progress(query_id, batch, topic=TOPIC, partitions=PARTS, per_partition=10)
+
+
+async def wait_blob_batch(daemon: Daemon, query_id: str, batch: int) -> CheckpointDocument:
+    """Wait until the query's blob holds ``batch`` or newer."""
+    with anyio.fail_after(10):
+        while (doc := await daemon.store.read(query_id)) is None or doc.batch_id < batch:  # noqa: ASYNC110 - polls the blob
+            await anyio.sleep(0.05)
+    return doc
 
 
 async def wait_committed(
@@ -88,15 +102,17 @@ async def wait_committed(
 
 
 @pytest.fixture
-def sent_commits(monkeypatch: pytest.MonkeyPatch) -> list[dict]:  # type: ignore[type-arg]
+def sent_commits(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """OffsetCommit requests as sent to the broker. Tansu 0.6 accepts commit metadata but
     returns it empty on fetch (checked byte for byte), so metadata is checked on the wire."""
     import aiokafka.conn
 
-    sent: list[dict] = []  # type: ignore[type-arg]
+    sent: list[dict[str, Any]] = []
     original = aiokafka.conn.AIOKafkaConnection.send
 
-    def spy(self, request, expect_response=True):  # type: ignore[no-untyped-def]
+    def spy(
+        self: aiokafka.conn.AIOKafkaConnection, request: Any, expect_response: bool = True
+    ) -> Any:
         if type(request).__name__.startswith("OffsetCommitRequest"):
             sent.append(vars(request))
         return original(self, request, expect_response)
@@ -105,31 +121,64 @@ def sent_commits(monkeypatch: pytest.MonkeyPatch) -> list[dict]:  # type: ignore
     return sent
 
 
+@pytest.fixture
+def kafka_connections(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """(host, port) of every connection any Kafka client in this process opens to a broker."""
+    import aiokafka.conn
+
+    made: list[tuple[str, int]] = []
+    original = aiokafka.conn.AIOKafkaConnection.__init__
+
+    def spy(self: aiokafka.conn.AIOKafkaConnection, host: str, port: int, **kw: Any) -> None:
+        made.append((host, port))
+        original(self, host, port, **kw)
+
+    monkeypatch.setattr(aiokafka.conn.AIOKafkaConnection, "__init__", spy)
+    return made
+
+
 async def test_group_commits_follow_the_blob_with_metadata(
     make_config: ConfigFactory,
     broker: KafkaBroker,
-    sent_commits: list[dict],  # type: ignore[type-arg]
+    sent_commits: list[dict[str, Any]],
 ) -> None:
     await create_topic_with_records(broker.bootstrap)
-    config = make_config(kafka_bootstrap_servers=broker.bootstrap, count_threshold=1)
+    config = make_config(
+        kafka_bootstrap_servers=broker.bootstrap, count_threshold=2, time_threshold_s=3600
+    )
     async with running_daemon(config) as daemon, group_reader(broker.bootstrap) as reader:
         async with await SidecarClient.connect(config.socket_path) as c:
-            assert (await c.progress(progress(3))).applied
-        await wait_committed(reader, end_offsets_of(3))
+            assert (await c.progress(progress(3))).applied  # below the count threshold
+            # A flush pass has seen batch 3 pending and left it in Redis ...
+            await eventually(lambda: sample(daemon, PENDING, query="orders-to-delta") == 1)
+            # ... so it must reach no group. A commit that must not happen has no event to
+            # wait for: give the committer one tick (it wakes at once when told of a
+            # durable checkpoint) to commit it wrongly.
+            await anyio.sleep(COMMIT_TICK_S)
+            assert sent_commits == [] and await daemon.store.read(QID) is None
+            assert (await c.progress(progress(4))).applied  # two pending: flushed
+        await wait_committed(reader, end_offsets_of(4))
         doc = await daemon.store.read(QID)
-        assert doc is not None and doc.batch_id == 3  # committed only what is in the blob
+        assert doc is not None and doc.batch_id == 4
+        batches = {
+            json.loads(meta)["batch_id"]
+            for request in sent_commits
+            for _, parts in request["_topics"]
+            for _, _, meta in parts
+        }
+        assert batches == {4}  # batch 3 was never alone in the blob, so never committed
         request = sent_commits[-1]
         assert request["_consumer_group"] == GROUP
         assert request["_consumer_group_generation_id"] == -1  # committed without joining
         ((topic, partitions),) = request["_topics"]
         assert topic == TOPIC
-        assert sorted((p, o) for p, o, _ in partitions) == list(enumerate(end_offsets_of(3)))
+        assert sorted((p, o) for p, o, _ in partitions) == list(enumerate(end_offsets_of(4)))
         meta = json.loads(partitions[0][2])
         assert meta == {
             "committer": "checkpoint-sidecar",
             "query_id": QID,
-            "run_id": progress(3)["runId"],
-            "batch_id": 3,
+            "run_id": progress(4)["runId"],
+            "batch_id": 4,
         }
         _, text = await anyio.to_thread.run_sync(scrape, daemon)
     assert metric_value(text, "checkpoint_sidecar_kafka_commits_total", result="ok") >= 1
@@ -140,16 +189,20 @@ async def test_a_commit_that_would_go_backwards_is_skipped_and_counted(
     make_config: ConfigFactory, broker: KafkaBroker
 ) -> None:
     await create_topic_with_records(broker.bootstrap)
-    config = make_config(kafka_bootstrap_servers=broker.bootstrap, count_threshold=1)
+    config = make_config(
+        kafka_bootstrap_servers=broker.bootstrap, count_threshold=1, kafka_recommit_interval_s=1
+    )
     reset = "4b1d0c2e-0000-4000-8000-0000000000ff"  # same name, new id: a query reset
     async with running_daemon(config) as daemon, group_reader(broker.bootstrap) as reader:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(progress(3))).applied
             await wait_committed(reader, end_offsets_of(3))
             assert (await c.progress(progress(0, query_id=reset))).applied
-        await eventually(lambda: daemon.metrics.kafka_commits.labels("regressed")._value.get() >= 1)
-        assert (await daemon.store.read(reset)).batch_id == 0  # type: ignore[union-attr]
-        await anyio.sleep(0.5)
+        doc = await wait_blob_batch(daemon, reset, 0)
+        assert doc.batch_id == 0
+        # A second refused pass (the idle re-commit) begins only after the first one, and
+        # whatever it sent, has finished.
+        await eventually(lambda: sample(daemon, COMMITS, result="regressed") >= 2)
         assert await committed(reader) == end_offsets_of(3)  # not lowered to batch 0's
         _, text = await anyio.to_thread.run_sync(scrape, daemon)
     assert metric_value(text, "checkpoint_sidecar_kafka_partitions_skipped_total") >= PARTS
@@ -169,11 +222,8 @@ async def test_broker_outage_commits_resume_and_catch_up(
                 await wait_committed(reader, end_offsets_of(1))
             await anyio.to_thread.run_sync(broker.stop)
             assert (await c.progress(progress(2))).applied
-            # flushing is unaffected by the broker being down
-            with anyio.fail_after(10):
-                while (doc := await daemon.store.read(QID)) is None or doc.batch_id < 2:  # noqa: ASYNC110
-                    await anyio.sleep(0.05)
-            await eventually(lambda: daemon.metrics.kafka_commits.labels("error")._value.get() >= 1)
+            await wait_blob_batch(daemon, QID, 2)  # flushing is unaffected by the broker
+            await eventually(lambda: sample(daemon, COMMITS, result="error") >= 1)
             await anyio.to_thread.run_sync(broker.start)  # memory-only: a new, empty broker
             await create_topic_with_records(broker.bootstrap)
             async with group_reader(broker.bootstrap) as reader:
@@ -192,7 +242,8 @@ async def test_lag_equals_end_offset_minus_committed(
         expected = [50 - o for o in end_offsets_of(3)]  # 10, 9, 8
 
         def lag_of(p: int) -> float:
-            return daemon.metrics.kafka_lag.labels("orders-to-delta", TOPIC, str(p))._value.get()
+            labels = {"query": "orders-to-delta", "topic": TOPIC, "partition": str(p)}
+            return sample(daemon, "checkpoint_sidecar_kafka_lag_records", **labels)
 
         await eventually(lambda: [lag_of(p) for p in range(PARTS)] == expected)
         _, text = await anyio.to_thread.run_sync(scrape, daemon)
@@ -207,9 +258,7 @@ async def test_lag_from_sparks_latest_offset_without_a_broker(make_config: Confi
         assert daemon.committer is None  # the feature is off without bootstrap servers
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(kafka_progress(QID, 4, lag=7))).applied
-        await eventually(
-            lambda: daemon.metrics.kafka_query_lag.labels("orders-to-delta")._value.get() == 21
-        )
+        await eventually(lambda: sample(daemon, QUERY_LAG, query="orders-to-delta") == 21)
         _, text = await anyio.to_thread.run_sync(scrape, daemon)
     for p in range(3):
         assert (
@@ -229,9 +278,7 @@ async def test_lag_per_topic_when_partition_labels_are_off(make_config: ConfigFa
     async with running_daemon(config) as daemon:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(kafka_progress(QID, 4, lag=7))).applied
-        await eventually(
-            lambda: daemon.metrics.kafka_query_lag.labels("orders-to-delta")._value.get() == 21
-        )
+        await eventually(lambda: sample(daemon, QUERY_LAG, query="orders-to-delta") == 21)
         _, text = await anyio.to_thread.run_sync(scrape, daemon)
     assert (
         metric_value(
@@ -242,25 +289,18 @@ async def test_lag_per_topic_when_partition_labels_are_off(make_config: ConfigFa
     assert 'partition="' not in text
 
 
-async def test_no_group_is_touched_when_the_feature_is_off(
-    make_config: ConfigFactory, broker: KafkaBroker
+async def test_no_kafka_connection_is_made_when_the_feature_is_off(
+    make_config: ConfigFactory, kafka_connections: list[tuple[str, int]]
 ) -> None:
-    await create_topic_with_records(broker.bootstrap)
+    # Seen on the wire, not in the daemon's wiring: e.g. a committer built with aiokafka's
+    # default bootstrap server (localhost:9092) would connect, and be caught here.
     config = make_config(count_threshold=1)  # no SIDECAR_KAFKA_BOOTSTRAP_SERVERS
     async with running_daemon(config) as daemon:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(progress(3))).applied
-        with anyio.fail_after(10):
-            while await daemon.store.read(QID) is None:  # noqa: ASYNC110
-                await anyio.sleep(0.05)
-        await anyio.sleep(1)
-    admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
-    await admin.start()
-    try:
-        groups = [g[0] for g in await admin.list_consumer_groups()]
-    finally:
-        await admin.close()
-    assert GROUP not in groups
+        await wait_blob_batch(daemon, QID, 3)  # durable: a committer would commit it now
+    # The daemon has stopped, so its final commit (had it one) is over too.
+    assert kafka_connections == []
 
 
 async def test_idle_groups_are_recommitted(make_config: ConfigFactory, broker: KafkaBroker) -> None:
@@ -272,9 +312,8 @@ async def test_idle_groups_are_recommitted(make_config: ConfigFactory, broker: K
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(progress(3))).applied
         await wait_committed(reader, end_offsets_of(3))
-        ok = daemon.metrics.kafka_commits.labels("ok")
-        first = ok._value.get()
-        await eventually(lambda: ok._value.get() >= first + 2)  # no new update meanwhile
+        first = sample(daemon, COMMITS, result="ok")
+        await eventually(lambda: sample(daemon, COMMITS, result="ok") >= first + 2)  # no update
         assert await committed(reader) == end_offsets_of(3)
 
 
@@ -308,16 +347,14 @@ def test_group_name_template() -> None:
     assert group_name("{namespace}.{query_id}", c, "ns") == "ns.id-1"
 
 
-def test_sasl_without_credentials_is_refused_at_start() -> None:
-    config = Config.from_env(
-        {
-            "SIDECAR_KAFKA_BOOTSTRAP_SERVERS": "b:9092",
-            "SIDECAR_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
-            "SIDECAR_ACCOUNT_URL": "https://a.blob.core.windows.net",
-        }
-    )
+def test_sasl_without_credentials_is_refused_with_the_configuration() -> None:
+    env = {
+        "SIDECAR_KAFKA_BOOTSTRAP_SERVERS": "b:9092",
+        "SIDECAR_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "SIDECAR_ACCOUNT_URL": "https://a.blob.core.windows.net",
+    }
     with pytest.raises(ConfigError, match="SIDECAR_KAFKA_SASL_USERNAME"):
-        config.check_runnable()
+        Config.from_env(env)
 
 
 def test_rate_source_has_no_kafka_offsets() -> None:
@@ -337,9 +374,15 @@ async def test_odd_partition_keys_never_crash_the_daemon(make_config: ConfigFact
     weird = kafka_progress(QID, 1)
     weird["sources"][0]["endOffset"] = {"events": {"²": 5}}
     weird["sources"][0]["latestOffset"] = {"events": {"²": 9}}
-    async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
+    normal = kafka_progress("4b1d0c2e-0000-4000-8000-000000000001", 1, name="normal", lag=7)
+    async with (
+        running_daemon(config) as daemon,
+        await SidecarClient.connect(config.socket_path) as c,
+    ):
         assert (await c.progress(weird)).applied
-        await anyio.sleep(1.5)  # past a lag export
+        assert (await c.progress(normal)).applied
+        # The lag export that first shows the normal query went over the odd one too.
+        await eventually(lambda: sample(daemon, QUERY_LAG, query="normal") == 21)
         assert (await c.ping()).ok
 
 
@@ -351,13 +394,15 @@ async def test_a_restarted_query_with_the_same_name_owns_the_group(
         kafka_bootstrap_servers=broker.bootstrap, count_threshold=1, kafka_recommit_interval_s=1
     )
     resumed = "4b1d0c2e-0000-4000-8000-00000000beef"  # new checkpoint dir: new id, same name
-    async with running_daemon(config), group_reader(broker.bootstrap) as reader:
+    async with running_daemon(config) as daemon, group_reader(broker.bootstrap) as reader:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(progress(2))).applied
             await wait_committed(reader, end_offsets_of(2))
             assert (await c.progress(progress(3, query_id=resumed))).applied
             await wait_committed(reader, end_offsets_of(3))
-        await anyio.sleep(2.5)  # several idle re-commits: the old query must not win again
+        first = sample(daemon, COMMITS, result="ok")
+        # two idle re-commits: the old query must not win again
+        await eventually(lambda: sample(daemon, COMMITS, result="ok") >= first + 2)
         assert await committed(reader) == end_offsets_of(3)
 
 
@@ -378,4 +423,4 @@ async def test_a_partition_seen_later_is_checked_against_the_broker(
             await wait_committed(reader, [20, 21, 45])
             assert (await c.progress(three)).applied
             await wait_committed(reader, [30, 31, 45])
-        assert daemon.metrics.kafka_partitions_skipped._value.get() >= 1
+        assert sample(daemon, "checkpoint_sidecar_kafka_partitions_skipped_total") >= 1

@@ -27,10 +27,10 @@ import pytest
 
 import spark_bridge
 import spark_bridge.sender as python_sender
-from sidecar.devservices import REPO_ROOT, free_port
 from sidecar.protocol import CLOSING_CODES, RETRIABLE_CODES
 from spark_bridge.handle import SenderStats
-from tests.helpers import DaemonProcess, wait_for
+from tests.helpers import wait_for
+from tests.services import REPO_ROOT, DaemonProcess, free_port
 from tests.sparkshapes import kafka_progress
 
 QID = "5e1d0000-0000-4000-8000-000000000001"

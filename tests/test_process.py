@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.devservices import REPO_ROOT
-from tests.helpers import DaemonProcess
+from sidecar.config import Config
+from tests.services import REPO_ROOT, DaemonProcess, ServiceError
 
 
 @pytest.fixture
@@ -21,10 +21,12 @@ def spawn(procs: list[DaemonProcess]) -> list[DaemonProcess]:
     return procs
 
 
-def start(spawn: list[DaemonProcess], env: dict[str, str], tmp: Path, **kw: bool) -> DaemonProcess:
+def start(
+    spawn: list[DaemonProcess], env: dict[str, str], tmp: Path, *, wait: bool = True
+) -> DaemonProcess:
     proc = DaemonProcess(env, tmp / f"daemon{len(spawn)}.log")
     spawn.append(proc)
-    proc.start(**kw)
+    proc.start(wait=wait)
     return proc
 
 
@@ -36,7 +38,9 @@ def ping(path: str) -> bytes:
         return s.recv(1024)
 
 
-def test_sigterm_stops_cleanly_with_exit_0(daemon_env, spawn, short_tmp) -> None:
+def test_sigterm_stops_cleanly_with_exit_0(
+    daemon_env: dict[str, str], spawn: list[DaemonProcess], short_tmp: Path
+) -> None:
     proc = start(spawn, daemon_env, short_tmp)
     path = daemon_env["SIDECAR_SOCKET_PATH"]
     with socket.socket(socket.AF_UNIX) as idle:
@@ -50,25 +54,33 @@ def test_sigterm_stops_cleanly_with_exit_0(daemon_env, spawn, short_tmp) -> None
     assert "stopped" in proc.log()
 
 
-def test_sigint_also_stops_with_exit_0(daemon_env, spawn, short_tmp) -> None:
+def test_sigint_also_stops_with_exit_0(
+    daemon_env: dict[str, str], spawn: list[DaemonProcess], short_tmp: Path
+) -> None:
     proc = start(spawn, daemon_env, short_tmp)
     proc.signal(signal.SIGINT)
     assert proc.wait() == 0
 
 
-def test_socket_file_is_private_by_default(daemon_env, spawn, short_tmp) -> None:
+def test_socket_file_is_private_by_default(
+    daemon_env: dict[str, str], spawn: list[DaemonProcess], short_tmp: Path
+) -> None:
     start(spawn, daemon_env, short_tmp)
     mode = os.stat(daemon_env["SIDECAR_SOCKET_PATH"]).st_mode
     assert stat.S_ISSOCK(mode)
     assert stat.S_IMODE(mode) == 0o600
 
 
-def test_socket_mode_is_configurable(daemon_env, spawn, short_tmp) -> None:
+def test_socket_mode_is_configurable(
+    daemon_env: dict[str, str], spawn: list[DaemonProcess], short_tmp: Path
+) -> None:
     start(spawn, {**daemon_env, "SIDECAR_SOCKET_MODE": "660"}, short_tmp)
     assert stat.S_IMODE(os.stat(daemon_env["SIDECAR_SOCKET_PATH"]).st_mode) == 0o660
 
 
-def test_stale_socket_file_is_replaced(daemon_env, spawn, short_tmp) -> None:
+def test_stale_socket_file_is_replaced(
+    daemon_env: dict[str, str], spawn: list[DaemonProcess], short_tmp: Path
+) -> None:
     path = daemon_env["SIDECAR_SOCKET_PATH"]
     crashed = socket.socket(socket.AF_UNIX)
     crashed.bind(path)  # a socket file nobody listens on, as a kill -9 leaves behind
@@ -79,21 +91,26 @@ def test_stale_socket_file_is_replaced(daemon_env, spawn, short_tmp) -> None:
     assert "replacing stale socket file" in proc.log()
 
 
-def test_live_socket_is_not_stolen(daemon_env, spawn, short_tmp) -> None:
+def test_live_socket_is_not_stolen(
+    daemon_env: dict[str, str], spawn: list[DaemonProcess], short_tmp: Path
+) -> None:
     first = start(spawn, daemon_env, short_tmp)
-    second = start(spawn, daemon_env, short_tmp, wait_socket=False)
+    second = start(spawn, daemon_env, short_tmp, wait=False)
     assert second.wait() == 1
     assert "another process is serving" in second.log()
-    assert first.proc is not None and first.proc.poll() is None
+    assert first.running
     assert ping(daemon_env["SIDECAR_SOCKET_PATH"]) == b'{"id":1,"ok":true}\n'
 
 
-def test_non_socket_file_is_never_deleted(daemon_env, spawn, short_tmp) -> None:
+def test_non_socket_file_is_never_deleted(
+    daemon_env: dict[str, str], spawn: list[DaemonProcess], short_tmp: Path
+) -> None:
     path = Path(daemon_env["SIDECAR_SOCKET_PATH"])
     path.write_text("precious")
-    proc = start(spawn, daemon_env, short_tmp, wait_socket=False)
-    assert proc.wait() == 1
-    assert "is not a socket" in proc.log()
+    # Waiting for readiness stops at the exit, quoting the daemon's log (no 60 s timeout).
+    with pytest.raises(ServiceError, match=r"exited with code 1 before it was ready") as failed:
+        start(spawn, daemon_env, short_tmp)
+    assert "is not a socket" in str(failed.value)
     assert path.read_text() == "precious"
 
 
@@ -118,13 +135,9 @@ def test_invalid_configuration_exits_2_naming_the_setting() -> None:
 def test_help_lists_every_environment_variable() -> None:
     result = run_cli("run", "--help")
     assert result.returncode == 0
-    for name in (
-        "SIDECAR_SOCKET_PATH",
-        "SIDECAR_REDIS_URL",
-        "SIDECAR_NAMESPACE",
-        "SIDECAR_METRICS_PORT",
-    ):
-        assert name in result.stdout
+    names = [f.metadata["env"] for f in Config.settings()]
+    assert {"SIDECAR_SOCKET_PATH", "AZURE_STORAGE_CONNECTION_STRING"} <= set(names)
+    assert [name for name in names if name not in result.stdout] == []
 
 
 def test_config_command_redacts_the_redis_password() -> None:
@@ -132,3 +145,14 @@ def test_config_command_redacts_the_redis_password() -> None:
     assert result.returncode == 0
     assert "hunter2" not in result.stdout + result.stderr
     assert "SIDECAR_REDIS_URL=redis://:***@db:6379/0" in result.stdout
+
+
+@pytest.mark.parametrize("command", [["run"], ["list"], ["show", "q"], ["starting-offsets", "q"]])
+def test_commands_that_use_the_blobs_exit_2_without_a_blob_store(
+    command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A configuration without one is valid (`config` shows it); using the blobs needs one.
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    result = run_cli(*command, env={"SIDECAR_NAMESPACE": "ns"})
+    assert result.returncode == 2, result.stderr
+    assert "no blob store configured: set AZURE_STORAGE_CONNECTION_STRING" in result.stderr

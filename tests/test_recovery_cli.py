@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.devservices import REPO_ROOT
-from sidecar.protocol import ClientConnection, encode_request
-from tests.helpers import DaemonProcess, read_blob, wait_blob
+from sidecar.protocol import ClientConnection, Reply, encode_request
+from tests.helpers import read_blob, wait_blob
+from tests.services import REPO_ROOT, DaemonProcess
 from tests.sparkshapes import kafka_progress
 
 QID = "9d3e1f20-55aa-4b8e-8f1c-2a3b4c5d6e7f"
@@ -27,7 +27,7 @@ def env(daemon_env: dict[str, str]) -> dict[str, str]:
 def send(path: str, *batches: int) -> list[bool | None]:
     """Send progress events over a plain blocking socket; return their `applied` flags."""
     conn = ClientConnection()
-    replies = []
+    replies: list[Reply] = []
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(10)
         s.connect(path)
@@ -49,11 +49,12 @@ def test_kill_9_with_pending_updates_then_restart_reaches_last_acked_batch(
     procs.append(first)
     first.start()
     assert send(env["SIDECAR_SOCKET_PATH"], 0, 1) == [True, True]
-    assert wait_blob(env, QID, 1).writer.pid == first.proc.pid  # type: ignore[union-attr]
+    assert wait_blob(env, QID, 1).writer.pid == first.pid
     assert send(env["SIDECAR_SOCKET_PATH"], 2) == [True]  # below the threshold: pending
     first.signal(signal.SIGKILL)
     assert first.wait() == -signal.SIGKILL
-    assert read_blob(env, QID).batch_id == 1  # batch 2 was acknowledged but never flushed
+    doc = read_blob(env, QID)
+    assert doc is not None and doc.batch_id == 1  # batch 2 was acknowledged, never flushed
 
     # The dead daemon's lease lives on until it expires; the new one waits it out.
     second = DaemonProcess(env, short_tmp / "second.log")
@@ -61,7 +62,7 @@ def test_kill_9_with_pending_updates_then_restart_reaches_last_acked_batch(
     second.start()
     doc = wait_blob(env, QID, 2)
     assert doc.batch_id == 2
-    assert doc.writer.pid == second.proc.pid  # type: ignore[union-attr]
+    assert doc.writer.pid == second.pid
     assert "another owner holds the lease" in second.log()
     second.signal(signal.SIGTERM)
     assert second.wait() == 0

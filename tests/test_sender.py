@@ -10,7 +10,8 @@ import msgspec
 
 import spark_bridge
 from spark_bridge.sender import Sender
-from tests.helpers import DaemonProcess, wait_for
+from tests.helpers import wait_for
+from tests.services import DaemonProcess
 from tests.sparkshapes import kafka_progress
 
 QID = "7c0ffee0-1234-4abc-9def-000000000001"

@@ -20,10 +20,11 @@ from typing import Any, Literal
 
 import pytest
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 
 import spark_bridge
-from tests.helpers import DaemonProcess, wait_blob, wait_for
+from tests.helpers import wait_blob, wait_for
+from tests.services import DaemonProcess
 
 pytestmark = pytest.mark.spark
 
@@ -124,7 +125,14 @@ def stop_after(q: StreamingQuery, batches: int) -> dict[str, Any]:
         wait_for(lambda: batch_id(q) >= batches - 1, what=f"{batches} batches")
     finally:
         q.stop()
-    last: dict[str, Any] = q.lastProgress
+    return last_progress(q)
+
+
+def last_progress(q: StreamingQuery) -> dict[str, Any]:
+    """The query's last progress, once there is one (a dict in PySpark 3, a dict subclass,
+    ``StreamingQueryProgress``, in PySpark 4)."""
+    last = q.lastProgress
+    assert last is not None, "no progress yet"
     return last
 
 
@@ -139,10 +147,10 @@ def run_until_exhausted(q: StreamingQuery, max_offset: int) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
         last = q.lastProgress
         if last and all(o == max_offset for o in end_offsets(last)["events"].values()):
-            return last  # type: ignore[no-any-return]
+            return last
         return None
 
-    return wait_for(done, what=f"the query to read up to offset {max_offset}")  # type: ignore[no-any-return]
+    return wait_for(done, what=f"the query to read up to offset {max_offset}")
 
 
 @pytest.fixture
@@ -256,7 +264,7 @@ def test_daemon_killed_and_restarted_mid_query_the_blob_catches_up(
         wait_for(lambda: batch_id(q) >= target, what="more batches")
     finally:
         q.stop()
-    last = q.lastProgress
+    last = last_progress(q)
     delivered(handle, last)
     assert handle.close()
     doc = wait_blob(env, str(q.id), last["batchId"])  # after the dead daemon's lease expired

@@ -37,8 +37,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 import spark_bridge
-from sidecar.devservices import REPO_ROOT, Azurite, RedisServer
-from tests.helpers import DaemonProcess, metric_value, wait_blob, wait_for
+from tests.helpers import metric_value, wait_blob, wait_for
+from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer
 
 pytestmark = pytest.mark.spark4
 

@@ -1,0 +1,93 @@
+"""The commands that need the daemon's dependencies: ``run``, ``list``, ``show``,
+``starting-offsets`` (imported by ``sidecar.cli`` when one of them is asked for)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+import anyio
+import msgspec
+
+from sidecar import report
+from sidecar.app import Daemon
+from sidecar.config import Config
+from sidecar.errors import EXIT_FAILURE, EXIT_FORCED, EXIT_OK, EXIT_USAGE, ConfigError, SidecarError
+from sidecar.offsets import kafka_starting_offsets
+
+log = logging.getLogger("sidecar")
+
+
+def run_daemon(config: Config) -> int:
+    """Run the daemon until SIGTERM/SIGINT; the process's exit code."""
+    try:
+        return anyio.run(_run, config)
+    except ConfigError as exc:
+        print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SidecarError as exc:
+        log.error("%s", exc)
+        return EXIT_FAILURE
+
+
+def inspect(args: argparse.Namespace, config: Config) -> int:
+    """``list``, ``show``, ``starting-offsets``: read the checkpoints from the blobs."""
+    try:
+        if args.command == "list":
+            infos = anyio.run(report.list_checkpoints, config)
+            report.print_list(infos, as_json=args.json)
+        elif args.command == "starting-offsets":
+            partitions = {}
+            for item in args.partitions:
+                topic, _, count = item.rpartition("=")
+                if not topic or not count.isdigit():
+                    raise ConfigError(f"--partitions {item!r}: expected TOPIC=N, e.g. events=12")
+                partitions[topic] = int(count)
+            info = anyio.run(report.find_checkpoint, config, args.query)
+            assert info.document is not None
+            print(
+                kafka_starting_offsets(
+                    msgspec.to_builtins(info.document.checkpoint()),
+                    source=args.source,
+                    partitions=partitions,
+                    missing=args.missing,
+                )
+            )
+        else:
+            info = anyio.run(report.find_checkpoint, config, args.query)
+            report.print_show(info, as_json=args.json)
+    except SidecarError as exc:
+        print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE
+    return EXIT_OK
+
+
+async def _run(config: Config) -> int:
+    daemon = Daemon(config)
+    forced = False
+
+    async def watch_signals(scope: anyio.CancelScope) -> None:
+        nonlocal forced
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if not daemon_stopping.is_set():
+                    log.info(
+                        "received %s: stopping gracefully (send it again to force)",
+                        signal.Signals(signum).name,
+                    )
+                    daemon_stopping.set()
+                    daemon.request_stop()
+                else:
+                    log.warning("received %s again: forcing exit", signal.Signals(signum).name)
+                    forced = True
+                    scope.cancel()
+                    return
+
+    daemon_stopping = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch_signals, tg.cancel_scope)
+        await daemon.run()
+        tg.cancel_scope.cancel()
+    return EXIT_FORCED if forced else EXIT_OK
