@@ -24,12 +24,33 @@ def run_daemon(config: Config) -> int:
     """Run the daemon until SIGTERM/SIGINT; the process's exit code."""
     try:
         return anyio.run(_run, config)
-    except ConfigError as exc:
-        print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except SidecarError as exc:
-        log.error("%s", exc)
-        return EXIT_FAILURE
+    except (SidecarError, BaseExceptionGroup) as exc:
+        errors = _own_errors(exc)
+        if errors is None:
+            raise  # a bug: let the traceback show
+    # Start-up refusals (socket in use, TCP port taken, bad configuration) arrive from
+    # inside the daemon's task group, wrapped in exception groups: one clear line each.
+    for error in errors:
+        if isinstance(error, ConfigError):
+            print(f"checkpoint-sidecar: {error}", file=sys.stderr)
+        else:
+            log.error("%s", error)
+    return EXIT_USAGE if any(isinstance(e, ConfigError) for e in errors) else EXIT_FAILURE
+
+
+def _own_errors(exc: BaseException) -> list[SidecarError] | None:
+    """The SidecarErrors inside ``exc`` (nested groups flattened); None if anything else."""
+    if isinstance(exc, SidecarError):
+        return [exc]
+    if isinstance(exc, BaseExceptionGroup):
+        found: list[SidecarError] = []
+        for inner in exc.exceptions:
+            errors = _own_errors(inner)
+            if errors is None:
+                return None
+            found += errors
+        return found
+    return None
 
 
 def inspect(args: argparse.Namespace, config: Config) -> int:

@@ -123,22 +123,25 @@ class RequestHandler:
             applied = await slot.wait()
         except SidecarError as exc:
             self._rejected.inc()
-            return encode_error(rid, ErrorCode(exc.code), str(exc))
+            return self._error(rid, ErrorCode(exc.code), str(exc))
         except Exception:
             log.exception("storing update query=%s batch=%d failed", c.label, c.batch_id)
             self._rejected.inc()
-            return encode_error(rid, ErrorCode.INTERNAL, "internal error; see daemon log")
+            return self._error(rid, ErrorCode.INTERNAL, "internal error; see daemon log")
         (self._applied if applied else self._stale).inc()
         if applied and self._observe is not None:
             self._observe(c)
         if not applied:
             log.debug("stale update query=%s batch=%d not applied", c.label, c.batch_id)
         if self._wait_durable is not None:  # ack_mode=blob: wait until the blob has it
-            with anyio.move_on_after(self._blob_ack_timeout_s):
+            # The deadline counts from when the request was read, not from when its turn in
+            # the connection's reply order came: the acks of one read wait concurrently.
+            left = self._blob_ack_timeout_s - (time.perf_counter() - started)
+            with anyio.move_on_after(max(0.0, left)):
                 await self._wait_durable(c.query_id, c.batch_id)
                 self._metrics.ack_seconds.observe(time.perf_counter() - started)
                 return encode_ok(rid, applied=applied)
-            return encode_error(
+            return self._error(
                 rid,
                 ErrorCode.NOT_DURABLE,
                 f"batch {c.batch_id} of query {c.label} is stored in Redis but not yet in the "
@@ -156,11 +159,15 @@ class RequestHandler:
             if raw is None and self._lookup_blob is not None:
                 raw = await self._lookup_blob(query_id, None if query_id else name)
         except SidecarError as exc:
-            return encode_error(rid, ErrorCode(exc.code), str(exc))
+            return self._error(rid, ErrorCode(exc.code), str(exc))
         return encode_ok(rid, checkpoint=msgspec.Raw(raw) if raw else None)
 
+    def _error(self, rid: RequestId, code: ErrorCode, message: str) -> bytes:
+        """An error reply, counted by code (``checkpoint_sidecar_bad_requests_total``)."""
+        self._metrics.bad_requests.labels(code.value).inc()
+        return encode_error(rid, code, message)
+
     def _bad(self, event: BadRequest) -> bytes:
-        self._metrics.bad_requests.labels(event.code.value).inc()
         if event.op == "progress":
             self._rejected.inc()
         log.log(
@@ -169,4 +176,4 @@ class RequestHandler:
             event.code.value,
             event.message,
         )
-        return encode_error(event.id, event.code, event.message)
+        return self._error(event.id, event.code, event.message)

@@ -29,6 +29,7 @@ limit is fatal: the error is sent and the connection is closed, never resynchron
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,13 @@ from sidecar.checkpoint import Checkpoint, Id, SparkProgress, from_progress
 #: source with a few thousand partitions is ~100-300 KiB; 1 MiB leaves room and still bounds
 #: what one connection can make the daemon hold in memory before it sees a newline.
 MAX_FRAME_BYTES = 1024 * 1024
+
+#: Deepest JSON nesting accepted in a request. Spark's progress JSON nests about six levels
+#: (request → progress → sources → source → offsets → topic → partition). Without a cap, a
+#: small hostile frame nested ~1,000 levels deep makes the decoder (and any later encode)
+#: hit Python's recursion limit: a RecursionError, not a bad request. 64 leaves room for any
+#: source's offsets and keeps every decode and encode far from that limit.
+MAX_JSON_DEPTH = 64
 
 RequestId = str | int | None
 
@@ -131,8 +139,32 @@ _any_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
 
+# A JSON string literal (escapes included); brackets inside strings are not nesting.
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def nesting_exceeds(frame: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when the JSON text ``frame`` nests arrays/objects deeper than ``limit``."""
+    if frame.count(b"[") + frame.count(b"{") <= limit:
+        return False  # fewer openers than the limit: cannot be deeper (the common case)
+    depth = 0
+    for b in _JSON_STRING.sub(b'""', frame).translate(None, _NOT_BRACKETS):
+        depth += 1 if b in b"[{" else -1
+        if depth > limit:
+            return True
+    return False
+
+
 def parse_request(line: bytes) -> Event:
     """Turn one frame (without its newline) into a request or a :class:`BadRequest`."""
+    if nesting_exceeds(line):
+        return BadRequest(
+            None,
+            ErrorCode.BAD_REQUEST,
+            f"JSON nested deeper than {MAX_JSON_DEPTH} levels: not a valid request "
+            "(Spark's progress nests about 6)",
+        )
     try:
         msg = _request_decoder.decode(line)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:

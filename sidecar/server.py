@@ -12,7 +12,9 @@ Stopping (``drain``): stop accepting, stop reading, answer what was already read
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import stat
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
@@ -24,44 +26,73 @@ from anyio.streams.stapled import MultiListener
 from sidecar.config import Config
 from sidecar.errors import SocketInUse
 from sidecar.metrics import Metrics
-from sidecar.protocol import Event, ServerConnection
+from sidecar.protocol import ErrorCode, Event, ServerConnection, encode_error
 
 log = logging.getLogger(__name__)
 
 _GONE = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
-async def bind_unix_socket(path: str, mode: int) -> Listener[ByteStream]:
+def _lock_socket_path(path: str) -> int:
+    """Take ``<path>.lock`` (an exclusive, non-blocking flock) and return its descriptor.
+
+    The lock is held for the daemon's lifetime and dies with the process (even on kill -9), so
+    of two daemons started at once on one path exactly one gets it: the probe-then-bind below
+    cannot race another starter. The lock file is left in place: deleting it would reopen the
+    race for whoever holds an old descriptor.
+    """
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SocketInUse(
+            f"another process is serving {path} (it holds {path}.lock); stop it first or set "
+            "SIDECAR_SOCKET_PATH to another path (two daemons must not share one socket)"
+        ) from None
+    return fd
+
+
+async def bind_unix_socket(path: str, mode: int) -> tuple[Listener[ByteStream], int]:
     """Listen on ``path``: replace a stale socket file, never steal a live one.
 
+    Returns the listener and the descriptor of the held ``<path>.lock`` (close it after the
+    listener).
+
     Raises:
-        SocketInUse: another process answers on ``path``, or ``path`` is not a socket.
+        SocketInUse: another daemon holds the path, another process answers on it, or
+            ``path`` is not a socket.
     """
     file = anyio.Path(path)
-    try:
-        existing: int | None = (await file.lstat()).st_mode
-    except FileNotFoundError:
-        existing = None
-    if existing is not None:
-        if not stat.S_ISSOCK(existing):
-            raise SocketInUse(
-                f"{path} exists and is not a socket; refusing to replace it. Remove it or set "
-                "SIDECAR_SOCKET_PATH to another path"
-            )
-        try:
-            probe = await anyio.connect_unix(path)
-        except OSError:
-            log.info("replacing stale socket file %s (no process listens on it)", path)
-            await file.unlink(missing_ok=True)
-        else:
-            await probe.aclose()
-            raise SocketInUse(
-                f"another process is serving {path}; stop it first or set SIDECAR_SOCKET_PATH "
-                "to another path (two daemons must not share one socket)"
-            )
     await file.parent.mkdir(parents=True, exist_ok=True)
-    listener: Listener[ByteStream] = await anyio.create_unix_listener(path, mode=mode)
-    return listener
+    lock = await anyio.to_thread.run_sync(_lock_socket_path, path)
+    try:
+        try:
+            existing: int | None = (await file.lstat()).st_mode
+        except FileNotFoundError:
+            existing = None
+        if existing is not None:
+            if not stat.S_ISSOCK(existing):
+                raise SocketInUse(
+                    f"{path} exists and is not a socket; refusing to replace it. Remove it or "
+                    "set SIDECAR_SOCKET_PATH to another path"
+                )
+            try:
+                probe = await anyio.connect_unix(path)
+            except OSError:
+                log.info("replacing stale socket file %s (no process listens on it)", path)
+                await file.unlink(missing_ok=True)
+            else:  # a live server that takes no lock (an older version): never steal
+                await probe.aclose()
+                raise SocketInUse(
+                    f"another process is serving {path}; stop it first or set "
+                    "SIDECAR_SOCKET_PATH to another path (two daemons must not share one socket)"
+                )
+        listener: Listener[ByteStream] = await anyio.create_unix_listener(path, mode=mode)
+    except BaseException:
+        os.close(lock)
+        raise
+    return listener, lock
 
 
 async def _remove_if_ours(path: str, inode: int) -> None:
@@ -87,6 +118,8 @@ class SocketServer:
         self._config = config
         self._handler = handler
         self._metrics = metrics
+        self._internal = metrics.bad_requests.labels(ErrorCode.INTERNAL.value)
+        self._connections = 0  # connections accepted so far, to name them in logs
         self._accepting = anyio.CancelScope()
         self._readers: set[anyio.CancelScope] = set()
         self._stopping = False
@@ -102,12 +135,23 @@ class SocketServer:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         cfg = self._config
-        listeners: list[Listener[ByteStream]] = [
-            await bind_unix_socket(cfg.socket_path, cfg.socket_mode)
-        ]
+        unix, lock = await bind_unix_socket(cfg.socket_path, cfg.socket_mode)
+        listeners: list[Listener[ByteStream]] = [unix]
         inode = (await anyio.Path(cfg.socket_path).stat()).st_ino
         if cfg.tcp_port is not None:
-            tcp = await anyio.create_tcp_listener(local_host=cfg.tcp_host, local_port=cfg.tcp_port)
+            try:
+                tcp = await anyio.create_tcp_listener(
+                    local_host=cfg.tcp_host, local_port=cfg.tcp_port
+                )
+            except OSError as exc:
+                with anyio.CancelScope(shield=True):
+                    await unix.aclose()
+                    await _remove_if_ours(cfg.socket_path, inode)
+                os.close(lock)
+                raise SocketInUse(
+                    f"cannot listen on tcp:{cfg.tcp_host}:{cfg.tcp_port} ({exc.strerror}); "
+                    "another process has the port: stop it or set SIDECAR_TCP_PORT to a free one"
+                ) from None
             self.tcp_port = tcp.extra(anyio.abc.SocketAttribute.local_port)
             listeners.append(tcp)
         log.info(
@@ -134,6 +178,7 @@ class SocketServer:
                 await listener.aclose()
             with anyio.CancelScope(shield=True):
                 await _remove_if_ours(cfg.socket_path, inode)
+            os.close(lock)  # after the socket file is gone: a successor may take the path now
 
     async def drain(self) -> None:
         """Stop accepting and reading; return once every connection has been answered."""
@@ -147,8 +192,11 @@ class SocketServer:
 
     async def _handle(self, stream: ByteStream) -> None:
         self._active += 1
+        self._connections += 1
+        number = self._connections
         self._metrics.connections.inc()
         conn = ServerConnection(self._config.max_frame_bytes)
+        failures = _Failures(number)
         try:
             async with stream:
                 while not self._stopping and not conn.closed:
@@ -167,22 +215,59 @@ class SocketServer:
                     events = conn.receive_data(data)
                     if not events:
                         continue
-                    replies = await self._answer(events)
+                    replies = await self._answer(events, failures)
                     try:
                         await stream.send(replies)
                     except _GONE:
                         return  # the client left; what it sent is stored regardless
+        except Exception:
+            # No error of one connection may end the daemon. Here the stream's state is
+            # unknown (the failure was outside a request), so the connection is closed.
+            self._internal.inc()
+            log.exception("connection %d failed outside a request; closing it", number)
         finally:
             self._active -= 1
             self._metrics.connections.dec()
             if self._stopping and self._active == 0:
                 self._all_closed.set()
 
-    async def _answer(self, events: Sequence[Event]) -> bytes:
+    async def _answer(self, events: Sequence[Event], failures: _Failures) -> bytes:
         # Begin every request of this read first (updates share one Redis round trip), then
-        # collect the replies in request order.
-        replies = [await self._handler.begin(event) for event in events]
+        # collect the replies in request order. A request that fails unexpectedly (a bug)
+        # answers `internal`; the connection and the other requests go on.
+        replies: list[Callable[[], Awaitable[bytes]] | None] = []
+        for event in events:
+            try:
+                replies.append(await self._handler.begin(event))
+            except Exception:
+                failures.log(event)
+                replies.append(None)
         out = bytearray()
-        for reply in replies:
-            out += await reply()
+        for event, reply in zip(events, replies, strict=True):
+            try:
+                if reply is not None:
+                    out += await reply()
+                    continue
+            except Exception:
+                failures.log(event)
+            self._internal.inc()
+            out += encode_error(event.id, ErrorCode.INTERNAL, "internal error; see the daemon log")
         return bytes(out)
+
+
+class _Failures:
+    """Unexpected errors of one connection: the first is logged with its traceback."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.count = 0
+
+    def log(self, event: Event) -> None:
+        self.count += 1
+        if self.count == 1:
+            log.exception(
+                "connection %d: request id=%r failed unexpectedly; answered `internal` "
+                "(further failures on this connection are counted, not logged)",
+                self.number,
+                event.id,
+            )
