@@ -32,6 +32,7 @@ from sidecar.backoff import Backoff
 from sidecar.blobstore import BlobStore
 from sidecar.buffer import RedisBuffer, WriteCoalescer
 from sidecar.config import Config
+from sidecar.durability import DurabilityWatch
 from sidecar.errors import SidecarError
 from sidecar.flusher import Flusher
 from sidecar.handler import RequestHandler
@@ -87,11 +88,18 @@ class Daemon:
             self.writer,
             on_durable=self.committer.durable if self.committer else None,
         )
+        self.durability = DurabilityWatch(
+            self.buffer,
+            self.metrics,
+            token=self.instance_id,
+            require_aof=config.redis_require_aof,
+            blob_batch=self._blob_batch,
+        )
         self.handler = RequestHandler(
             self.coalescer,
             self.buffer,
             self.metrics,
-            observe=self.lag.observe,
+            observe=self._applied,
             wait_durable=self.flusher.wait_durable if config.ack_mode == "blob" else None,
             blob_ack_timeout_s=config.blob_ack_timeout_s,
             lookup_blob=self._lookup_blob,
@@ -127,6 +135,8 @@ class Daemon:
                 ):
                     tg.cancel_scope.cancel()
                     return
+                await self.durability.start()  # AOF check (may refuse to start), marker
+                await tg.start(self.durability.run)
                 await tg.start(self.coalescer.run)
                 await tg.start(self.leases.run)
                 await tg.start(self.lag.run)
@@ -156,6 +166,15 @@ class Daemon:
                 await self.store.aclose()
             self.stopped.set()
         log.info("stopped")
+
+    def _applied(self, checkpoint: ckpt.Checkpoint) -> None:
+        """An update stored in Redis (ingest path: O(1) each)."""
+        self.lag.observe(checkpoint)
+        self.durability.acked(checkpoint.query_id, checkpoint.label, checkpoint.batch_id)
+
+    async def _blob_batch(self, query_id: str) -> int | None:
+        doc = await self.store.read(query_id)
+        return doc.batch_id if doc is not None else None
 
     async def _lookup_blob(self, query_id: str | None, name: str | None) -> bytes | None:
         """A checkpoint from its blob (``get`` when Redis has none), encoded as in Redis."""

@@ -273,6 +273,35 @@ class RedisBuffer:
             left = await self._mark_flushed(keys=keys, args=args)
         return int(left)
 
+    # --- what an acknowledgement is worth (sidecar.durability) ------------------------------
+
+    async def aof_enabled(self) -> bool | None:
+        """Redis' ``appendonly`` setting; None when CONFIG is refused (managed services)."""
+        try:
+            with self._translate("CONFIG GET appendonly"):
+                reply = await self._redis.config_get("appendonly")
+        except BufferError_:
+            return None  # CONFIG disabled or renamed: unknown, not an outage
+        value = reply.get("appendonly") or reply.get(b"appendonly")  # type: ignore[call-overload]
+        return None if value is None else _text(value) == "yes"
+
+    async def marker(self) -> str | None:
+        """The namespace's marker (see :meth:`set_marker`), None when Redis has none."""
+        with self._translate("marker read"):
+            value = await self._redis.get(self.keys.marker)
+        return _text(value) if value is not None else None
+
+    async def set_marker(self, token: str) -> None:
+        """Mark the namespace's data: if the marker vanishes, Redis lost the namespace."""
+        with self._translate("marker write"):
+            await self._redis.set(self.keys.marker, token)
+
+    async def stored_batch(self, query_id: str) -> int | None:
+        """The batch id Redis holds for ``query_id`` (None: unknown to Redis)."""
+        with self._translate("batch read"):
+            value = await self._redis.hget(self.keys.query(query_id), "batch_id")
+        return int(_text(value)) if value is not None else None
+
     async def aclose(self) -> None:
         await self._redis.aclose()
 

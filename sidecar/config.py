@@ -135,6 +135,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     redis_url: RedisUrl = "redis://127.0.0.1:6379/0"
     namespace: Namespace = "default"
     redis_timeout_s: Annotated[float, Meta(ge=0.05, le=60)] = 2.0
+    redis_require_aof: bool = False
     # blob store and leases
     azure_connection_string: ConnectionString | None = None
     account_url: HttpsUrl | None = None
@@ -280,6 +281,8 @@ _HELP = {
         "redis_url": "Redis holding the offset buffer (password is never logged)",
         "namespace": "isolates one Spark application's keys and blobs",
         "redis_timeout_s": "timeout of one Redis call, seconds",
+        "redis_require_aof": "refuse to start (exit 2) when Redis reports appendonly off: "
+        "acknowledged updates would not survive a Redis restart",
     },
     "blob store and leases": {
         "azure_connection_string": "Azure Storage connection string (key or SAS is never logged)",

@@ -55,6 +55,11 @@ class Keys:
         return f"{self._base}:names"
 
     @property
+    def marker(self) -> str:
+        """A token written at start: its loss means Redis lost the namespace's data."""
+        return f"{self._base}:marker"
+
+    @property
     def queries(self) -> str:
         """Set of every query id seen in the namespace."""
         return f"{self._base}:queries"

@@ -64,6 +64,13 @@ class Metrics:
         self.redis_up = Gauge(
             "checkpoint_sidecar_redis_up", "1 when the last Redis call succeeded", registry=r
         )
+        self.redis_resets = Counter(
+            "checkpoint_sidecar_redis_resets",
+            "Times Redis lost the namespace's data while the daemon ran (restart without AOF, "
+            "FLUSHALL, a replaced instance): acknowledged updates may be lost; see the log",
+            registry=r,
+        )
+        self._aof: Gauge | None = None
         # --- flushing to the blob store (per-query series are labelled by query name/id) ---
         self.flushes = Counter(
             "checkpoint_sidecar_flushes",
@@ -157,3 +164,19 @@ class Metrics:
             self.lease_renewals.labels(result)
         for result in ("ok", "regressed", "error"):
             self.kafka_commits.labels(result)
+
+    def set_redis_aof(self, enabled: bool | None) -> None:
+        """``checkpoint_sidecar_redis_aof_enabled``: 1/0, absent while unknown (CONFIG
+        refused, as on some managed services): an absent series is not a false alarm."""
+        if enabled is None:
+            if self._aof is not None:
+                self.registry.unregister(self._aof)
+                self._aof = None
+            return
+        if self._aof is None:
+            self._aof = Gauge(
+                "checkpoint_sidecar_redis_aof_enabled",
+                "1 when Redis has appendonly on (acks survive a Redis restart), 0 when off",
+                registry=self.registry,
+            )
+        self._aof.set(1 if enabled else 0)

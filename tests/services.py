@@ -24,7 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from signal import SIGTERM
 from types import TracebackType
@@ -138,11 +138,15 @@ class _Process:
 
 
 class RedisServer(_Process):
-    """A private redis-server with append-only persistence (acks survive a restart)."""
+    """A private redis-server, by default with append-only persistence (acks survive a
+    restart). ``appendonly=False``: no persistence at all (a restart loses everything);
+    ``extra_args``: more redis-server options (e.g. ``--rename-command CONFIG ""``)."""
 
     name = "redis"
 
-    def __init__(self) -> None:
+    def __init__(self, *, appendonly: bool = True, extra_args: Sequence[str] = ()) -> None:
+        self.appendonly = appendonly
+        self.extra_args = list(extra_args)
         binary = os.environ.get("REDIS_SERVER_BIN") or shutil.which("redis-server")
         if not binary:
             raise ServiceError(
@@ -161,13 +165,14 @@ class RedisServer(_Process):
             "--dir",
             str(self.dir),
             "--appendonly",
-            "yes",
+            "yes" if self.appendonly else "no",
             "--save",
             "",
             "--protected-mode",
             "no",
             "--daemonize",
             "no",
+            *self.extra_args,
         ]
 
     @property

@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"protocol", "offsets"},  # wire format, offset shapes: pure
     {"metrics"},
     {"buffer", "blobstore", "client"},  # the I/O edges (Redis, Azure) and the test client
-    {"lease", "lag", "kafka", "handler", "server", "admin", "report"},
+    {"lease", "lag", "kafka", "handler", "server", "admin", "report", "durability"},
     {"flusher"},
     {"app"},  # wiring
     {"commands"},
