@@ -62,7 +62,10 @@ async def test_a_redis_that_refuses_config_leaves_the_gauge_absent(
 
 
 def test_require_aof_refuses_to_start_on_a_redis_without_it(
-    daemon_env: dict[str, str], volatile_redis: RedisServer, short_tmp: Path
+    daemon_env: dict[str, str],
+    volatile_redis: RedisServer,
+    short_tmp: Path,
+    procs: list[DaemonProcess],
 ) -> None:
     env = {
         **daemon_env,
@@ -70,6 +73,7 @@ def test_require_aof_refuses_to_start_on_a_redis_without_it(
         "SIDECAR_REDIS_REQUIRE_AOF": "true",
     }
     proc = DaemonProcess(env, short_tmp / "d.log")
+    procs.append(proc)
     with pytest.raises(ServiceError, match="exited with code 2"):
         proc.start(timeout_s=30)
     assert "appendonly off and SIDECAR_REDIS_REQUIRE_AOF=true" in proc.log()

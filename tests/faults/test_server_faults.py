@@ -89,13 +89,14 @@ async def test_blob_mode_acks_of_one_read_wait_together_not_one_after_another(
 
 
 def test_a_daemon_holding_the_socket_lock_is_never_displaced(
-    daemon_env: dict[str, str], short_tmp: Path
+    daemon_env: dict[str, str], short_tmp: Path, procs: list[DaemonProcess]
 ) -> None:
     path = daemon_env["SIDECAR_SOCKET_PATH"]
     fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a starting daemon holds it
     try:
         second = DaemonProcess(daemon_env, short_tmp / "second.log")
+        procs.append(second)
         with pytest.raises(ServiceError, match="exited with code 1"):
             second.start(timeout_s=30)
         assert f"holds {path}.lock" in second.log()
@@ -103,9 +104,11 @@ def test_a_daemon_holding_the_socket_lock_is_never_displaced(
     finally:
         os.close(fd)
     first = DaemonProcess(daemon_env, short_tmp / "first.log")
+    procs.append(first)
     first.start()  # the lock is free: it starts
     try:
         racer = DaemonProcess(daemon_env, short_tmp / "racer.log")
+        procs.append(racer)
         with pytest.raises(ServiceError, match="exited with code 1"):
             racer.start(timeout_s=30)
         with socket.socket(socket.AF_UNIX) as s:  # the first one still owns the socket
@@ -117,13 +120,14 @@ def test_a_daemon_holding_the_socket_lock_is_never_displaced(
 
 
 def test_a_taken_tcp_port_is_a_clear_error_and_leaks_no_unix_socket(
-    daemon_env: dict[str, str], short_tmp: Path
+    daemon_env: dict[str, str], short_tmp: Path, procs: list[DaemonProcess]
 ) -> None:
     port = free_port()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", port))
         taken.listen()
         proc = DaemonProcess({**daemon_env, "SIDECAR_TCP_PORT": str(port)}, short_tmp / "d.log")
+        procs.append(proc)
         with pytest.raises(ServiceError, match="exited with code 1"):
             proc.start(timeout_s=30)
     assert f"cannot listen on tcp:127.0.0.1:{port}" in proc.log()
@@ -131,5 +135,6 @@ def test_a_taken_tcp_port_is_a_clear_error_and_leaks_no_unix_socket(
     assert not os.path.exists(daemon_env["SIDECAR_SOCKET_PATH"])
     # ... and the path is free for the next start.
     retry = DaemonProcess(daemon_env, short_tmp / "retry.log")
+    procs.append(retry)
     retry.start()
     assert retry.stop() == 0
