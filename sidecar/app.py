@@ -30,7 +30,8 @@ from sidecar import checkpoint as ckpt
 from sidecar.admin import AdminServer
 from sidecar.backoff import Backoff
 from sidecar.blobstore import BlobStore
-from sidecar.buffer import RedisBuffer, WriteCoalescer
+from sidecar.buffer import RedisBuffer
+from sidecar.coalescer import WriteCoalescer
 from sidecar.config import Config
 from sidecar.durability import DurabilityWatch
 from sidecar.errors import SidecarError

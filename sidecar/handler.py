@@ -30,7 +30,8 @@ import anyio
 import msgspec
 
 from sidecar import checkpoint as ckpt
-from sidecar.buffer import PendingWrite, RedisBuffer, WriteCoalescer
+from sidecar.buffer import RedisBuffer
+from sidecar.coalescer import PendingWrite, WriteCoalescer
 from sidecar.errors import SidecarError
 from sidecar.metrics import Metrics
 from sidecar.protocol import (

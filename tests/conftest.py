@@ -5,17 +5,22 @@ Nothing relies on a service left running by hand; binaries come from ``make setu
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from sidecar.config import Config
 from tests.services import Azurite, DaemonProcess, RedisServer
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 @pytest.fixture(scope="session")
@@ -154,3 +159,22 @@ def _is_async(request: pytest.FixtureRequest) -> bool:
     import inspect
 
     return inspect.iscoroutinefunction(getattr(request.node, "obj", None))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One local PySpark session for every Spark test of the run (PySpark 4 or 3.5)."""
+    from pyspark.sql import SparkSession  # only runs that use Spark pay for importing it
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("checkpoint-sidecar-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -5,13 +5,14 @@ The daemon as a real process: ``tests.services.DaemonProcess``.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from prometheus_client.parser import text_string_to_metric_families
@@ -109,3 +110,12 @@ def wait_blob(
         return doc if doc is not None and doc.batch_id >= batch else None
 
     return wait_for(reached, timeout_s, f"the blob to hold batch {batch}")
+
+
+def as_json(offset: Any) -> Any:
+    """An offset from ``StreamingQuery.lastProgress`` as a JSON value.
+
+    PySpark 4 hands back each source's offsets as JSON text, PySpark 3.x as parsed values;
+    the listener always posts Spark's own JSON, so the daemon stores parsed values.
+    """
+    return json.loads(offset) if isinstance(offset, str) else offset

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -27,26 +26,10 @@ from pyspark.sql.streaming.query import StreamingQuery
 import spark_bridge
 from spark_bridge.handle import BridgeError
 from spark_bridge.jvm import JvmHandle, attach_jvm
-from tests.helpers import wait_blob, wait_for
+from tests.helpers import as_json, wait_blob, wait_for
 from tests.services import REPO_ROOT, DaemonProcess
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("checkpoint-sidecar-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.fixture
@@ -60,11 +43,6 @@ def daemon(env: dict[str, str], procs: list[DaemonProcess], short_tmp: Path) -> 
     procs.append(proc)
     proc.start()
     return proc
-
-
-def as_json(value: Any) -> Any:
-    """An offset as parsed JSON: PySpark 4 hands JSON text, PySpark 3 parsed values."""
-    return json.loads(value) if isinstance(value, str) else value
 
 
 def batch_of(q: StreamingQuery) -> int:

@@ -10,11 +10,8 @@ offsets (``{"offset": rowsPerBatch * batches, "timestamp": …}``).
 from __future__ import annotations
 
 import json
-import os
 import signal
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,28 +20,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 import spark_bridge
-from tests.helpers import wait_blob, wait_for
+from tests.helpers import as_json, wait_blob, wait_for
 from tests.services import DaemonProcess
 
 pytestmark = pytest.mark.spark
 
 ROWS_PER_BATCH = 10
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("checkpoint-sidecar-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="session")
@@ -98,15 +79,6 @@ def start_kafka_shaped(
         .option("checkpointLocation", str(checkpoint_dir))
         .start()
     )
-
-
-def as_json(offset: Any) -> Any:
-    """An offset from ``StreamingQuery.lastProgress`` as a JSON value.
-
-    PySpark 4 hands back each source's offsets as JSON text, PySpark 3.x as parsed values;
-    the listener always posts Spark's own JSON, so the daemon stores parsed values.
-    """
-    return json.loads(offset) if isinstance(offset, str) else offset
 
 
 def end_offsets(progress: dict[str, Any]) -> Any:

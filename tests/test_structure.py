@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
     {"protocol", "offsets"},  # wire format, offset shapes: pure
     {"metrics"},
     {"buffer", "blobstore", "client"},  # the I/O edges (Redis, Azure) and the test client
+    {"coalescer"},  # batches updates for the Redis edge
     {"lease", "lag", "kafka", "handler", "server", "admin", "report", "durability"},
     {"flusher"},
     {"app"},  # wiring

@@ -180,12 +180,19 @@ final class Sender {
     }
   }
 
-  /** Under lock: wait up to the deadline; false once it passed. */
   private boolean waitUntil(long deadlineNs) {
+    return waitOn(lock, deadlineNs);
+  }
+
+  /**
+   * Holding {@code monitor}: wait on it until notified or the deadline; false once the deadline
+   * has passed (or the thread was interrupted: the interrupt is kept).
+   */
+  static boolean waitOn(Object monitor, long deadlineNs) {
     long leftMs = TimeUnit.NANOSECONDS.toMillis(deadlineNs - System.nanoTime());
     if (leftMs <= 0) return false;
     try {
-      lock.wait(leftMs);
+      monitor.wait(leftMs);
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
       return false;

@@ -157,14 +157,7 @@ public class SidecarStreamingListener extends StreamingQueryListener {
         boolean waiting = false;
         for (String q : running) waiting |= !active.contains(q);
         if (!waiting) return true;
-        long leftMs = TimeUnit.NANOSECONDS.toMillis(deadline - System.nanoTime());
-        if (leftMs <= 0) return false;
-        try {
-          lock.wait(leftMs);
-        } catch (InterruptedException e) {
-          Thread.currentThread().interrupt();
-          return false;
-        }
+        if (!Sender.waitOn(lock, deadline)) return false;
       }
     }
   }
