@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 #: A lease is treated as lost this long before it would expire without a renewal, so a
 #: write never starts on a lease that may lapse while the request is in flight.
 EXPIRY_MARGIN_S = 3.0
+#: How often held leases are checked for having lapsed without a renewal.
+EXPIRY_CHECK_S = 0.5
 
 
 class LeaseState(enum.Enum):
@@ -145,8 +147,7 @@ class LeaseManager:
         if lease.state is LeaseState.HELD:
             if now < lease.valid_until:
                 return lease
-            lease.to(LeaseState.LOST, "not renewed in time; cannot be sure it is still ours")
-            self._schedule_retry(lease, now, immediately=True)
+            self._lapse(lease, now)
         if lease.state is LeaseState.RELEASED:
             return None
         if lease.state is LeaseState.LOST:
@@ -191,14 +192,46 @@ class LeaseManager:
         lease.retry_at = now + self._backoff.delay(lease.failures)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Renew every held lease every third of its duration, until cancelled."""
-        task_status.started()
+        """Renew every held lease every third of its duration, and mark lapsed ones LOST."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._renew_loop)
+            tg.start_soon(self._expiry_loop)
+            task_status.started()
+
+    async def _renew_loop(self) -> None:
         while True:
             await anyio.sleep(self.renew_every_s)
             held = [q for q in self._leases.values() if q.state is LeaseState.HELD]
             async with anyio.create_task_group() as tg:
                 for lease in held:
                     tg.start_soon(self._renew, lease)
+
+    async def _expiry_loop(self) -> None:
+        # Separate from renewals, which can each take up to the store's timeout.
+        while True:
+            await anyio.sleep(EXPIRY_CHECK_S)
+            self.expire_lapsed()
+
+    def expire_lapsed(self) -> list[str]:
+        """Mark LOST every HELD lease not renewed in time (a renewal that timed out rather
+        than being refused); return their labels. Metrics and ``/readyz`` follow at once,
+        instead of at the query's next write."""
+        now = self._clock()
+        lapsed = []
+        for lease in self._leases.values():
+            # A lease being acquired or released is left to that operation.
+            if lease.state is LeaseState.HELD and now >= lease.valid_until:
+                if lease.lock.locked():
+                    continue
+                self._lapse(lease, now)
+                lapsed.append(lease.label)
+        return lapsed
+
+    def _lapse(self, lease: QueryLease, now: float) -> None:
+        """HELD past its validity: LOST, and worth re-acquiring at once (nobody refused it)."""
+        lease.to(LeaseState.LOST, "not renewed in time; cannot be sure it is still ours")
+        self._metrics.lease_held.labels(lease.label).set(0)
+        self._schedule_retry(lease, now, immediately=True)
 
     async def _renew(self, lease: QueryLease) -> None:
         started = self._clock()
