@@ -160,7 +160,10 @@ class Sender:
             retry, sent, failed = self._deliver(batch)
             with self._lock:
                 for query_id, payload in retry.items():
-                    self._latest.setdefault(query_id, payload)  # a newer one wins
+                    if query_id in self._latest:
+                        self.conflated += 1  # superseded while in flight: the newer one wins
+                    else:
+                        self._latest[query_id] = payload
                 self._in_flight = set()
                 self.sent += sent
                 self.failed += failed

@@ -381,6 +381,8 @@ def test_a_connection_closed_without_a_reply_is_resent_with_only_the_newest_batc
     assert p.batches()[0] == 1 and p.batches()[1:] == [2]  # batch 1 is not resent
     stats = client.stats()
     assert (stats.sent, stats.pending, stats.reconnects) == (1, 0, 1)
+    # Every offer is settled exactly once: batch 1 counts as superseded, not lost.
+    assert (stats.offered, stats.conflated, stats.failed) == (2, 1, 0)
 
 
 # --- the real daemon ------------------------------------------------------------------------

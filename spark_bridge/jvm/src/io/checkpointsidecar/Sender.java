@@ -355,7 +355,11 @@ final class Sender {
         } else if (r == null || r.retriable()) {
           retried++;
           retry = true;
-          if (!latest.containsKey(e.getKey())) latest.put(e.getKey(), e.getValue()); // a newer one wins
+          if (latest.containsKey(e.getKey())) {
+            conflated++; // superseded while in flight: the newer one wins
+          } else {
+            latest.put(e.getKey(), e.getValue());
+          }
         } else {
           failed++;
           LOG.warn("checkpoint-sidecar refused the progress of query {}: {}", e.getKey(), r);
