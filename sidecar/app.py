@@ -53,7 +53,14 @@ CLOSE_BUDGET_S = 3.0
 class Daemon:
     """The checkpoint sidecar. ``await run()``; call :meth:`request_stop` to stop gracefully."""
 
-    def __init__(self, config: Config, *, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        registry: CollectorRegistry | None = None,
+        lease_clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``lease_clock``: the monotonic clock of the lease deadlines (tests inject one)."""
         self.config = config
         self.instance_id = str(uuid.uuid4())
         self.writer = ckpt.Writer(
@@ -78,7 +85,7 @@ class Daemon:
         self.coalescer = WriteCoalescer(self.buffer)
         # The lease id is this process's instance id: a restarted daemon is a new owner.
         self.leases = LeaseManager(
-            self.store, self.instance_id, config.lease_duration_s, self.metrics
+            self.store, self.instance_id, config.lease_duration_s, self.metrics, clock=lease_clock
         )
         self.flusher = Flusher(
             config,
@@ -262,5 +269,8 @@ class Daemon:
     async def _leases_ready(self) -> str | None:
         lost = self.leases.not_owned()
         if lost:
-            return f"lease not held (another owner, or the store refused) for: {', '.join(lost)}"
+            return (
+                "lease not held (another owner, the store refused, or it lapsed unrenewed) "
+                f"for: {', '.join(lost)}"
+            )
         return None

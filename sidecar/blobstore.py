@@ -7,7 +7,8 @@ Layout: container ``SIDECAR_CONTAINER``, blob ``<namespace>/<query_id>.json``, m
 Azure SDK errors are translated here, once: a refused lease → :class:`LeaseConflict`
 (acquire) or :class:`LeaseLost` (renew, write); network errors, timeouts, 5xx and 429 →
 :class:`StoreUnavailable`; anything else → :class:`StoreError`. The SDK's own retries are
-off: the flusher retries with backoff and jitter and sees every failure.
+off: the flusher retries with backoff and jitter and sees every failure. A body that is not a
+checkpoint document of its query → :class:`CorruptRecord`; ``list`` marks such a blob instead.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -32,17 +34,35 @@ from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient, Container
 
 from sidecar.checkpoint import CheckpointDocument, decode_document
 from sidecar.config import Config
-from sidecar.errors import LeaseConflict, LeaseLost, StoreError, StoreUnavailable
+from sidecar.errors import CorruptRecord, LeaseConflict, LeaseLost, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 
 class BlobInfo(msgspec.Struct, frozen=True):
-    """A checkpoint blob as listed: its document (None while still empty) and lease state."""
+    """A checkpoint blob as listed: its document (None while still empty, or unreadable) and
+    lease state."""
 
     blob_name: str
     lease_state: str
     document: CheckpointDocument | None
+    #: The query the blob belongs to (from its name) and, when written by the daemon, the
+    #: query's name (from the blob's metadata, so an unreadable blob is still named).
+    query_id: str = ""
+    query_name: str | None = None
+    last_modified: datetime | None = None
+    #: Why the document cannot be read (the CorruptRecord's ``problem``); None when readable.
+    unreadable: str | None = None
+
+    def checked(self) -> CheckpointDocument | None:
+        """The document; None while the blob is still empty.
+
+        Raises:
+            CorruptRecord: the blob cannot be read (it is left as it is).
+        """
+        if self.unreadable is not None:
+            raise CorruptRecord("blob", self.blob_name, self.unreadable)
+        return self.document
 
 
 _JSON = ContentSettings(content_type="application/json")
@@ -170,7 +190,11 @@ class BlobStore:
             )
 
     async def read(self, query_id: str) -> CheckpointDocument | None:
-        """The query's document, or None when there is no blob (or it is still empty)."""
+        """The query's document, or None when there is no blob (or it is still empty).
+
+        Raises:
+            CorruptRecord: the blob is not a checkpoint document of that query.
+        """
         blob = self._container.get_blob_client(self.blob_name(query_id))
         async with self._call("read checkpoint"):
             try:
@@ -178,26 +202,50 @@ class BlobStore:
                 data = await stream.readall()
             except ResourceNotFoundError:
                 return None
-        return decode_document(data, blob.blob_name)
+        return decode_document(data, blob.blob_name, query_id)
 
     async def find(self, query_id: str | None, name: str | None) -> CheckpointDocument | None:
-        """The document of query ``query_id``, else the newest of the queries named ``name``."""
+        """The document of query ``query_id``, else the newest of the queries named ``name``.
+
+        Raises:
+            CorruptRecord: that blob (for ``name``: the newest blob of that name) cannot be
+                read.
+        """
         if query_id is not None:
             return await self.read(query_id)
-        return newest_named(await self.list(), name) if name is not None else None
+        if name is None:
+            return None
+        newest = newest_named(await self.list(), name)
+        return newest.checked() if newest is not None else None
 
     async def list(self) -> list[BlobInfo]:
-        """Every checkpoint blob of the namespace, with its document and lease state."""
+        """Every checkpoint blob of the namespace, with its document and lease state; a blob
+        that cannot be read is listed with ``unreadable`` set (see :meth:`BlobInfo.checked`)."""
         out: list[BlobInfo] = []
+        prefix = f"{self._namespace}/"
         async with self._call("list checkpoints"):
-            async for item in self._container.list_blobs(name_starts_with=f"{self._namespace}/"):
+            async for item in self._container.list_blobs(
+                name_starts_with=prefix, include=["metadata"]
+            ):
+                query_id = item.name.removeprefix(prefix).removesuffix(".json")
+                metadata = item.metadata or {}
                 stream = await self._container.get_blob_client(item.name).download_blob()
+                doc, unreadable = None, None
                 try:
-                    doc = decode_document(await stream.readall(), item.name)
-                except StoreError as exc:
-                    log.warning("skipping %s", exc)
-                    continue
-                out.append(BlobInfo(item.name, str(item.lease.state or "available"), doc))
+                    doc = decode_document(await stream.readall(), item.name, query_id)
+                except CorruptRecord as exc:
+                    unreadable = exc.problem
+                out.append(
+                    BlobInfo(
+                        item.name,
+                        str(item.lease.state or "available"),
+                        doc,
+                        query_id=query_id,
+                        query_name=doc.name if doc is not None else metadata.get("query_name"),
+                        last_modified=item.last_modified,
+                        unreadable=unreadable,
+                    )
+                )
         return out
 
     async def lease_state(self, query_id: str) -> str:
@@ -217,11 +265,25 @@ class BlobStore:
             await self._credential.close()
 
 
-def newest_named(infos: list[BlobInfo], name: str) -> CheckpointDocument | None:
-    """The most recently written document of a query named ``name`` (a query restarted
-    without its Spark checkpoint gets a new id but keeps its name)."""
-    docs = [i.document for i in infos if i.document is not None and i.document.name == name]
-    return max(docs, key=lambda d: d.written_at, default=None)
+def newest_named(infos: list[BlobInfo], name: str) -> BlobInfo | None:
+    """The most recently written blob of a query named ``name`` (a query restarted without
+    its Spark checkpoint gets a new id but keeps its name), readable or not: when the newest
+    one cannot be read, an older one is not the answer (:meth:`BlobInfo.checked` says why).
+    Empty blobs (created for their lease, never written) are no answer either."""
+    named = [
+        i
+        for i in infos
+        if i.query_name == name and (i.document is not None or i.unreadable is not None)
+    ]
+    return max(named, key=_written, default=None)
+
+
+def _written(info: BlobInfo) -> str:
+    """When the blob was written, as sortable ISO text: the document's own time, else the
+    store's (an unreadable blob has only that)."""
+    if info.document is not None:
+        return info.document.written_at
+    return info.last_modified.isoformat(timespec="milliseconds") if info.last_modified else ""
 
 
 def _translate(exc: HttpResponseError, what: str, where: str) -> Exception:

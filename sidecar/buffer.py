@@ -12,6 +12,7 @@ trip) per batch.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,17 +25,23 @@ from redis.backoff import NoBackoff
 from sidecar import checkpoint as ckpt
 from sidecar.checkpoint import Checkpoint
 from sidecar.config import redact_url
-from sidecar.errors import BufferError_, BufferUnavailable
+from sidecar.errors import BufferError_, BufferUnavailable, CorruptRecord
 from sidecar.keys import Keys
 
 log = logging.getLogger(__name__)
 
 # Shared by the scripts: newer(a, b) compares canonical decimal batch ids exactly (length,
-# then bytes: no float rounding above 2**53); `now` is Redis' clock in milliseconds.
+# then bytes: no float rounding above 2**53); batch(s) is true for a canonical decimal batch
+# id (a Java long: no sign, no leading zero, at most 2**63-1), false for anything else that a
+# damaged record may hold; `now` is Redis' clock in milliseconds.
 _PRELUDE_LUA = """
 local function newer(a, b)
   if #a ~= #b then return #a > #b end
   return a > b
+end
+local function batch(s)
+  if not s or not (s == '0' or string.find(s, '^[1-9]%d*$')) then return false end
+  return #s < 19 or (#s == 19 and s <= '9223372036854775807')
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -43,20 +50,29 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 # KEYS[1] pending zset, KEYS[2] queries set, KEYS[3] names hash, KEYS[3+i] hash of update i.
 # ARGV[4i-3..4i]: query id, batch id (canonical decimal), checkpoint JSON, name ("" if none).
 # Returns one integer per update: 1 applied, 0 stale.
+# A damaged record (docs/architecture.md, "Corrupted records"): any update replaces one whose
+# batch_id is unreadable, the next newer batch one whose checkpoint is (a readable batch_id
+# stays monotonic); counters that are not integers restart from 0, so HINCRBY cannot fail
+# the call and with it the other queries' updates.
 _APPLY_LUA = (
     _PRELUDE_LUA
     + """
+local function counter(s)
+  return s and #s <= 18 and string.find(s, '^%-?%d+$') ~= nil
+end
 local out = {}
 for i = 1, #KEYS - 3 do
   local key = KEYS[i + 3]
-  local qid, batch = ARGV[4 * i - 3], ARGV[4 * i - 2]
-  local cur = redis.call('HGET', key, 'batch_id')
-  if cur and not newer(batch, cur) then
+  local qid, id = ARGV[4 * i - 3], ARGV[4 * i - 2]
+  local cur = redis.call('HMGET', key, 'batch_id', 'pending', 'version')
+  if batch(cur[1]) and not newer(id, cur[1]) then
     out[i] = 0
   else
+    if cur[2] and not counter(cur[2]) then redis.call('HSET', key, 'pending', 0) end
+    if cur[3] and not counter(cur[3]) then redis.call('HSET', key, 'version', 0) end
     local pending = redis.call('HINCRBY', key, 'pending', 1)
     redis.call('HINCRBY', key, 'version', 1)
-    redis.call('HSET', key, 'batch_id', batch, 'checkpoint', ARGV[4 * i - 1], 'updated_ms', now)
+    redis.call('HSET', key, 'batch_id', id, 'checkpoint', ARGV[4 * i - 1], 'updated_ms', now)
     if pending == 1 then
       redis.call('HSET', key, 'first_pending_ms', now)
       redis.call('ZADD', KEYS[1], now, qid)
@@ -102,7 +118,7 @@ _MARK_FLUSHED_LUA = (
     _PRELUDE_LUA
     + """
 local flushed = redis.call('HGET', KEYS[1], 'flushed_batch_id')
-if flushed and newer(flushed, ARGV[5]) then
+if batch(flushed) and newer(flushed, ARGV[5]) then
   -- a stale mark (a newer flush was already recorded): it must not clear newer updates
   return tonumber(redis.call('HGET', KEYS[1], 'pending') or '0')
 end
@@ -217,10 +233,19 @@ class RedisBuffer:
         return [bool(r) for r in result]
 
     async def get(self, query_id: str) -> bytes | None:
-        """The stored checkpoint JSON of ``query_id``, or None when the query is unknown."""
+        """The stored checkpoint JSON of ``query_id``, or None when the query is unknown.
+
+        Raises:
+            CorruptRecord: the stored record cannot be read (it is left as it is).
+        """
+        key = self.keys.query(query_id)
         with self._translate("get"):
-            value = await self._redis.hget(self.keys.query(query_id), "checkpoint")
-        return value.encode() if isinstance(value, str) else value
+            value = await self._redis.hget(key, "checkpoint")
+        if value is None:
+            return None
+        data = value.encode() if isinstance(value, str) else value
+        ckpt.decode(data, key, query_id)  # checked: a reply must carry a readable record
+        return data
 
     async def query_id_for(self, name: str) -> str | None:
         """Id of the query that most recently reported under ``name``, if any."""
@@ -229,29 +254,67 @@ class RedisBuffer:
         return _text(value) if value is not None else None
 
     async def snapshot(self, extra: Iterable[str] = ()) -> Snapshot:
-        """Every query with pending updates (plus ``extra`` ones), read atomically."""
+        """Every query with pending updates (plus ``extra`` ones), read atomically; those whose
+        record cannot be read are in ``corrupt`` (left as they are), not in ``queries``."""
         with self._translate("snapshot"):
             raw = await self._snapshot(
                 keys=[self.keys.pending], args=[self.keys.query_prefix, *extra]
             )
         now_ms = int(raw[0])
-        queries = []
-        for qid, pending, first_ms, version, batch, doc, flushed in raw[1:]:
-            if doc is None:
-                continue  # an extra id Redis knows nothing about
-            queries.append(
-                PendingQuery(
-                    query_id=_text(qid),
-                    pending=int(pending or 0),
-                    first_pending_ms=int(first_ms) if first_ms is not None else None,
-                    version=_text(version),
-                    batch_id=int(batch),
-                    checkpoint=bytes(doc) if not isinstance(doc, str) else doc.encode(),
-                    flushed_batch_id=int(flushed) if flushed is not None else None,
-                    snapshot_ms=now_ms,
-                )
+        snapshot = Snapshot(now_ms, [], {})
+        for row in raw[1:]:
+            query_id = _text(row[0])
+            try:
+                query = self._pending_query(query_id, row[1:], now_ms)
+            except CorruptRecord as exc:
+                snapshot.corrupt[query_id] = exc
+                continue
+            if query is not None:
+                snapshot.queries.append(query)
+        return snapshot
+
+    def _pending_query(
+        self, query_id: str, fields: list[bytes | None], now_ms: int
+    ) -> PendingQuery | None:
+        """One row of the snapshot script, checked; None for an id Redis knows nothing of.
+
+        Raises:
+            CorruptRecord: the record's checkpoint, batch id or counters cannot be read, or
+                they disagree with each other.
+        """
+        pending, first_ms, version, batch, doc, flushed = fields
+        key = self.keys.query(query_id)
+        if doc is None:
+            if pending is None and version is None and batch is None:
+                return None  # an extra id Redis knows nothing about (or a deleted record)
+            raise CorruptRecord("redis", key, "has no checkpoint field")
+        checkpoint = ckpt.decode(bytes(doc), key, query_id)
+        batch_id = ckpt.decode_batch_id(batch, key)
+        if checkpoint.batch_id != batch_id:
+            raise CorruptRecord(
+                "redis",
+                key,
+                f"has batch_id {batch_id} but a checkpoint of batch {checkpoint.batch_id}",
             )
-        return Snapshot(now_ms, queries)
+        count = _counter(pending) if pending is not None else 0
+        if count is None or version is None or _counter(version) is None:
+            raise CorruptRecord(
+                "redis",
+                key,
+                f"has counters that are not integers (pending {pending!r}, version {version!r})",
+            )
+        return PendingQuery(
+            query_id=query_id,
+            pending=count,
+            # Bookkeeping only: unreadable reads as unknown (the flusher flushes a pending query
+            # of unknown age at once, reading the blob's batch first; the flush rewrites both).
+            first_pending_ms=_counter(first_ms) if first_ms is not None else None,
+            version=_text(version),
+            batch_id=batch_id,
+            checkpoint=checkpoint,
+            flushed_batch_id=_counter(flushed) if flushed is not None else None,
+            snapshot_ms=now_ms,
+        )
 
     async def mark_flushed(self, query: PendingQuery, durable_batch_id: int) -> int:
         """Record that ``durable_batch_id`` is in the blob; clear what the snapshot covered.
@@ -307,6 +370,14 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+_COUNTER = re.compile(rb"-?[0-9]{1,18}")
+
+
+def _counter(value: bytes) -> int | None:
+    """A stored integer (a counter, a time in ms); None when it is not one."""
+    return int(value) if _COUNTER.fullmatch(value) else None
+
+
 @dataclass(frozen=True, slots=True)
 class PendingQuery:
     """One query's flush state as read by :meth:`RedisBuffer.snapshot`."""
@@ -316,7 +387,7 @@ class PendingQuery:
     first_pending_ms: int | None
     version: str
     batch_id: int
-    checkpoint: bytes
+    checkpoint: Checkpoint
     flushed_batch_id: int | None
     snapshot_ms: int
 
@@ -325,3 +396,5 @@ class PendingQuery:
 class Snapshot:
     now_ms: int
     queries: list[PendingQuery]
+    #: Queries whose record cannot be read, by query id (left as they are in Redis).
+    corrupt: dict[str, CorruptRecord]

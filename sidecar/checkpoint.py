@@ -26,7 +26,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from sidecar.errors import StoreError
+from sidecar.errors import CorruptRecord
 
 #: Longest accepted query id / run id. Spark uses UUIDs (36 characters).
 MAX_ID_CHARS = 256
@@ -178,18 +178,29 @@ def encode_document(doc: CheckpointDocument) -> bytes:
     return _encoder.encode(doc)
 
 
-def decode_document(data: bytes, blob_name: str = "blob") -> CheckpointDocument | None:
+def decode_document(
+    data: bytes, blob_name: str = "blob", query_id: str | None = None
+) -> CheckpointDocument | None:
     """Parse a blob's body; None for the empty body of a freshly created blob.
 
+    ``query_id``: the query the blob belongs to (its name says so); a document of another
+    query is refused.
+
     Raises:
-        StoreError: the body is not a checkpoint document (written by something else?).
+        CorruptRecord: the body is not a checkpoint document (another version's, cut short,
+            edited by hand, or written by something else), or it is another query's.
     """
     if not data:
         return None
     try:
-        return _doc_decoder.decode(data)
+        doc = _doc_decoder.decode(data)
     except msgspec.DecodeError as exc:
-        raise StoreError(f"{blob_name} is not a checkpoint document: {exc}") from exc
+        raise CorruptRecord("blob", blob_name, f"is not a checkpoint document ({exc})") from exc
+    if query_id is not None and doc.query_id != query_id:
+        raise CorruptRecord(
+            "blob", blob_name, f"holds a checkpoint of query {doc.query_id!r}, not {query_id!r}"
+        )
+    return doc
 
 
 def encode(checkpoint: Checkpoint) -> bytes:
@@ -197,6 +208,36 @@ def encode(checkpoint: Checkpoint) -> bytes:
     return _encoder.encode(checkpoint)
 
 
-def decode(data: bytes) -> Checkpoint:
-    """Parse a checkpoint previously produced by :func:`encode`."""
-    return _decoder.decode(data)
+def decode(data: bytes, key: str = "checkpoint", query_id: str | None = None) -> Checkpoint:
+    """Parse a checkpoint previously produced by :func:`encode`, read from Redis ``key`` (the
+    record of query ``query_id``, when given: another query's checkpoint is refused).
+
+    Raises:
+        CorruptRecord: ``data`` is not a checkpoint record (another version's, cut short,
+            edited by hand), or it is another query's.
+    """
+    try:
+        checkpoint = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise CorruptRecord(
+            "redis", key, f"has a checkpoint field that is not a checkpoint record ({exc})"
+        ) from exc
+    if query_id is not None and checkpoint.query_id != query_id:
+        raise CorruptRecord("redis", key, f"holds a checkpoint of query {checkpoint.query_id!r}")
+    return checkpoint
+
+
+_BATCH_ID = re.compile(r"0|[1-9][0-9]{0,18}")
+
+
+def decode_batch_id(value: bytes | str | None, key: str, field: str = "batch_id") -> int:
+    """A batch id as stored in Redis (canonical decimal, at most a Java long's maximum).
+
+    Raises:
+        CorruptRecord: ``value`` is anything else (or absent).
+    """
+    text = value.decode(errors="replace") if isinstance(value, bytes) else value
+    if text is not None and _BATCH_ID.fullmatch(text) and int(text) < 2**63:
+        return int(text)
+    shown = "none" if text is None else repr(text if len(text) <= 40 else text[:40] + "…")
+    raise CorruptRecord("redis", key, f"has a {field} field that is not a batch id ({shown})")

@@ -7,7 +7,7 @@ Messages say what happened and what to do next.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 #: Process exit codes: clean stop, runtime failure, bad configuration or usage, forced stop.
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FORCED = 0, 1, 2, 130
@@ -63,3 +63,56 @@ class LeaseLost(SidecarError):
     """Our lease was refused (expired, broken or taken over); the write did not happen."""
 
     retriable = True
+
+
+class KafkaUnavailable(SidecarError):
+    """The Kafka brokers cannot be reached, timed out, or answered with a transient error
+    (no coordinator yet, a leader moving); the commit is retried with backoff."""
+
+    retriable = True
+    code = "unavailable"
+
+
+class KafkaRefused(SidecarError):
+    """The brokers refused the call for a reason retrying soon will not fix (authentication,
+    ACLs on the group or topic, an invalid group id, an unusable TLS setup): fix the
+    credentials, the ACLs or ``SIDECAR_KAFKA_GROUP_TEMPLATE``; it is retried at the backoff
+    cap meanwhile."""
+
+
+#: Where a stored record lives, and what an operator can do about an unreadable one.
+_RECORD_KINDS = {
+    "redis": (
+        "Redis record",
+        "it is quarantined (left as it is: not flushed, not deleted) and every other query "
+        "keeps flushing. Inspect it (HGETALL {key}); the query's next newer batch replaces "
+        "it, or delete it (DEL {key}) and the query resumes from its blob",
+    ),
+    "blob": (
+        "blob",
+        "it is left as it is: the daemon never overwrites a blob it cannot read (it may be "
+        "another version's). Inspect it, then restore it, or delete it: the daemon then writes "
+        "the query's checkpoint from Redis again",
+    ),
+}
+
+
+class CorruptRecord(SidecarError):
+    """A stored record cannot be read: a query's Redis hash or its blob document was written
+    by another version, cut short, or edited by hand. Not retriable: the record stays as it
+    is until it is replaced (Redis: the query's next newer batch) or removed by an operator.
+
+    Attributes: ``where`` ("redis" or "blob"), ``key`` (the Redis key or the blob name),
+    ``problem`` (what is wrong with it, e.g. "is not a checkpoint document (…)").
+    """
+
+    #: The protocol has no code of its own for it: a ``get`` that meets one answers
+    #: ``internal`` with this message, which names the record.
+    code = "internal"
+
+    def __init__(self, where: Literal["redis", "blob"], key: str, problem: str) -> None:
+        what, remedy = _RECORD_KINDS[where]
+        super().__init__(f"{what} {key} {problem}; {remedy.format(key=key)}")
+        self.where = where
+        self.key = key
+        self.problem = problem

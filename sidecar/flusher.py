@@ -15,6 +15,11 @@ cleared only after the write succeeded, and only as far as the written snapshot 
 
 At start the first tick flushes whatever a previous run left pending (crash recovery); at
 stop :meth:`final_flush` flushes everything owned, whatever the thresholds.
+
+A record that cannot be read (:class:`~sidecar.errors.CorruptRecord`: a query's Redis hash or
+its blob, written by another version, cut short, edited by hand) is quarantined: left as it
+is, not flushed, counted once in ``checkpoint_sidecar_bad_records_total{where}`` and logged
+once as an error naming it, until it is readable again; every other query keeps flushing.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from sidecar.backoff import Backoff
 from sidecar.blobstore import BlobStore
 from sidecar.buffer import PendingQuery, RedisBuffer
 from sidecar.config import Config
-from sidecar.errors import LeaseLost, SidecarError
+from sidecar.errors import CorruptRecord, LeaseLost, SidecarError
 from sidecar.lease import LeaseManager
 from sidecar.metrics import Metrics
 
@@ -66,7 +71,9 @@ class Flusher:
         self._backoff = Backoff(RETRY_BASE_S, RETRY_CAP_S)
         self._waiters: dict[str, list[tuple[int, anyio.Event]]] = defaultdict(list)
         self._durable: dict[str, int] = {}
-        self._labels: dict[str, str] = {}
+        #: Unreadable records, by query id: {where: Redis key or blob name}, each counted and
+        #: logged once, until the record is readable again.
+        self._quarantined: dict[str, dict[str, str]] = defaultdict(dict)
         #: Queries a previous run left pending: due whatever the thresholds until flushed
         #: (None until the first snapshot has been read).
         self._recovering: set[str] | None = None
@@ -132,9 +139,15 @@ class Flusher:
                     len(self._recovering),
                     ", ".join(sorted(self._recovering)),
                 )
+        for query_id, bad in snapshot.corrupt.items():
+            if self._quarantine(query_id, bad):
+                log.error("flush query=%s skipped, record unreadable: %s", query_id, bad)
+        for query_id, where in list(self._quarantined.items()):
+            if "redis" in where and query_id not in snapshot.corrupt:
+                self._readable(query_id, "redis")  # replaced by a newer batch, or deleted
         due: list[PendingQuery] = []
         for q in snapshot.queries:
-            label = self._label(q)
+            label = q.checkpoint.label
             age_s = 0.0
             if q.pending > 0 and q.first_pending_ms is not None:
                 age_s = max(0.0, (snapshot.now_ms - q.first_pending_ms) / 1000)
@@ -152,6 +165,7 @@ class Flusher:
                 or age_s >= cfg.time_threshold_s
                 or q.query_id in self._waiters
                 or q.query_id in self._recovering
+                or q.first_pending_ms is None  # unknown age (a damaged record): due now
             ):
                 due.append(q)
         failed = 0
@@ -174,15 +188,29 @@ class Flusher:
 
     # --- one query -------------------------------------------------------------------------
 
-    def _label(self, q: PendingQuery) -> str:
-        label = self._labels.get(q.query_id)
-        if label is None:
-            label = self._labels[q.query_id] = ckpt.decode(q.checkpoint).label
-        return label
+    def _quarantine(self, query_id: str, exc: CorruptRecord) -> bool:
+        """Count an unreadable record once; True the first time (the caller logs it)."""
+        if self._quarantined[query_id].get(exc.where) == exc.key:
+            return False
+        self._quarantined[query_id][exc.where] = exc.key
+        self._metrics.bad_records.labels(exc.where).inc()
+        return True
+
+    def _readable(self, query_id: str, where: str) -> None:
+        """The query's record in ``where`` was read fine: out of quarantine, if it was in."""
+        quarantined = self._quarantined.get(query_id)
+        if quarantined is None:
+            return
+        key = quarantined.pop(where, None)
+        if key is not None:
+            log.info("query=%s: %s %s is no longer unreadable", query_id, where, key)
+        if not quarantined:
+            del self._quarantined[query_id]
 
     async def _flush(self, q: PendingQuery) -> bool:
-        """Flush one query. False when it failed and must be retried (not: not owned)."""
-        checkpoint = ckpt.decode(q.checkpoint)
+        """Flush one query. False when it failed and must be retried (not: not owned, or a
+        quarantined blob)."""
+        checkpoint = q.checkpoint
         label = checkpoint.label
         m = self._metrics
         lease = await self._leases.ensure_held(q.query_id, label)
@@ -194,6 +222,7 @@ class Flusher:
             blob_batch_id = lease.blob_batch_id
             if blob_batch_id is None:
                 doc = await self._store.read(q.query_id)
+                self._readable(q.query_id, "blob")
                 blob_batch_id = doc.batch_id if doc is not None else -1
                 lease.record_blob(blob_batch_id)
             if checkpoint.batch_id <= blob_batch_id:
@@ -225,8 +254,11 @@ class Flusher:
             # A retriable error (store or Redis down) retries soon; any other (a refused
             # credential, a bad request) waits the full cap: it needs an operator first.
             delay = self._backoff.failed(q.query_id, give_up_ramp=not exc.retriable)
+            level = logging.WARNING if exc.retriable else logging.ERROR
+            if isinstance(exc, CorruptRecord) and not self._quarantine(q.query_id, exc):
+                level = logging.DEBUG  # logged once, when it was first found unreadable
             log.log(
-                logging.WARNING if exc.retriable else logging.ERROR,
+                level,
                 "flush query=%s batch=%d failed (retry %d in %.1fs): %s",
                 label,
                 q.batch_id,
@@ -234,7 +266,9 @@ class Flusher:
                 delay,
                 exc,
             )
-            return False
+            # A quarantined blob is not a failure the final flush should keep retrying until
+            # the grace period ends: only an operator can fix it (the update stays in Redis).
+            return isinstance(exc, CorruptRecord)
         self._backoff.succeeded(q.query_id)
         if self._recovering:
             self._recovering.discard(q.query_id)

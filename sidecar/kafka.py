@@ -16,20 +16,32 @@ Invariants:
 Commits are made without joining the group (manual assignment, generation -1), so nothing
 rebalances and no Spark executor is disturbed. Commit metadata carries query id, run id and
 batch id. A broker outage never blocks flushing: commits are retried with backoff.
+
+Kafka is optional and must never stop the core: aiokafka's errors are translated here, once
+(``KafkaCommitter._call``): unreachable, timed out or transient → :class:`KafkaUnavailable` (retried
+from 0.5 s doubling to 30 s); authentication, ACLs, an invalid group or an unusable TLS setup
+→ :class:`KafkaRefused` (waits the 30 s cap, logged as an error). Anything else raised by a
+group's commit or by the end-offset poll (a bug here or in the client) is contained too:
+logged once with its traceback, counted as an error, retried with the backoff. The TLS
+context is built once, at start, in a worker thread (it reads files).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import ssl
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError
+from aiokafka import errors as ke
+from aiokafka.errors import ConsumerStoppedError, KafkaError
 from aiokafka.helpers import create_ssl_context
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from anyio.abc import TaskStatus
@@ -37,6 +49,7 @@ from anyio.abc import TaskStatus
 from sidecar.backoff import Backoff
 from sidecar.checkpoint import Checkpoint
 from sidecar.config import Config
+from sidecar.errors import KafkaRefused, KafkaUnavailable, SidecarError
 from sidecar.metrics import Metrics
 from sidecar.offsets import Offsets, kafka_offsets
 
@@ -44,6 +57,34 @@ log = logging.getLogger(__name__)
 
 TICK_S = 1.0
 RETRY_CAP_S = 30.0
+#: Backoff key of the end-offset poll (group names are the other keys).
+_END_OFFSETS = object()
+
+#: What an operator must fix before a retry can succeed. aiokafka's own ``retriable`` flag
+#: cannot decide this: it leaves transient errors unflagged (a KafkaTimeoutError, a broker
+#: not available, a rebalance), so everything not named here counts as transient.
+# fmt: off
+_REFUSED: tuple[type[KafkaError], ...] = (
+    ke.AuthenticationFailedError, ke.AuthenticationMethodNotSupported, ke.IllegalSaslStateError,
+    ke.SaslAuthenticationFailed, ke.UnsupportedSaslMechanismError,
+    ke.TopicAuthorizationFailedError, ke.GroupAuthorizationFailedError,
+    ke.ClusterAuthorizationFailedError, ke.InvalidGroupIdError, ke.InvalidTopicError,
+    ke.OffsetMetadataTooLargeError, ke.KafkaConfigurationError, ke.IncompatibleBrokerVersion,
+    ke.UnrecognizedBrokerVersion, ke.UnsupportedVersionError,
+)
+# fmt: on
+
+
+def translate(exc: KafkaError, what: str, where: str) -> SidecarError:
+    """aiokafka's error as ours: :class:`KafkaRefused` (not retriable) or
+    :class:`KafkaUnavailable`."""
+    name = type(exc).__name__
+    if isinstance(exc, _REFUSED):
+        return KafkaRefused(
+            f"Kafka {where} refused {what} ({name}: {exc}): check the credentials, the ACLs "
+            "on the group and topics, and SIDECAR_KAFKA_GROUP_TEMPLATE"
+        )
+    return KafkaUnavailable(f"Kafka {where}: {what} failed ({name}: {exc})")
 
 
 def group_name(template: str, checkpoint: Checkpoint, namespace: str) -> str:
@@ -103,6 +144,12 @@ class KafkaCommitter:
         self._groups: dict[str, _Group] = {}
         self._wake = anyio.Event()
         self._extra = config.kafka_query_set
+        self._where = config.kafka_bootstrap_servers or ""
+        #: Built once (files are read in a worker thread); None until then, or without TLS.
+        self._ssl_context: ssl.SSLContext | None = None
+        #: By backoff key: the unexpected error of the current failure streak, whose
+        #: traceback was logged (once per streak, not at every retry).
+        self._unexpected: dict[object, type[BaseException]] = {}
 
     def durable(self, checkpoint: Checkpoint) -> None:
         """A checkpoint is now in the blob: commit its Kafka offsets (non-blocking)."""
@@ -120,6 +167,14 @@ class KafkaCommitter:
         self._wake.set()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Commit what is durable, every tick or when woken, until cancelled. Never raises
+        for Kafka's sake: every failure is logged, counted and retried."""
+        if self._tls:
+            try:
+                await self._build_ssl_context()
+            except KafkaRefused as exc:
+                self._metrics.kafka_up.set(0)
+                log.error("%s; commits wait until it can be built (retried at each attempt)", exc)
         task_status.started()
         try:
             while True:
@@ -153,7 +208,7 @@ class KafkaCommitter:
         m = self._metrics
         label = group.checkpoint.label
         try:
-            with anyio.fail_after(self._config.kafka_timeout_s):
+            async with self._call(f"commit of group {group.name}"):
                 consumer = await self._consumer(group)
                 tps = {key: TopicPartition(*key) for key in group.offsets}
                 if consumer.assignment() != set(tps.values()):
@@ -188,21 +243,14 @@ class KafkaCommitter:
                     )
                 if commit:
                     await consumer.commit(commit)
-        except (KafkaError, OSError, TimeoutError) as exc:
+        except Exception as exc:  # translated, or a bug here or in the client: never fatal
             group.fetched.clear()  # re-read the broker's view after reconnecting
-            delay = self._backoff.failed(group.name)
             m.kafka_commits.labels("error").inc()
             m.kafka_up.set(0)
-            log.warning(
-                "kafka group=%s query=%s commit failed (retry %d in %.1fs): %r",
-                group.name,
-                label,
-                self._backoff.failures(group.name),
-                delay,
-                exc,
-            )
+            self._failed(group.name, f"kafka group={group.name} query={label} commit", exc)
             await self._drop_consumer(group)
             return
+        self._unexpected.pop(group.name, None)
         for tp, oam in commit.items():
             group.committed[(tp.topic, tp.partition)] = oam.offset
         group.dirty = False
@@ -219,20 +267,90 @@ class KafkaCommitter:
                 len(commit),
             )
 
+    def _failed(self, key: object, what: str, exc: Exception) -> None:
+        """Back ``key`` off after ``exc`` and log it: ours at WARNING (retriable) or ERROR
+        (waits the cap); an unexpected one at ERROR, its traceback once per failure streak."""
+        retriable = exc.retriable if isinstance(exc, SidecarError) else True
+        delay = self._backoff.failed(key, give_up_ramp=not retriable)
+        retry = f"retry {self._backoff.failures(key)} in {delay:.1f}s"
+        if isinstance(exc, SidecarError):
+            level = logging.WARNING if retriable else logging.ERROR
+            log.log(level, "%s failed (%s): %s", what, retry, exc)
+            return
+        first = self._unexpected.get(key) is not type(exc)
+        self._unexpected[key] = type(exc)
+        again = "" if first else " (again; the traceback was logged at its first occurrence)"
+        log.error(
+            "%s failed unexpectedly (%s): %r%s",
+            what,
+            retry,
+            exc,
+            again,
+            exc_info=exc if first else None,
+        )
+
+    @asynccontextmanager
+    async def _call(self, what: str) -> AsyncIterator[None]:
+        """Time-limit Kafka calls and translate their errors into ours."""
+        timeout = self._config.kafka_timeout_s
+        try:
+            with anyio.fail_after(timeout):
+                yield
+        except TimeoutError as exc:
+            raise KafkaUnavailable(
+                f"Kafka {self._where}: {what} timed out after {timeout}s"
+            ) from exc
+        except KafkaError as exc:
+            raise translate(exc, what, self._where) from exc
+        except (OSError, ConsumerStoppedError) as exc:
+            raise KafkaUnavailable(f"Kafka {self._where} unreachable during {what}: {exc}") from exc
+
     async def _consumer(self, group: _Group) -> Any:
         if group.consumer is None:
+            if self._tls and self._ssl_context is None:
+                await self._build_ssl_context()  # it failed at start: the files may be fixed
             consumer = AIOKafkaConsumer(
                 group_id=group.name, enable_auto_commit=False, **self._client_options()
             )
-            await consumer.start()
+            try:
+                await consumer.start()
+            except BaseException:
+                await self._stop_quietly(consumer)  # whatever it opened before failing
+                raise
             group.consumer = consumer
         return group.consumer
 
     async def _drop_consumer(self, group: _Group) -> None:
         consumer, group.consumer = group.consumer, None
         if consumer is not None:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+            await self._stop_quietly(consumer)
+
+    @staticmethod
+    async def _stop_quietly(consumer: Any) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+            try:
                 await consumer.stop()
+            except Exception as exc:  # closing a broken client must not fail the caller
+                log.debug("kafka client did not stop cleanly: %r", exc)
+
+    @property
+    def _tls(self) -> bool:
+        return self._config.kafka_security_protocol.endswith("SSL")
+
+    async def _build_ssl_context(self) -> None:
+        """Build the TLS context in a worker thread (it reads the CA, certificate and key
+        files). Raises: KafkaRefused: a file is missing, unreadable or not valid PEM."""
+        cfg = self._config
+        files = {"cafile": cfg.kafka_ssl_cafile}
+        files.update(certfile=cfg.kafka_ssl_certfile, keyfile=cfg.kafka_ssl_keyfile)
+        try:
+            build = functools.partial(create_ssl_context, **files)
+            self._ssl_context = await anyio.to_thread.run_sync(build)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            raise KafkaRefused(
+                f"Kafka TLS context cannot be built from {[f for f in files.values() if f]}: "
+                f"{exc}; check SIDECAR_KAFKA_SSL_CAFILE, _CERTFILE, _KEYFILE"
+            ) from exc
 
     def _client_options(self) -> dict[str, Any]:
         cfg = self._config
@@ -248,27 +366,29 @@ class KafkaCommitter:
                 sasl_plain_username=cfg.kafka_sasl_username,
                 sasl_plain_password=cfg.kafka_sasl_password,
             )
-        if cfg.kafka_security_protocol.endswith("SSL"):
-            options["ssl_context"] = create_ssl_context(
-                cafile=cfg.kafka_ssl_cafile,
-                certfile=cfg.kafka_ssl_certfile,
-                keyfile=cfg.kafka_ssl_keyfile,
-            )
+        if self._tls:
+            options["ssl_context"] = self._ssl_context
         return options
 
     async def _poll_end_offsets(self) -> None:
         """Read the brokers' end offsets of every committed partition, for lag metrics."""
         groups = [g for g in self._groups.values() if g.consumer is not None]
-        if not groups:
+        if not groups or not self._backoff.ready(_END_OFFSETS):
             return
         consumer = groups[0].consumer
         keys = {key for g in groups for key in g.offsets}
         try:
-            with anyio.fail_after(self._config.kafka_timeout_s):
+            async with self._call("end offsets"):
                 ends = await consumer.end_offsets([TopicPartition(*k) for k in keys])
-        except (KafkaError, OSError, TimeoutError) as exc:
-            log.debug("kafka end offsets unavailable: %r", exc)
+        except SidecarError as exc:
+            # Commits report the brokers' state (kafka_up); lag just waits for the next poll.
+            log.debug("kafka end offsets unavailable: %s", exc)
             return
+        except Exception as exc:  # a bug here or in the client: contained, never fatal
+            self._failed(_END_OFFSETS, "kafka end offsets", exc)
+            return
+        self._backoff.succeeded(_END_OFFSETS)
+        self._unexpected.pop(_END_OFFSETS, None)
         if self._on_end_offsets is not None:
             self._on_end_offsets({(tp.topic, tp.partition): off for tp, off in ends.items()})
 

@@ -9,7 +9,7 @@ States and transitions (anything else raises :class:`IllegalTransition`)::
 
     ACQUIRING ──acquired──────────▶ HELD ──renewed──▶ HELD
         │                            │
-        │ another owner / store down │ renewal or write refused, or not renewed in time
+        │ another owner / store down │ renewal or write refused, or its validity ran out
         ▼                            ▼
        LOST ◀────────────────────────┘
         │ backoff elapsed
@@ -18,7 +18,14 @@ States and transitions (anything else raises :class:`IllegalTransition`)::
 
 LOST is "not owned": nothing is written, updates stay buffered in Redis, the state shows
 in ``checkpoint_sidecar_lease_held{query}``, logs and ``/readyz``, and acquisition is
-retried with capped exponential backoff and jitter.
+retried with capped exponential backoff and jitter (by the manager's own loop, so an idle
+query's lease comes back too).
+
+Validity is a timer, not a question asked at the next write: a lease whose last successful
+acquire or renew started more than its duration minus :data:`EXPIRY_MARGIN_S` ago is LOST
+within :data:`CHECK_EVERY_S`, also while its renewal hangs (a store that stopped answering
+times a call out only after ``SIDECAR_WRITE_TIMEOUT_S``). Every state change the loop makes
+happens under the lease's lock, so it never interleaves with ``ensure_held`` or a release.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
 from sidecar.backoff import Backoff
 from sidecar.blobstore import BlobStore
@@ -42,8 +49,12 @@ log = logging.getLogger(__name__)
 #: A lease is treated as lost this long before it would expire without a renewal, so a
 #: write never starts on a lease that may lapse while the request is in flight.
 EXPIRY_MARGIN_S = 3.0
-#: How often held leases are checked for having lapsed without a renewal.
-EXPIRY_CHECK_S = 0.5
+#: How often the manager's loop looks at its leases: a lease whose validity ran out is LOST
+#: (metrics, ``/readyz``) within this long, and due renewals and retries start within it.
+CHECK_EVERY_S = 0.25
+#: A renewal that failed without being refused (store unreachable, timed out) is tried again
+#: this soon, while the lease may still be valid.
+RENEW_RETRY_S = 1.0
 
 
 class LeaseState(enum.Enum):
@@ -74,13 +85,16 @@ class QueryLease:
     state: LeaseState = LeaseState.ACQUIRING
     #: Monotonic time after which the lease may have lapsed (valid while HELD).
     valid_until: float = 0.0
+    #: Monotonic time of the next renewal (while HELD).
+    renew_at: float = 0.0
     #: Monotonic time of the next acquisition attempt (while LOST).
     retry_at: float = 0.0
     failures: int = 0
     #: Batch id the blob holds, read after each acquisition (-1: empty blob); None: unknown.
     #: Only valid while the lease is held without a gap: reset on every (re)acquisition.
     blob_batch_id: int | None = field(default=None)
-    #: Serialises acquire / release of this lease (a tick and the final flush may overlap).
+    #: Serialises acquire, release and the loop's state changes of this lease (a flush tick,
+    #: the final flush and the lease loop may overlap).
     lock: anyio.Lock = field(default_factory=anyio.Lock)
 
     def record_blob(self, batch_id: int) -> None:
@@ -110,12 +124,15 @@ class LeaseManager:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: monotonic seconds, for every lease deadline (tests inject their own)."""
         self._store = store
         self.lease_id = lease_id
         self._duration_s = duration_s
         self._metrics = metrics
         self._clock = clock
         self._leases: dict[str, QueryLease] = {}
+        #: Queries with a renewal or a re-acquisition under way in the loop (one at a time).
+        self._busy: set[str] = set()
         # The cap keeps a standby's takeover within about a third of a lease duration after
         # the owner lets go.
         self._backoff = Backoff(1.0, self.renew_every_s, clock=clock)
@@ -125,8 +142,13 @@ class LeaseManager:
         return self._duration_s / 3
 
     def not_owned(self) -> list[str]:
-        """Labels of the queries whose lease this daemon wants but does not hold."""
-        return [q.label for q in self._leases.values() if q.state is LeaseState.LOST]
+        """Labels of the queries whose lease this daemon wants but does not hold: LOST, or
+        being re-acquired after a loss (not a first acquisition, which is not a failure)."""
+        return [
+            q.label
+            for q in self._leases.values()
+            if q.state is LeaseState.LOST or (q.state is LeaseState.ACQUIRING and q.failures)
+        ]
 
     def state(self, query_id: str) -> LeaseState | None:
         lease = self._leases.get(query_id)
@@ -142,12 +164,12 @@ class LeaseManager:
             return await self._ensure_held(lease)
 
     async def _ensure_held(self, lease: QueryLease) -> QueryLease | None:
-        query_id, label = lease.query_id, lease.label
+        query_id = lease.query_id
         now = self._clock()
         if lease.state is LeaseState.HELD:
             if now < lease.valid_until:
                 return lease
-            self._lapse(lease, now)
+            self._expire(lease)
         if lease.state is LeaseState.RELEASED:
             return None
         if lease.state is LeaseState.LOST:
@@ -165,10 +187,11 @@ class LeaseManager:
             self._lose(lease, f"could not acquire: {exc}")
             return None
         lease.valid_until = started + self._duration_s - EXPIRY_MARGIN_S
+        lease.renew_at = started + self.renew_every_s
         lease.failures = 0
         lease.blob_batch_id = None  # someone else may have written while we did not own it
         lease.to(LeaseState.HELD, f"acquired for {self._duration_s}s")
-        self._metrics.lease_held.labels(label).set(1)
+        self._metrics.lease_held.labels(lease.label).set(1)
         return lease
 
     def lost(self, query_id: str, reason: str) -> None:
@@ -177,12 +200,22 @@ class LeaseManager:
         if lease is not None and lease.state is LeaseState.HELD:
             self._lose(lease, reason)
 
-    def _lose(self, lease: QueryLease, reason: str) -> None:
+    def _expire(self, lease: QueryLease) -> None:
+        """HELD past its validity: we can no longer be sure it is ours. Try again at once
+        (it may only have been a slow renewal)."""
+        self._lose(
+            lease,
+            f"not renewed within {self._duration_s}s minus a {EXPIRY_MARGIN_S:g}s margin; "
+            "it may have lapsed",
+            immediately=True,
+        )
+
+    def _lose(self, lease: QueryLease, reason: str, *, immediately: bool = False) -> None:
         if lease.state is LeaseState.LOST:
             return
         lease.to(LeaseState.LOST, reason)
         self._metrics.lease_held.labels(lease.label).set(0)
-        self._schedule_retry(lease, self._clock())
+        self._schedule_retry(lease, self._clock(), immediately=immediately)
 
     def _schedule_retry(self, lease: QueryLease, now: float, immediately: bool = False) -> None:
         lease.failures += 1
@@ -192,68 +225,91 @@ class LeaseManager:
         lease.retry_at = now + self._backoff.delay(lease.failures)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Renew every held lease every third of its duration, and mark lapsed ones LOST."""
+        """Keep the leases, until cancelled: every :data:`CHECK_EVERY_S`, a HELD lease past
+        its validity goes LOST (its own timer, whatever its renewal is doing), a HELD lease
+        is renewed a third of its duration after its last renewal, and a LOST one is
+        re-acquired once its backoff has elapsed. Renewals and retries run as tasks of this
+        loop, so a hanging store call never delays the timers."""
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._renew_loop)
-            tg.start_soon(self._expiry_loop)
             task_status.started()
+            while True:
+                await anyio.sleep(CHECK_EVERY_S)
+                self._tick(tg)
 
-    async def _renew_loop(self) -> None:
-        while True:
-            await anyio.sleep(self.renew_every_s)
-            held = [q for q in self._leases.values() if q.state is LeaseState.HELD]
-            async with anyio.create_task_group() as tg:
-                for lease in held:
-                    tg.start_soon(self._renew, lease)
-
-    async def _expiry_loop(self) -> None:
-        # Separate from renewals, which can each take up to the store's timeout.
-        while True:
-            await anyio.sleep(EXPIRY_CHECK_S)
-            self.expire_lapsed()
+    def _tick(self, tg: TaskGroup) -> None:
+        self.expire_lapsed()
+        now = self._clock()
+        for lease in list(self._leases.values()):
+            if lease.query_id in self._busy:
+                continue
+            if lease.state is LeaseState.HELD and now >= lease.renew_at:
+                self._busy.add(lease.query_id)
+                tg.start_soon(self._renew, lease)
+            elif lease.state is LeaseState.LOST and now >= lease.retry_at:
+                self._busy.add(lease.query_id)
+                tg.start_soon(self._reacquire, lease)
 
     def expire_lapsed(self) -> list[str]:
-        """Mark LOST every HELD lease not renewed in time (a renewal that timed out rather
-        than being refused); return their labels. Metrics and ``/readyz`` follow at once,
-        instead of at the query's next write."""
-        now = self._clock()
+        """The timer's step: mark LOST every HELD lease past its validity (a renewal that
+        hangs or timed out rather than being refused); return their labels. Metrics and
+        ``/readyz`` follow at once, not at the query's next write."""
         lapsed = []
-        for lease in self._leases.values():
-            # A lease being acquired or released is left to that operation.
-            if lease.state is LeaseState.HELD and now >= lease.valid_until:
-                if lease.lock.locked():
-                    continue
-                self._lapse(lease, now)
+        for lease in list(self._leases.values()):
+            if lease.state is not LeaseState.HELD or self._clock() < lease.valid_until:
+                continue
+            # Under the lease's lock, but never waiting for it: whoever holds it
+            # (ensure_held, a release) decides the state itself, and the next check is soon.
+            try:
+                lease.lock.acquire_nowait()
+            except anyio.WouldBlock:
+                continue
+            try:
+                self._expire(lease)
                 lapsed.append(lease.label)
+            finally:
+                lease.lock.release()
         return lapsed
 
-    def _lapse(self, lease: QueryLease, now: float) -> None:
-        """HELD past its validity: LOST, and worth re-acquiring at once (nobody refused it)."""
-        lease.to(LeaseState.LOST, "not renewed in time; cannot be sure it is still ours")
-        self._metrics.lease_held.labels(lease.label).set(0)
-        self._schedule_retry(lease, now, immediately=True)
+    async def _reacquire(self, lease: QueryLease) -> None:
+        try:
+            async with lease.lock:
+                await self._ensure_held(lease)
+        finally:
+            self._busy.discard(lease.query_id)
 
     async def _renew(self, lease: QueryLease) -> None:
-        started = self._clock()
         try:
-            await self._store.renew_lease(lease.query_id, self.lease_id)
-        except LeaseLost as exc:
-            self._metrics.lease_renewals.labels("lost").inc()
-            if lease.state is LeaseState.HELD:
-                self._lose(lease, f"renewal refused: {exc}")
-            return
-        except SidecarError as exc:
-            self._metrics.lease_renewals.labels("error").inc()
-            log.warning(
-                "lease query=%s renewal failed (will retry; valid for %.1fs more): %s",
-                lease.label,
-                max(0.0, lease.valid_until - self._clock()),
-                exc,
-            )
-            return
-        self._metrics.lease_renewals.labels("ok").inc()
-        if lease.state is LeaseState.HELD:
-            lease.valid_until = started + self._duration_s - EXPIRY_MARGIN_S
+            started = self._clock()
+            try:
+                await self._store.renew_lease(lease.query_id, self.lease_id)
+            except LeaseLost as exc:
+                self._metrics.lease_renewals.labels("lost").inc()
+                async with lease.lock:
+                    if lease.state is LeaseState.HELD:
+                        self._lose(lease, f"renewal refused: {exc}")
+                return
+            except SidecarError as exc:
+                self._metrics.lease_renewals.labels("error").inc()
+                lease.renew_at = self._clock() + RENEW_RETRY_S
+                log.warning(
+                    "lease query=%s renewal failed (retry in %.0fs; valid for %.1fs more): %s",
+                    lease.label,
+                    RENEW_RETRY_S,
+                    max(0.0, lease.valid_until - self._clock()),
+                    exc,
+                )
+                return
+            self._metrics.lease_renewals.labels("ok").inc()
+            async with lease.lock:
+                # Only a lease still HELD is extended: one that expired meanwhile must go
+                # through ACQUIRING again (the state table allows no LOST -> HELD).
+                if lease.state is LeaseState.HELD:
+                    lease.valid_until = max(
+                        lease.valid_until, started + self._duration_s - EXPIRY_MARGIN_S
+                    )
+                    lease.renew_at = started + self.renew_every_s
+        finally:
+            self._busy.discard(lease.query_id)
 
     async def release_all(self) -> None:
         """Release every held lease (shutdown), so a successor need not wait for expiry."""

@@ -16,6 +16,8 @@ UPDATE_RESULTS = ("applied", "stale", "no_offsets", "rejected")
 #: elsewhere; lease_lost: the store refused our lease; error: store/Redis failure (retried).
 FLUSH_RESULTS = ("ok", "skipped", "not_owned", "lease_lost", "error")
 RENEWAL_RESULTS = ("ok", "lost", "error")
+#: Where an unreadable record was found (sidecar.errors.CorruptRecord.where).
+BAD_RECORD_WHERE = ("redis", "blob")
 FLUSH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 # Acks are a local socket plus one Redis round trip: sub-millisecond when healthy, seconds
@@ -102,6 +104,14 @@ class Metrics:
             ["query"],
             registry=r,
         )
+        self.bad_records = Counter(
+            "checkpoint_sidecar_bad_records",
+            "Stored records found unreadable (another version's, cut short, edited by hand), "
+            "by where: redis (a query's hash) or blob (a query's document). Each is counted "
+            "once, left as it is and not flushed; the log names it",
+            ["where"],
+            registry=r,
+        )
         self.lease_held = Gauge(
             "checkpoint_sidecar_lease_held",
             "1 while this daemon holds the lease on the query's blob",
@@ -160,6 +170,8 @@ class Metrics:
             self.bad_requests.labels(code.value)
         for result in FLUSH_RESULTS:
             self.flushes.labels(result)
+        for where in BAD_RECORD_WHERE:
+            self.bad_records.labels(where)
         for result in RENEWAL_RESULTS:
             self.lease_renewals.labels(result)
         for result in ("ok", "regressed", "error"):

@@ -1,7 +1,9 @@
 """Read side for people and scripts: ``checkpoint-sidecar list`` and ``show QUERY``.
 
 Reads the blobs directly (no daemon, no Redis needed), so it works when the daemon is down —
-which is when you need to know where a query stood.
+which is when you need to know where a query stood. A blob that cannot be read is never
+skipped in silence: ``list`` marks its row UNREADABLE, and ``show`` / ``starting-offsets``
+of that query fail with a message naming it.
 """
 
 from __future__ import annotations
@@ -29,19 +31,19 @@ async def find_checkpoint(config: Config, query: str) -> BlobInfo:
     """The checkpoint of the query with id ``query``, else the newest one named ``query``.
 
     Raises:
+        CorruptRecord: that blob cannot be read (the message names it and what to do).
         SidecarError: no such query.
     """
-    infos = [b for b in await list_checkpoints(config) if b.document is not None]
-    by_id = [b for b in infos if b.document is not None and b.document.query_id == query]
-    if by_id:
-        return by_id[0]
-    newest = newest_named(infos, query)
-    if newest is None:
+    infos = await list_checkpoints(config)
+    written = [b for b in infos if b.document is not None or b.unreadable is not None]
+    found = next((b for b in written if b.query_id == query), None) or newest_named(infos, query)
+    if found is None:
         raise SidecarError(
             f"no checkpoint for query {query!r} in namespace {config.namespace!r} "
             f"(container {config.container!r}); `checkpoint-sidecar list` shows what there is"
         )
-    return next(b for b in infos if b.document is newest)
+    found.checked()
+    return found
 
 
 def _end_offsets(doc: CheckpointDocument) -> str:
@@ -49,26 +51,58 @@ def _end_offsets(doc: CheckpointDocument) -> str:
 
 
 def print_list(infos: list[BlobInfo], *, as_json: bool, out: TextIO = sys.stdout) -> None:
-    docs = [i for i in infos if i.document is not None]
+    """One row per written blob; a blob that cannot be read is a row marked UNREADABLE
+    (``"unreadable": "<why>"`` in JSON, with ``"checkpoint": null``)."""
+    shown = [i for i in infos if i.document is not None or i.unreadable is not None]
     if as_json:
         rows = [
-            {"blob": i.blob_name, "lease_state": i.lease_state, "checkpoint": i.document}
-            for i in docs
+            {
+                "blob": i.blob_name,
+                "lease_state": i.lease_state,
+                "checkpoint": i.document,
+                "unreadable": i.unreadable,
+            }
+            for i in shown
         ]
         out.write(msgspec.json.encode(rows).decode() + "\n")
         return
     header = ("QUERY", "QUERY ID", "BATCH", "WRITTEN AT", "LEASE", "END OFFSETS")
-    table = [header] + [
-        (d.name or "-", d.query_id, str(d.batch_id), d.written_at, i.lease_state, _end_offsets(d))
-        for i in docs
-        if (d := i.document) is not None
-    ]
+    table = [header]
+    for i in shown:
+        if (d := i.document) is not None:
+            table.append(
+                (
+                    d.name or "-",
+                    d.query_id,
+                    str(d.batch_id),
+                    d.written_at,
+                    i.lease_state,
+                    _end_offsets(d),
+                )
+            )
+        else:
+            modified = i.last_modified.isoformat(timespec="milliseconds") if i.last_modified else ""
+            table.append(
+                (
+                    i.query_name or "-",
+                    i.query_id,
+                    "?",
+                    modified or "-",
+                    i.lease_state,
+                    f"UNREADABLE: blob {i.blob_name} {i.unreadable}",
+                )
+            )
     widths = [max(len(row[c]) for row in table) for c in range(len(header) - 1)]
     for row in table:
         cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
         out.write("  ".join([*cells, row[-1]]).rstrip() + "\n")
-    if not docs:
+    if not shown:
         out.write("(no checkpoints yet)\n")
+    if any(i.unreadable is not None for i in shown):
+        out.write(
+            "UNREADABLE blobs are left as they are (the daemon never overwrites a blob it "
+            "cannot read): inspect them, then restore or delete them; `show QUERY` says more\n"
+        )
 
 
 def print_show(info: BlobInfo, *, as_json: bool, out: TextIO = sys.stdout) -> None:

@@ -118,7 +118,9 @@ def load_checkpoint(
     SIDECAR_NAMESPACE).
 
     Raises:
-        ResumeError: no checkpoint found for ``query``.
+        ResumeError: no checkpoint found for ``query``, or the one stored cannot be read
+            (a damaged Redis record or blob: the message names it and what to do). An
+            unreadable checkpoint is never replaced by an older one in silence.
     """
     path = _socket_path(socket_path)
     for field in ("query_id", "name"):
@@ -142,7 +144,13 @@ def load_checkpoint(
 
 
 def _get_from_daemon(path: str, timeout_s: float, **lookup: str) -> dict[str, Any] | None:
-    from sidecar.protocol import ClientConnection, encode_request
+    """The daemon's answer to ``get``; None when it is not running or knows nothing.
+
+    Raises:
+        ResumeError: the daemon found the query's record but could not read it (``internal``;
+            other errors, such as Redis being down, leave the answer to the blobs).
+    """
+    from sidecar.protocol import ClientConnection, ErrorCode, encode_request
 
     conn = ClientConnection()
     deadline = time.monotonic() + timeout_s
@@ -157,7 +165,14 @@ def _get_from_daemon(path: str, timeout_s: float, **lookup: str) -> dict[str, An
                     return None
                 replies = conn.receive_data(data)
                 if replies:
-                    return replies[0].checkpoint if replies[0].ok else None
+                    reply = replies[0]
+                    if reply.error is not None and reply.error.code == ErrorCode.INTERNAL:
+                        asked = ", ".join(f"{k}={v!r}" for k, v in lookup.items())
+                        raise ResumeError(
+                            f"the checkpoint-sidecar at {path} could not answer get "
+                            f"{asked}: {reply.error.message}"
+                        )
+                    return reply.checkpoint if reply.ok else None
     except OSError:
         return None
     return None

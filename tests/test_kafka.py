@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -424,3 +425,256 @@ async def test_a_partition_seen_later_is_checked_against_the_broker(
             assert (await c.progress(three)).applied
             await wait_committed(reader, [30, 31, 45])
         assert sample(daemon, "checkpoint_sidecar_kafka_partitions_skipped_total") >= 1
+
+
+# --- faults: an optional feature never stops the core ---------------------------------------
+
+UP = "checkpoint_sidecar_kafka_up"
+
+
+def test_kafka_errors_are_translated_into_ours() -> None:
+    from aiokafka import errors as ke
+
+    from sidecar.errors import KafkaRefused, KafkaUnavailable
+    from sidecar.kafka import translate
+
+    for refused in (
+        ke.GroupAuthorizationFailedError(),
+        ke.TopicAuthorizationFailedError(),
+        ke.SaslAuthenticationFailed(),
+        ke.InvalidGroupIdError(),
+    ):
+        error = translate(refused, "commit", "b:9092")
+        assert isinstance(error, KafkaRefused) and not error.retriable
+        assert "ACLs" in str(error) and type(refused).__name__ in str(error)
+    # transient, whether aiokafka flags them retriable or not
+    for transient in (
+        ke.KafkaConnectionError(),
+        ke.KafkaTimeoutError(),
+        ke.RequestTimedOutError(),
+        ke.NotCoordinatorError(),
+        ke.CoordinatorNotAvailableError(),
+        ke.RebalanceInProgressError(),
+    ):
+        error = translate(transient, "commit", "b:9092")
+        assert isinstance(error, KafkaUnavailable) and error.retriable
+
+
+def unexpected_logs(caplog: pytest.LogCaptureFixture, what: str) -> list[Any]:
+    return [r for r in caplog.records if f"{what} failed unexpectedly" in r.getMessage()]
+
+
+async def test_an_unexpected_commit_error_is_contained_logged_once_and_retried(
+    make_config: ConfigFactory,
+    broker: KafkaBroker,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An injected fault at the client's lowest public layer: aiokafka's own commit raises a
+    # type that is no Kafka error (a bug in the client, say) until the test repairs it.
+    await create_topic_with_records(broker.bootstrap)
+    commit = AIOKafkaConsumer.commit
+    broken = False
+
+    async def flaky_commit(self: AIOKafkaConsumer, offsets: Any = None) -> None:
+        if broken:
+            raise ValueError("injected: a bug in the Kafka client")
+        await commit(self, offsets)
+
+    monkeypatch.setattr(AIOKafkaConsumer, "commit", flaky_commit)
+    config = make_config(
+        kafka_bootstrap_servers=broker.bootstrap, count_threshold=1, time_threshold_s=3600
+    )
+    async with running_daemon(config) as daemon, group_reader(broker.bootstrap) as reader:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(progress(1))).applied
+            await wait_committed(reader, end_offsets_of(1))
+            assert sample(daemon, UP) == 1
+
+            broken = True
+            assert (await c.progress(progress(2))).applied
+            await eventually(lambda: sample(daemon, COMMITS, result="error") >= 2)
+            assert sample(daemon, UP) == 0
+            assert (await c.progress(progress(3))).applied  # flushing goes on meanwhile
+            assert (await wait_blob_batch(daemon, QID, 3)).batch_id == 3
+            assert sample(daemon, UP) == 0
+            assert await committed(reader) == end_offsets_of(1)
+
+            broken = False
+            await wait_committed(reader, end_offsets_of(3))
+            await eventually(lambda: sample(daemon, UP) == 1)
+            assert (await c.ping()).ok
+        assert not daemon.stopped.is_set()
+    logged = unexpected_logs(caplog, f"kafka group={GROUP} query=orders-to-delta commit")
+    assert len(logged) >= 2  # every failure logged ...
+    tracebacks = [r for r in logged if r.exc_info is not None]
+    assert len(tracebacks) == 1  # ... the traceback once
+    assert tracebacks[0].exc_info[0] is ValueError
+
+
+async def test_an_unexpected_end_offsets_error_is_contained_and_lag_comes_back(
+    make_config: ConfigFactory,
+    broker: KafkaBroker,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await create_topic_with_records(broker.bootstrap, per_partition=50)
+    end_offsets = AIOKafkaConsumer.end_offsets
+    calls = 0
+    broken = True
+
+    async def flaky_end_offsets(self: AIOKafkaConsumer, partitions: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if broken:
+            raise RuntimeError("injected: a bug in the Kafka client")
+        return await end_offsets(self, partitions)
+
+    monkeypatch.setattr(AIOKafkaConsumer, "end_offsets", flaky_end_offsets)
+    config = make_config(kafka_bootstrap_servers=broker.bootstrap, count_threshold=1)
+    async with running_daemon(config) as daemon, group_reader(broker.bootstrap) as reader:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(progress(3))).applied
+        await wait_committed(reader, end_offsets_of(3))
+        await eventually(lambda: calls >= 2)
+        assert sample(daemon, UP) == 1  # commits are not affected
+        broken = False
+        expected = sum(50 - o for o in end_offsets_of(3))
+        await eventually(lambda: sample(daemon, QUERY_LAG, query="orders-to-delta") == expected)
+    logged = unexpected_logs(caplog, "kafka end offsets")
+    assert len(logged) >= 2 and sum(r.exc_info is not None for r in logged) == 1
+
+
+async def test_a_refused_commit_waits_the_cap_and_is_logged_as_an_error(
+    make_config: ConfigFactory,
+    broker: KafkaBroker,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Tansu enforces no ACLs: the refusal is injected where the client raises it.
+    from aiokafka.errors import GroupAuthorizationFailedError
+
+    from sidecar.kafka import RETRY_CAP_S
+
+    await create_topic_with_records(broker.bootstrap)
+    commit = AIOKafkaConsumer.commit
+    refusals = 0
+
+    async def refused_once(self: AIOKafkaConsumer, offsets: Any = None) -> None:
+        nonlocal refusals
+        if refusals == 0:
+            refusals += 1
+            raise GroupAuthorizationFailedError()
+        await commit(self, offsets)
+
+    monkeypatch.setattr(AIOKafkaConsumer, "commit", refused_once)
+    config = make_config(kafka_bootstrap_servers=broker.bootstrap, count_threshold=1)
+    async with running_daemon(config) as daemon:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(progress(1))).applied
+            await eventually(lambda: sample(daemon, COMMITS, result="error") == 1)
+            assert sample(daemon, UP) == 0
+            assert (await c.progress(progress(2))).applied
+            assert (await wait_blob_batch(daemon, QID, 2)).batch_id == 2
+        # a retriable error would have been retried within a second
+        await anyio.sleep(1.5)
+        assert sample(daemon, COMMITS, result="ok") == 0 and refusals == 1
+    (record,) = [r for r in caplog.records if "commit failed" in r.getMessage()]
+    assert record.levelname == "ERROR"
+    assert f"retry 1 in {RETRY_CAP_S:.1f}s" in record.getMessage()
+    assert "GroupAuthorizationFailedError" in record.getMessage()
+
+
+@pytest.fixture
+def ca_file(short_tmp: Path) -> Path:
+    """A self-signed CA certificate (PEM) made for this test."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "checkpoint-sidecar test CA")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    path = short_tmp / "ca.pem"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return path
+
+
+async def test_the_tls_context_is_built_once_off_the_event_loop(
+    make_config: ConfigFactory, ca_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Loading a CA file is C code that blockbuster does not see, so the loads are recorded
+    # here: on which thread, with a running event loop or not.
+    import asyncio
+    import ssl
+
+    from tests.services import free_port
+
+    loads: list[bool] = []  # True: on the event loop
+    load = ssl.SSLContext.load_verify_locations
+
+    def spy(
+        self: ssl.SSLContext, cafile: Any = None, capath: Any = None, cadata: Any = None
+    ) -> None:
+        if cafile == str(ca_file):
+            try:
+                asyncio.get_running_loop()
+                loads.append(True)
+            except RuntimeError:
+                loads.append(False)
+        load(self, cafile, capath, cadata)
+
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", spy)
+    config = make_config(
+        kafka_bootstrap_servers=f"127.0.0.1:{free_port()}",  # nobody there: it need not connect
+        kafka_security_protocol="SSL",
+        kafka_ssl_cafile=str(ca_file),
+        kafka_timeout_s=1,
+        count_threshold=1,
+    )
+    async with running_daemon(config) as daemon:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(progress(1))).applied
+            # two attempts, each with a new client: the context is shared, not rebuilt
+            await eventually(lambda: sample(daemon, COMMITS, result="error") >= 2)
+            assert (await wait_blob_batch(daemon, QID, 1)).batch_id == 1
+            assert (await c.ping()).ok
+        assert sample(daemon, UP) == 0
+    assert loads == [False]
+
+
+async def test_unreadable_tls_files_leave_the_daemon_running_and_say_which(
+    make_config: ConfigFactory, short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.services import free_port
+
+    missing = short_tmp / "no-such-ca.pem"
+    config = make_config(
+        kafka_bootstrap_servers=f"127.0.0.1:{free_port()}",
+        kafka_security_protocol="SSL",
+        kafka_ssl_cafile=str(missing),
+        count_threshold=1,
+    )
+    async with running_daemon(config) as daemon:
+        # said at start, before any commit was attempted
+        (record,) = [r for r in caplog.records if "TLS context cannot be built" in r.getMessage()]
+        assert record.levelname == "ERROR" and str(missing) in record.getMessage()
+        assert sample(daemon, UP) == 0
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(progress(1))).applied
+        assert (await wait_blob_batch(daemon, QID, 1)).batch_id == 1  # the core goes on
+        await eventually(lambda: sample(daemon, COMMITS, result="error") == 1)

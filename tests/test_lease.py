@@ -135,3 +135,38 @@ async def test_overlapping_acquire_and_release_never_break_the_state_machine(
         assert await store.lease_state("q2") == "available"
     finally:
         await store.aclose()
+
+
+async def test_a_lost_lease_is_taken_back_by_the_loop_without_a_flush(
+    make_config: ConfigFactory,
+) -> None:
+    # An idle query flushes nothing, so only the manager's own loop can make it owned (and
+    # the daemon ready) again once the other owner lets go.
+    config = make_config()
+    store = BlobStore(config)
+    await store.ensure_container()
+    theirs = LeaseManager(store, THEIRS, 15, Metrics())
+    metrics = Metrics()
+    ours = LeaseManager(store, OURS, 15, metrics)
+    try:
+        assert await theirs.ensure_held("q3", "q3") is not None
+        assert await ours.ensure_held("q3", "q3") is None
+        assert ours.not_owned() == ["q3"]
+        async with anyio.create_task_group() as tg:
+            await tg.start(ours.run)
+            await anyio.sleep(0.5)
+            assert ours.not_owned() == ["q3"]  # retried (and refused) meanwhile, still lost
+            await theirs.release_all()
+            with anyio.fail_after(10):
+                while ours.state("q3") is not LeaseState.HELD:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            assert ours.not_owned() == []
+            assert (
+                metrics.registry.get_sample_value("checkpoint_sidecar_lease_held", {"query": "q3"})
+                == 1
+            )
+            tg.cancel_scope.cancel()
+        await ours.release_all()
+        assert await store.lease_state("q3") == "available"
+    finally:
+        await store.aclose()

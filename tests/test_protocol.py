@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from sidecar import checkpoint
 from sidecar.checkpoint import Checkpoint, SourceOffsets
+from sidecar.errors import CorruptRecord
 from sidecar.protocol import (
     MAX_FRAME_BYTES,
     BadRequest,
@@ -639,7 +640,7 @@ def test_checkpoint_encode_decode_round_trip(progress: dict[str, Any]) -> None:
 
 
 def test_checkpoint_decode_refuses_an_incomplete_record() -> None:
-    with pytest.raises(msgspec.ValidationError, match="query_id"):
+    with pytest.raises(CorruptRecord, match="query_id"):
         checkpoint.decode(b'{"run_id": "r", "batch_id": 1}')
 
 

@@ -71,7 +71,13 @@ async def test_an_idle_query_whose_renewals_time_out_shows_not_ready_within_a_se
             # What BlobStore._call raises when the store does not answer in time.
             raise StoreUnavailable("blob store: renew lease timed out after 10s")
 
+        async def acquisition_times_out(query_id: str, lease_id: str, duration_s: int) -> None:
+            # The store is down for every lease call: the lease manager's own retries of
+            # the lapsed lease must not make it look held either.
+            raise StoreUnavailable("blob store: acquire lease timed out after 10s")
+
         monkeypatch.setattr(daemon.store, "renew_lease", renewal_times_out)
+        monkeypatch.setattr(daemon.store, "acquire_lease", acquisition_times_out)
         lease = daemon.leases._leases["q-idle"]
         # valid_until is on the monotonic clock; lapse is due then, and shown within ~1 s.
         await anyio.sleep(max(0.0, lease.valid_until - anyio.current_time()))

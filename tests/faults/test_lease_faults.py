@@ -1,0 +1,163 @@
+"""Lease faults: a blob store that stops answering (calls hang and time out, never refused).
+
+Real Azurite behind a TCP proxy that can hold every byte in both directions without closing
+anything, as a black-holed network does. The daemon runs in-process with an injected lease
+clock, so "the lease's validity has ended" is a step of the test, not a race with a timer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import pytest
+from anyio.abc import ByteStream, SocketAttribute, SocketStream, TaskStatus
+
+from sidecar.app import Daemon
+from sidecar.client import SidecarClient
+from sidecar.config import Config
+from sidecar.lease import EXPIRY_MARGIN_S, LeaseState
+from tests.helpers import eventually, sample, scrape
+from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, Azurite
+from tests.sparkshapes import kafka_progress
+
+ConfigFactory = Callable[..., Config]
+QID = "4b1d0c2e-0000-4000-8000-00000000d00d"
+LABEL = "orders-to-delta"
+HELD = "checkpoint_sidecar_lease_held"
+RENEWALS = "checkpoint_sidecar_lease_renewals_total"
+
+
+class StallingProxy:
+    """A TCP proxy to ``127.0.0.1:upstream_port`` that passes bytes until :meth:`stall`.
+
+    Stalled, it keeps accepting and reading but forwards nothing either way until
+    :meth:`resume` (then it forwards what it held, in order): requests neither reach the
+    server nor fail, so every call times out on the client's side.
+    """
+
+    def __init__(self, upstream_port: int) -> None:
+        self._upstream_port = upstream_port
+        self._flowing = anyio.Event()
+        self._flowing.set()
+        self.port = 0
+        #: Chunks read and waiting for :meth:`resume` (a call is hanging in the proxy).
+        self.held = 0
+
+    def stall(self) -> None:
+        if self._flowing.is_set():
+            self._flowing = anyio.Event()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        async with listener:
+            self.port = listener.extra(SocketAttribute.local_port)
+            task_status.started()
+            await listener.serve(self._connection)
+
+    async def _connection(self, client: SocketStream) -> None:
+        async with client:
+            try:
+                upstream = await anyio.connect_tcp("127.0.0.1", self._upstream_port)
+            except OSError:
+                return
+            async with upstream, anyio.create_task_group() as tg:
+                tg.start_soon(self._pump, client, upstream, tg.cancel_scope)
+                await self._pump(upstream, client, tg.cancel_scope)
+
+    async def _pump(self, src: ByteStream, dst: ByteStream, scope: anyio.CancelScope) -> None:
+        try:
+            async for chunk in src:
+                if not self._flowing.is_set():
+                    self.held += 1
+                    try:
+                        await self._flowing.wait()
+                    finally:
+                        self.held -= 1
+                await dst.send(chunk)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        finally:
+            scope.cancel()  # one side is gone: close both
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def readyz(daemon: Daemon) -> tuple[int, str]:
+    return await anyio.to_thread.run_sync(scrape, daemon, "/readyz")
+
+
+@pytest.mark.slow
+async def test_a_lease_whose_renewal_hangs_is_lost_when_its_validity_ends_and_comes_back(
+    make_config: ConfigFactory, azurite: Azurite
+) -> None:
+    clock = Clock()
+    async with anyio.create_task_group() as tg:
+        proxy = StallingProxy(azurite.port)
+        await tg.start(proxy.run)
+        endpoint = f"http://127.0.0.1:{proxy.port}/{AZURITE_ACCOUNT}"
+        config = make_config(
+            azure_connection_string=(
+                f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+                f"AccountKey={AZURITE_KEY};BlobEndpoint={endpoint};"
+            ),
+            count_threshold=1,
+            lease_duration_s=15,
+            # Longer than the steps below: the renewal still hangs when the lease lapses.
+            write_timeout_s=20,
+        )
+        daemon = Daemon(config, lease_clock=clock)
+        await tg.start(daemon.run)
+        try:
+            async with await SidecarClient.connect(config.socket_path) as c:
+                assert (await c.progress(kafka_progress(QID, 1))).applied
+            with anyio.fail_after(10):
+                await daemon.flusher.wait_durable(QID, 1)
+            assert daemon.leases.state(QID) is LeaseState.HELD
+            acquired = clock.now  # the lease was acquired at this (frozen) time
+            valid_until = acquired + config.lease_duration_s - EXPIRY_MARGIN_S
+            assert (await readyz(daemon))[0] == 200
+
+            proxy.stall()
+            clock.now = acquired + daemon.leases.renew_every_s  # a renewal is due ...
+            await eventually(lambda: proxy.held >= 1)  # ... and hangs in the proxy
+            clock.now = valid_until - 0.1
+            await anyio.sleep(0.5)  # a few of the loop's checks: still valid
+            assert sample(daemon, HELD, query=LABEL) == 1
+            assert (await readyz(daemon))[0] == 200
+
+            clock.now = valid_until  # the lease may lapse now: not ours to write any more
+            with anyio.fail_after(1):
+                await eventually(lambda: sample(daemon, HELD, query=LABEL) == 0)
+                status, body = await readyz(daemon)
+            assert status == 503 and "lease not held" in body and LABEL in body
+            # LOST by its own timer: the renewal neither failed nor was refused yet.
+            assert sample(daemon, RENEWALS, result="error") == 0
+            assert sample(daemon, RENEWALS, result="lost") == 0
+            await anyio.sleep(0.5)  # the store still does not answer: still not owned
+            assert (await readyz(daemon))[0] == 503
+            assert daemon.leases.state(QID) is not LeaseState.HELD
+
+            proxy.resume()
+            clock.now += 60  # any retry backoff has elapsed
+            await eventually(lambda: sample(daemon, HELD, query=LABEL) == 1, timeout_s=30)
+            assert (await readyz(daemon)) == (200, "ready\n")
+            assert sample(daemon, RENEWALS, result="lost") == 0  # timed out, never refused
+            async with await SidecarClient.connect(config.socket_path) as c:
+                assert (await c.progress(kafka_progress(QID, 2))).applied
+            with anyio.fail_after(10):
+                await daemon.flusher.wait_durable(QID, 2)
+        finally:
+            proxy.resume()
+            daemon.request_stop()
+            await daemon.stopped.wait()
+            tg.cancel_scope.cancel()
