@@ -35,6 +35,7 @@ from sidecar.coalescer import WriteCoalescer
 from sidecar.config import Config
 from sidecar.durability import DurabilityWatch
 from sidecar.errors import SidecarError
+from sidecar.floor import BlobFloors
 from sidecar.flusher import Flusher
 from sidecar.handler import RequestHandler
 from sidecar.kafka import KafkaCommitter
@@ -83,6 +84,7 @@ class Daemon:
         )
         self.store = BlobStore(config)
         self.coalescer = WriteCoalescer(self.buffer)
+        self.floors = BlobFloors(self._blob_batch)
         # The lease id is this process's instance id: a restarted daemon is a new owner.
         self.leases = LeaseManager(
             self.store, self.instance_id, config.lease_duration_s, self.metrics, clock=lease_clock
@@ -95,6 +97,7 @@ class Daemon:
             self.metrics,
             self.writer,
             on_durable=self.committer.durable if self.committer else None,
+            floors=self.floors,
         )
         self.durability = DurabilityWatch(
             self.buffer,
@@ -111,6 +114,7 @@ class Daemon:
             wait_durable=self.flusher.wait_durable if config.ack_mode == "blob" else None,
             blob_ack_timeout_s=config.blob_ack_timeout_s,
             lookup_blob=self._lookup_blob,
+            floors=self.floors,
         )
         self.server = SocketServer(config, self.handler, self.metrics)
         self.admin = AdminServer(

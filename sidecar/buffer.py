@@ -11,6 +11,7 @@ trip) per batch.
 
 from __future__ import annotations
 
+import enum
 import logging
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -23,123 +24,13 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from sidecar import checkpoint as ckpt
+from sidecar import lua
 from sidecar.checkpoint import Checkpoint
 from sidecar.config import redact_url
 from sidecar.errors import BufferError_, BufferUnavailable, CorruptRecord
 from sidecar.keys import Keys
 
 log = logging.getLogger(__name__)
-
-# Shared by the scripts: newer(a, b) compares canonical decimal batch ids exactly (length,
-# then bytes: no float rounding above 2**53); batch(s) is true for a canonical decimal batch
-# id (a Java long: no sign, no leading zero, at most 2**63-1), false for anything else that a
-# damaged record may hold; `now` is Redis' clock in milliseconds.
-_PRELUDE_LUA = """
-local function newer(a, b)
-  if #a ~= #b then return #a > #b end
-  return a > b
-end
-local function batch(s)
-  if not s or not (s == '0' or string.find(s, '^[1-9]%d*$')) then return false end
-  return #s < 19 or (#s == 19 and s <= '9223372036854775807')
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
-
-# KEYS[1] pending zset, KEYS[2] queries set, KEYS[3] names hash, KEYS[3+i] hash of update i.
-# ARGV[4i-3..4i]: query id, batch id (canonical decimal), checkpoint JSON, name ("" if none).
-# Returns one integer per update: 1 applied, 0 stale.
-# A damaged record (docs/architecture.md, "Corrupted records"): any update replaces one whose
-# batch_id is unreadable, the next newer batch one whose checkpoint is (a readable batch_id
-# stays monotonic); counters that are not integers restart from 0, so HINCRBY cannot fail
-# the call and with it the other queries' updates.
-_APPLY_LUA = (
-    _PRELUDE_LUA
-    + """
-local function counter(s)
-  return s and #s <= 18 and string.find(s, '^%-?%d+$') ~= nil
-end
-local out = {}
-for i = 1, #KEYS - 3 do
-  local key = KEYS[i + 3]
-  local qid, id = ARGV[4 * i - 3], ARGV[4 * i - 2]
-  local cur = redis.call('HMGET', key, 'batch_id', 'pending', 'version')
-  if batch(cur[1]) and not newer(id, cur[1]) then
-    out[i] = 0
-  else
-    if cur[2] and not counter(cur[2]) then redis.call('HSET', key, 'pending', 0) end
-    if cur[3] and not counter(cur[3]) then redis.call('HSET', key, 'version', 0) end
-    local pending = redis.call('HINCRBY', key, 'pending', 1)
-    redis.call('HINCRBY', key, 'version', 1)
-    redis.call('HSET', key, 'batch_id', id, 'checkpoint', ARGV[4 * i - 1], 'updated_ms', now)
-    if pending == 1 then
-      redis.call('HSET', key, 'first_pending_ms', now)
-      redis.call('ZADD', KEYS[1], now, qid)
-    end
-    redis.call('SADD', KEYS[2], qid)
-    if ARGV[4 * i] ~= '' then redis.call('HSET', KEYS[3], ARGV[4 * i], qid) end
-    out[i] = 1
-  end
-end
-return out
-"""
-)
-
-# Everything the flusher needs, read atomically with Redis' clock.
-# KEYS[1] pending zset. ARGV[1] query hash prefix; ARGV[2..] extra query ids to report even
-# when nothing is pending (those with acks waiting on the blob). The query hashes are not in
-# KEYS because they are found inside; they share KEYS[1]'s hash tag, so one Cluster slot.
-# Returns {now_ms, {qid, pending, first_pending_ms, version, batch_id, checkpoint,
-# flushed_batch_id}, ...}; absent fields are nil.
-_SNAPSHOT_LUA = """
-local t = redis.call('TIME')
-local out = {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
-local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
-local seen = {}
-for _, qid in ipairs(ids) do seen[qid] = true end
-for i = 2, #ARGV do
-  if not seen[ARGV[i]] then table.insert(ids, ARGV[i]); seen[ARGV[i]] = true end
-end
-for _, qid in ipairs(ids) do
-  local h = redis.call('HMGET', ARGV[1] .. qid, 'pending', 'first_pending_ms', 'version',
-                       'batch_id', 'checkpoint', 'flushed_batch_id')
-  table.insert(out, {qid, h[1], h[2], h[3], h[4], h[5], h[6]})
-end
-return out
-"""
-
-# After a successful flush: record the durable batch and clear the pending state, but only
-# what the flushed snapshot covered, so an update applied meanwhile is not lost.
-# KEYS[1] query hash, KEYS[2] pending zset.
-# ARGV: query id, version at snapshot, pending at snapshot, snapshot time (ms), durable batch.
-# Returns the updates still pending.
-_MARK_FLUSHED_LUA = (
-    _PRELUDE_LUA
-    + """
-local flushed = redis.call('HGET', KEYS[1], 'flushed_batch_id')
-if batch(flushed) and newer(flushed, ARGV[5]) then
-  -- a stale mark (a newer flush was already recorded): it must not clear newer updates
-  return tonumber(redis.call('HGET', KEYS[1], 'pending') or '0')
-end
-redis.call('HSET', KEYS[1], 'flushed_batch_id', ARGV[5])
-redis.call('HSET', KEYS[1], 'flushed_ms', now)
-local left = 0
-if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then
-  left = redis.call('HINCRBY', KEYS[1], 'pending', -tonumber(ARGV[3]))
-end
-if left <= 0 then
-  redis.call('HSET', KEYS[1], 'pending', 0)
-  redis.call('HDEL', KEYS[1], 'first_pending_ms')
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  return 0
-end
--- Updates arrived after the snapshot; none is older than the snapshot itself.
-redis.call('HSET', KEYS[1], 'first_pending_ms', ARGV[4])
-redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
-return left
-"""
-)
 
 # Redis error replies that mean "not now" rather than "never". redis-py turns some prefixes
 # into their own exception classes (stripping the prefix), so check both.
@@ -173,9 +64,9 @@ class RedisBuffer:
             retry=Retry(NoBackoff(), 0),
             health_check_interval=30,
         )
-        self._apply = self._redis.register_script(_APPLY_LUA)
-        self._snapshot = self._redis.register_script(_SNAPSHOT_LUA)
-        self._mark_flushed = self._redis.register_script(_MARK_FLUSHED_LUA)
+        self._apply = self._redis.register_script(lua.APPLY)
+        self._snapshot = self._redis.register_script(lua.SNAPSHOT)
+        self._mark_flushed = self._redis.register_script(lua.MARK_FLUSHED)
         #: Outcome of the last Redis call (None before the first); transitions are logged once.
         self.available: bool | None = None
 
@@ -215,22 +106,29 @@ class RedisBuffer:
         with self._translate("PING"):
             await self._redis.ping()
 
-    async def apply(self, checkpoints: Sequence[Checkpoint]) -> list[bool]:
+    async def apply(
+        self, checkpoints: Sequence[Checkpoint], floors: Sequence[int | None] | None = None
+    ) -> list[Outcome]:
         """Store each checkpoint unless its query already holds that batch or a newer one.
 
+        ``floors``: per update, the batch its query's blob holds (-1: no blob), or None when
+        not known yet; the update must also be newer than it (``sidecar.floor``). Without
+        ``floors``, Redis' batch alone decides.
+
         Updates are applied in order, so a later update of the same query in the same call
-        sees the earlier one. Returns, per update, True when applied and False when stale.
+        sees the earlier one. Returns the outcome of each update.
         """
         if not checkpoints:
             return []
         keys = [self.keys.pending, self.keys.queries, self.keys.names]
         args: list[str | bytes] = []
-        for c in checkpoints:
+        for i, c in enumerate(checkpoints):
+            floor = "" if floors is None else _floor_arg(floors[i])
             keys.append(self.keys.query(c.query_id))
-            args += (c.query_id, str(c.batch_id), ckpt.encode(c), c.name or "")
+            args += (c.query_id, str(c.batch_id), ckpt.encode(c), c.name or "", floor)
         with self._translate("apply"):
             result = await self._apply(keys=keys, args=args)
-        return [bool(r) for r in result]
+        return [Outcome(int(r)) for r in result]
 
     async def get(self, query_id: str) -> bytes | None:
         """The stored checkpoint JSON of ``query_id``, or None when the query is unknown.
@@ -364,6 +262,20 @@ class RedisBuffer:
 
     async def aclose(self) -> None:
         await self._redis.aclose()
+
+
+class Outcome(enum.IntEnum):
+    """What :meth:`RedisBuffer.apply` did with one update."""
+
+    #: Redis holds no batch of the query and its floor was not given: nothing was written.
+    NEEDS_FLOOR = -1
+    #: Not newer than the query's batch in Redis or its floor: not written.
+    STALE = 0
+    APPLIED = 1
+
+
+def _floor_arg(floor: int | None) -> str:
+    return "?" if floor is None else str(floor)
 
 
 def _text(value: bytes | str) -> str:

@@ -16,7 +16,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from sidecar.buffer import RedisBuffer
+from sidecar.buffer import Outcome, RedisBuffer
 from sidecar.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
@@ -29,15 +29,18 @@ class PendingWrite:
 
     def __init__(self) -> None:
         self.done = anyio.Event()
-        self.result = False
+        self.result = Outcome.STALE
         self.error: BaseException | None = None
 
-    async def wait(self) -> bool:
-        """True when applied, False when stale; raises the buffer's error otherwise."""
+    async def wait(self) -> Outcome:
+        """The update's outcome; raises the buffer's error instead when the call failed."""
         await self.done.wait()
         if self.error is not None:
             raise self.error
         return self.result
+
+
+_Submitted = tuple[Checkpoint, int | None, PendingWrite]
 
 
 class WriteCoalescer:
@@ -52,8 +55,8 @@ class WriteCoalescer:
     def __init__(self, buffer: RedisBuffer, *, max_batch: int = 256, max_queued: int = 4096):
         self._buffer = buffer
         self._max_batch = max_batch
-        self._send: MemoryObjectSendStream[tuple[Checkpoint, PendingWrite]]
-        self._recv: MemoryObjectReceiveStream[tuple[Checkpoint, PendingWrite]]
+        self._send: MemoryObjectSendStream[_Submitted]
+        self._recv: MemoryObjectReceiveStream[_Submitted]
         self._send, self._recv = anyio.create_memory_object_stream(max_queued)
 
     @property
@@ -61,10 +64,11 @@ class WriteCoalescer:
         """Updates waiting for their round trip (for the fill-level gauge)."""
         return self._send.statistics().current_buffer_used
 
-    async def submit(self, checkpoint: Checkpoint) -> PendingWrite:
-        """Queue one update; await the returned slot's ``wait()`` for its outcome."""
+    async def submit(self, checkpoint: Checkpoint, floor: int | None = None) -> PendingWrite:
+        """Queue one update with its query's floor (``RedisBuffer.apply``: the blob's batch,
+        None when not known yet); await the returned slot's ``wait()`` for its outcome."""
         slot = PendingWrite()
-        await self._send.send((checkpoint, slot))
+        await self._send.send((checkpoint, floor, slot))
         return slot
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -79,14 +83,14 @@ class WriteCoalescer:
                         break
                 await self._flush(batch)
 
-    async def _flush(self, batch: list[tuple[Checkpoint, PendingWrite]]) -> None:
+    async def _flush(self, batch: list[_Submitted]) -> None:
         try:
-            results = await self._buffer.apply([c for c, _ in batch])
+            results = await self._buffer.apply([c for c, _, _ in batch], [f for _, f, _ in batch])
         except Exception as exc:  # every submitter gets the error; none is left waiting
-            for _, slot in batch:
+            for _, _, slot in batch:
                 slot.error = exc
                 slot.done.set()
             return
-        for (_, slot), applied in zip(batch, results, strict=True):
-            slot.result = applied
+        for (_, _, slot), outcome in zip(batch, results, strict=True):
+            slot.result = outcome
             slot.done.set()

@@ -38,7 +38,8 @@ from sidecar.blobstore import BlobStore
 from sidecar.buffer import PendingQuery, RedisBuffer
 from sidecar.config import Config
 from sidecar.errors import CorruptRecord, LeaseLost, SidecarError
-from sidecar.lease import LeaseManager
+from sidecar.floor import BlobFloors
+from sidecar.lease import LeaseManager, QueryLease
 from sidecar.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class Flusher:
         writer: ckpt.Writer,
         *,
         on_durable: Callable[[ckpt.Checkpoint], None] | None = None,
+        floors: BlobFloors | None = None,
     ) -> None:
         self._config = config
         self._buffer = buffer
@@ -67,6 +69,8 @@ class Flusher:
         self._writer = writer
         #: Called with each checkpoint once it is in the blob (Kafka commits follow it).
         self._on_durable = on_durable
+        #: What the blobs hold, kept current for the ingest path (``sidecar.floor``).
+        self._floors = floors
         self._limiter = anyio.CapacityLimiter(config.flush_concurrency)
         self._backoff = Backoff(RETRY_BASE_S, RETRY_CAP_S)
         self._waiters: dict[str, list[tuple[int, anyio.Event]]] = defaultdict(list)
@@ -207,6 +211,11 @@ class Flusher:
         if not quarantined:
             del self._quarantined[query_id]
 
+    def _blob_holds(self, lease: QueryLease, query_id: str, batch_id: int) -> None:
+        lease.record_blob(batch_id)
+        if self._floors is not None:
+            self._floors.raise_to(query_id, batch_id)
+
     async def _flush(self, q: PendingQuery) -> bool:
         """Flush one query. False when it failed and must be retried (not: not owned, or a
         quarantined blob)."""
@@ -224,7 +233,7 @@ class Flusher:
                 doc = await self._store.read(q.query_id)
                 self._readable(q.query_id, "blob")
                 blob_batch_id = doc.batch_id if doc is not None else -1
-                lease.record_blob(blob_batch_id)
+                self._blob_holds(lease, q.query_id, blob_batch_id)
             if checkpoint.batch_id <= blob_batch_id:
                 durable = blob_batch_id
                 result = "skipped"
@@ -242,7 +251,7 @@ class Flusher:
                 )
                 m.flush_seconds.observe(time.perf_counter() - started)
                 durable = checkpoint.batch_id
-                lease.record_blob(durable)
+                self._blob_holds(lease, q.query_id, durable)
                 result = "ok"
             left = await self._buffer.mark_flushed(q, durable)
         except LeaseLost as exc:

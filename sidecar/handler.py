@@ -5,11 +5,12 @@
     progress ─▶ has a position? ─no──▶ applied:false (never stored)
                    │ yes
                    ▼
-               WriteCoalescer ─▶ Redis (one round trip per batch of updates)
-                   │ applied / stale
+               WriteCoalescer ─▶ Redis (one round trip per batch of updates), never older
+                   │ applied / stale       than the blob (sidecar.floor: the first update of
+                   │                       a query Redis does not know reads the blob first)
                    ├─▶ observe (lag gauges)
                    └─▶ ack_mode=blob: wait until the blob holds it (≤ blob_ack_timeout_s)
-    get      ─▶ Redis ─▶ else the blob (Redis lost it, or never had it)
+    get      ─▶ Redis ─▶ the blob instead when it is newer or Redis has nothing
     ping     ─▶ ok
     bad line ─▶ counted, logged, error reply
 
@@ -30,9 +31,10 @@ import anyio
 import msgspec
 
 from sidecar import checkpoint as ckpt
-from sidecar.buffer import RedisBuffer
+from sidecar.buffer import Outcome, RedisBuffer
 from sidecar.coalescer import PendingWrite, WriteCoalescer
 from sidecar.errors import SidecarError
+from sidecar.floor import BlobFloors
 from sidecar.metrics import Metrics
 from sidecar.protocol import (
     BadRequest,
@@ -47,6 +49,9 @@ from sidecar.protocol import (
 )
 
 log = logging.getLogger(__name__)
+
+#: The floor of an update when the daemon keeps none: Redis' batch alone decides.
+NO_FLOOR = -1
 
 #: The reply of one request, awaited after every request of the same read was begun.
 Reply = Callable[[], Awaitable[bytes]]
@@ -69,8 +74,11 @@ class RequestHandler:
         wait_durable: WaitDurable | None = None,
         blob_ack_timeout_s: float = 30.0,
         lookup_blob: LookupBlob | None = None,
+        floors: BlobFloors | None = None,
     ) -> None:
-        """``wait_durable`` given: ``ack_mode=blob`` (acknowledge once in the blob)."""
+        """``wait_durable`` given: ``ack_mode=blob`` (acknowledge once in the blob).
+        ``floors`` given: no update older than the query's blob is stored, and ``get``
+        answers with the blob when it is newer than Redis (``sidecar.floor``)."""
         self._coalescer = coalescer
         self._buffer = buffer
         self._metrics = metrics
@@ -78,6 +86,7 @@ class RequestHandler:
         self._wait_durable = wait_durable
         self._blob_ack_timeout_s = blob_ack_timeout_s
         self._lookup_blob = lookup_blob
+        self._floors = floors
         # Label children bound once: .labels() costs more than the increment on this path.
         self._applied = metrics.updates.labels("applied")
         self._stale = metrics.updates.labels("stale")
@@ -91,7 +100,7 @@ class RequestHandler:
             case Progress(id=rid, checkpoint=c) if not ckpt.has_position(c):
                 return self._now(self._no_position(rid, c, started))
             case Progress(id=rid, checkpoint=c):
-                slot = await self._coalescer.submit(c)
+                slot = await self._coalescer.submit(c, self._floor_of(c.query_id))
                 return lambda: self._progress(rid, c, slot, started)
             case Get(id=rid, query_id=query_id, name=name):
                 return lambda: self._get(rid, query_id, name)
@@ -100,6 +109,11 @@ class RequestHandler:
             case BadRequest():
                 return self._now(self._bad(event))
         raise AssertionError(f"unhandled event {event!r}")
+
+    def _floor_of(self, query_id: str) -> int | None:
+        if self._floors is None:
+            return NO_FLOOR
+        return self._floors.known(query_id)
 
     @staticmethod
     def _now(reply: bytes) -> Reply:
@@ -121,7 +135,12 @@ class RequestHandler:
         self, rid: RequestId, c: ckpt.Checkpoint, slot: PendingWrite, started: float
     ) -> bytes:
         try:
-            applied = await slot.wait()
+            outcome = await slot.wait()
+            if outcome is Outcome.NEEDS_FLOOR and self._floors is not None:
+                # Redis does not know the query: read its blob's batch first (once per query).
+                floor = await self._floors.load(c.query_id)
+                outcome = await (await self._coalescer.submit(c, floor)).wait()
+            applied = outcome is Outcome.APPLIED
         except SidecarError as exc:
             self._rejected.inc()
             return self._error(rid, ErrorCode(exc.code), str(exc))
@@ -157,11 +176,25 @@ class RequestHandler:
             if query_id is None and name is not None:
                 query_id = await self._buffer.query_id_for(name)
             raw = await self._buffer.get(query_id) if query_id is not None else None
-            if raw is None and self._lookup_blob is not None:
-                raw = await self._lookup_blob(query_id, None if query_id else name)
+            if self._lookup_blob is not None:
+                if raw is None:
+                    raw = await self._lookup_blob(query_id, None if query_id else name)
+                elif query_id is not None and await self._blob_is_newer(query_id, raw):
+                    raw = await self._lookup_blob(query_id, None) or raw
         except SidecarError as exc:
             return self._error(rid, ErrorCode(exc.code), str(exc))
         return encode_ok(rid, checkpoint=msgspec.Raw(raw) if raw else None)
+
+    async def _blob_is_newer(self, query_id: str, raw: bytes) -> bool:
+        """Whether the query's blob holds a newer batch than Redis (Redis lost data and was
+        given older updates before the floor was known, or restored from an older file)."""
+        if self._floors is None:
+            return False
+        try:
+            floor = await self._floors.load(query_id)
+        except SidecarError:
+            return False  # the store cannot say now: Redis' answer is the best there is
+        return floor > ckpt.decode(raw, query_id=query_id).batch_id
 
     def _error(self, rid: RequestId, code: ErrorCode, message: str) -> bytes:
         """An error reply, counted by code (``checkpoint_sidecar_bad_requests_total``)."""

@@ -15,12 +15,16 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import anyio
+import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar import checkpoint as ckpt
 from sidecar.app import Daemon
 from sidecar.blobstore import BlobStore
+from sidecar.buffer import Outcome, RedisBuffer
 from sidecar.checkpoint import CheckpointDocument
 from sidecar.config import Config
+from tests.sparkshapes import kafka_progress
 
 
 @asynccontextmanager
@@ -110,6 +114,48 @@ def wait_blob(
         return doc if doc is not None and doc.batch_id >= batch else None
 
     return wait_for(reached, timeout_s, f"the blob to hold batch {batch}")
+
+
+def checkpoint_of(query_id: str, batch: int, name: str | None = "orders") -> ckpt.Checkpoint:
+    """The checkpoint the daemon stores for ``kafka_progress(query_id, batch)``."""
+    progress = msgspec.convert(kafka_progress(query_id, batch, name=name), ckpt.SparkProgress)
+    return ckpt.from_progress(progress)
+
+
+async def seed(
+    redis_url: str, namespace: str, query_id: str, batch: int, name: str | None = "orders"
+) -> str:
+    """Store a valid record of ``query_id`` at ``batch`` straight into Redis, pending and
+    without the daemon's floor (as a stopped daemon, or a restored or foreign buffer, leaves
+    it); its key."""
+    buffer = RedisBuffer(redis_url, namespace)
+    try:
+        assert await buffer.apply([checkpoint_of(query_id, batch, name)]) == [Outcome.APPLIED]
+    finally:
+        await buffer.aclose()
+    return buffer.keys.query(query_id)
+
+
+@asynccontextmanager
+async def blob_reader(config: Config) -> AsyncIterator[BlobStore]:
+    """A blob store client with the daemon's settings, for reading what it wrote."""
+    store = BlobStore(config)
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+async def wait_blob_batch(
+    store: BlobStore, query_id: str, batch: int, timeout_s: float = 20
+) -> CheckpointDocument:
+    """Wait until the query's blob holds ``batch`` or newer; its document."""
+    with anyio.fail_after(timeout_s):
+        while True:
+            doc = await store.read(query_id)
+            if doc is not None and doc.batch_id >= batch:
+                return doc
+            await anyio.sleep(0.02)
 
 
 def as_json(offset: Any) -> Any:

@@ -6,8 +6,7 @@ daemon's counters; blob contents are read back with the Azure SDK.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 
@@ -19,11 +18,19 @@ from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
 from sidecar.app import Daemon
 from sidecar.blobstore import BlobStore
-from sidecar.checkpoint import CheckpointDocument
 from sidecar.client import SidecarClient
 from sidecar.config import Config
 from sidecar.keys import Keys
-from tests.helpers import eventually, metric_value, running_daemon, sample, scrape
+from tests.helpers import (
+    blob_reader,
+    eventually,
+    metric_value,
+    running_daemon,
+    sample,
+    scrape,
+    seed,
+    wait_blob_batch,
+)
 from tests.services import Azurite
 from tests.sparkshapes import kafka_progress, rate_progress
 
@@ -34,27 +41,9 @@ PENDING = "checkpoint_sidecar_pending_updates"
 AGE = "checkpoint_sidecar_checkpoint_age_seconds"
 
 
-@asynccontextmanager
-async def blob_reader(config: Config) -> AsyncIterator[BlobStore]:
-    store = BlobStore(config)
-    try:
-        yield store
-    finally:
-        await store.aclose()
-
-
 async def blob_batch(store: BlobStore, query_id: str = QID) -> int | None:
     doc = await store.read(query_id)
     return doc.batch_id if doc else None
-
-
-async def wait_blob_batch(store: BlobStore, batch: int, query_id: str = QID) -> CheckpointDocument:
-    with anyio.fail_after(20):
-        while True:
-            doc = await store.read(query_id)
-            if doc is not None and doc.batch_id >= batch:
-                return doc
-            await anyio.sleep(0.02)
 
 
 def writes(azurite: Azurite, config: Config, query_id: str = QID) -> int:
@@ -97,7 +86,7 @@ async def test_count_threshold_writes_exactly_once_per_threshold(
                     [("progress", {"progress": kafka_progress(QID, b)}) for b in batches]
                 )
                 assert all(r.applied for r in replies)
-                await wait_blob_batch(store, batches[-1])
+                await wait_blob_batch(store, QID, batches[-1])
             for b in range(20, 23):  # below the threshold: stays in Redis
                 assert (await c.progress(kafka_progress(QID, b))).applied
         await a_pass_saw_pending(daemon, 3)
@@ -124,7 +113,7 @@ async def test_time_threshold_writes_once_when_the_oldest_update_is_old_enough(
             for b in range(3):
                 assert (await c.progress(rate_progress(QID, b))).applied
             assert await blob_batch(store) is None  # not yet: neither threshold reached
-            doc = await wait_blob_batch(store, 2)
+            doc = await wait_blob_batch(store, QID, 2)
         # A write that must not happen has no event to wait for: let the time threshold
         # pass once more (1 s, plus some flush passes) with nothing pending.
         await anyio.sleep(1.5)
@@ -140,7 +129,7 @@ async def test_blob_document_holds_offsets_and_writer(make_config: ConfigFactory
     async with running_daemon(config) as daemon, blob_reader(config) as store:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(progress)).applied
-        doc = await wait_blob_batch(store, 41)
+        doc = await wait_blob_batch(store, QID, 41)
         assert doc.writer.instance_id == daemon.instance_id
     assert doc.schema_version == 1
     assert (doc.query_id, doc.run_id, doc.name) == (QID, progress["runId"], progress["name"])
@@ -159,7 +148,7 @@ async def test_blob_is_leased_while_running_and_free_after_stop(
     async with blob_reader(config) as store:
         async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(rate_progress(QID, 1))).applied
-            await wait_blob_batch(store, 1)
+            await wait_blob_batch(store, QID, 1)
             assert await store.lease_state(QID) == "leased"
         assert await store.lease_state(QID) == "available"
 
@@ -171,7 +160,7 @@ async def test_a_write_without_the_lease_is_refused_by_the_store(
     async with running_daemon(config), blob_reader(config) as store:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(rate_progress(QID, 7))).applied
-        await wait_blob_batch(store, 7)
+        await wait_blob_batch(store, QID, 7)
         service = BlobServiceClient.from_connection_string(azurite.connection_string)
         async with service:
             blob = service.get_blob_client(config.container, f"{config.namespace}/{QID}.json")
@@ -202,7 +191,7 @@ async def test_get_falls_back_to_the_blob_when_redis_has_nothing(
     async with running_daemon(config), blob_reader(config) as store:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(kafka_progress(QID, 12))).applied
-            await wait_blob_batch(store, 12)
+            await wait_blob_batch(store, QID, 12)
             r = aioredis.Redis.from_url(config.redis_url)
             await r.delete(Keys(config.namespace).query(QID))  # Redis lost its data
             await r.aclose()
@@ -265,7 +254,7 @@ async def test_two_daemons_one_owner_then_takeover_without_regression(
                 [("progress", {"progress": kafka_progress(QID, b)}) for b in range(3)]
             )
             assert all(r.applied for r in replies)
-        doc = await wait_blob_batch(store, 2)
+        doc = await wait_blob_batch(store, QID, 2)
         assert doc.writer.instance_id == owner.instance_id
 
         standby = Daemon(second)  # same namespace, same Redis, same container
@@ -282,11 +271,11 @@ async def test_two_daemons_one_owner_then_takeover_without_regression(
 
         owner.request_stop()  # final flush of batch 3, then it releases its lease
         await owner.stopped.wait()
-        doc = await wait_blob_batch(store, 3)
+        doc = await wait_blob_batch(store, QID, 3)
         assert doc.writer.instance_id == owner.instance_id
         async with await SidecarClient.connect(second.socket_path) as c:
             assert (await c.progress(kafka_progress(QID, 4))).applied
-        doc = await wait_blob_batch(store, 4)
+        doc = await wait_blob_batch(store, QID, 4)
         assert doc.writer.instance_id == standby.instance_id
         assert doc.batch_id == 4
         assert await store.lease_state(QID) == "leased"
@@ -303,7 +292,7 @@ async def test_broken_lease_goes_not_owned_then_recovers(
     async with running_daemon(config) as daemon, blob_reader(config) as store:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(kafka_progress(QID, 1))).applied
-            await wait_blob_batch(store, 1)
+            await wait_blob_batch(store, QID, 1)
 
             service = BlobServiceClient.from_connection_string(azurite.connection_string)
             async with service:
@@ -326,7 +315,7 @@ async def test_broken_lease_goes_not_owned_then_recovers(
                 )
 
                 await BlobLeaseClient(blob, lease_id=intruder).release()
-            await wait_blob_batch(store, 2)  # re-acquired and caught up
+            await wait_blob_batch(store, QID, 2)  # re-acquired and caught up
             assert await store.lease_state(QID) == "leased"
         text = await metrics(daemon)
     assert metric_value(text, "checkpoint_sidecar_lease_held", query="orders-to-delta") == 1
@@ -349,13 +338,13 @@ async def test_store_outage_retries_and_loses_nothing(
     async with running_daemon(config) as daemon, blob_reader(config) as store:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(kafka_progress(QID, 1))).applied
-            await wait_blob_batch(store, 1)
+            await wait_blob_batch(store, QID, 1)
             await anyio.to_thread.run_sync(own_azurite.stop)
             for b in range(2, 6):  # acknowledged from Redis while the store is down
                 assert (await c.progress(kafka_progress(QID, b))).applied
             await eventually(lambda: sample(daemon, FLUSHES, result="error") >= 2)
             await anyio.to_thread.run_sync(own_azurite.start)
-            doc = await wait_blob_batch(store, 5)
+            doc = await wait_blob_batch(store, QID, 5)
     assert doc.batch_id == 5
     assert await redis_field(config, "pending") == b"0"
 
@@ -371,16 +360,14 @@ def test_rejects_monotonic_regression_in_blob(make_config: ConfigFactory) -> Non
                 await SidecarClient.connect(config.socket_path) as c,
             ):
                 assert (await c.progress(kafka_progress(QID, 9))).applied
-                await wait_blob_batch(store, 9)
-            # Redis forgets the query; an older batch arrives (a restored or foreign buffer)
+                await wait_blob_batch(store, QID, 9)
+            # Redis holds an older batch, pending (a restored or foreign buffer): the
+            # daemon's ingest would refuse it (the blob is its floor), so it is put there.
             r = aioredis.Redis.from_url(config.redis_url)
             await r.delete(Keys(config.namespace).query(QID))
             await r.aclose()
-            async with (
-                running_daemon(config) as d,
-                await SidecarClient.connect(config.socket_path) as c,
-            ):
-                assert (await c.progress(kafka_progress(QID, 4))).applied
+            await seed(config.redis_url, config.namespace, QID, 4)
+            async with running_daemon(config) as d:
                 await eventually(lambda: sample(d, FLUSHES, result="skipped") == 1)
             return await blob_batch(store), d.instance_id
 
@@ -406,7 +393,7 @@ async def test_an_error_retrying_cannot_fix_waits_the_full_cap_and_other_queries
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(rate_progress(QID, 1))).applied
             assert (await c.progress(rate_progress(other, 1))).applied
-        await wait_blob_batch(store, 1, other)
+        await wait_blob_batch(store, other, 1)
         await eventually(lambda: "failed (retry 1 in 30.0s)" in caplog.text)
         text = await metrics(daemon)
     record = next(r for r in caplog.records if "failed (retry 1 in 30.0s)" in r.message)

@@ -21,11 +21,11 @@ REPO = Path(__file__).resolve().parent.parent
 #: neither: modules of one layer are peers that know nothing of each other).
 LAYERS: list[set[str]] = [
     {"errors", "keys", "backoff"},  # vocabulary: pure
-    {"config", "checkpoint"},  # settings and records: pure
+    {"config", "checkpoint", "lua"},  # settings, records, Redis scripts: pure
     {"protocol", "offsets"},  # wire format, offset shapes: pure
     {"metrics"},
     {"buffer", "blobstore", "client"},  # the I/O edges (Redis, Azure) and the test client
-    {"coalescer"},  # batches updates for the Redis edge
+    {"coalescer", "floor"},  # batches updates for the Redis edge; the blobs' batches
     {"lease", "lag", "kafka", "handler", "server", "admin", "report", "durability"},
     {"flusher"},
     {"app"},  # wiring
@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"cli"},
     {"__main__"},
 ]
-PURE = {"errors", "keys", "backoff", "config", "checkpoint", "protocol", "offsets"}
+PURE = {"errors", "keys", "backoff", "config", "checkpoint", "lua", "protocol", "offsets"}
 #: Third-party SDKs and where they may be imported: each edge owns its SDK.
 SDK_OWNERS = {
     "redis": {"buffer"},

@@ -20,13 +20,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import anyio
-import msgspec
 import pytest
 import redis.asyncio as aioredis
 from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
@@ -34,13 +32,22 @@ from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 import spark_bridge
 from sidecar import checkpoint as ckpt
 from sidecar import flusher
-from sidecar.blobstore import BlobStore
-from sidecar.buffer import RedisBuffer
 from sidecar.client import SidecarClient
 from sidecar.config import Config
 from sidecar.keys import Keys
 from sidecar.protocol import ClientConnection, Reply, encode_request
-from tests.helpers import eventually, metric_value, running_daemon, sample, wait_blob, wait_for
+from tests.helpers import (
+    blob_reader,
+    checkpoint_of,
+    eventually,
+    metric_value,
+    running_daemon,
+    sample,
+    seed,
+    wait_blob,
+    wait_blob_batch,
+    wait_for,
+)
 from tests.services import REPO_ROOT, DaemonProcess
 from tests.sparkshapes import kafka_progress
 
@@ -55,22 +62,6 @@ CUT_SHORT = b'{"query_id":"c0aa0000-0000-4000-8000-00000000baad","run_id":"r","n
 #: Not this version's blob document (a future schema, say).
 FOREIGN_DOC = b'{"schema": 9, "position": {"events": {"0": 7}}}'
 WRITER = ckpt.Writer(host="test", pid=1, instance_id="test")
-
-
-def checkpoint_of(query_id: str, batch: int, name: str) -> ckpt.Checkpoint:
-    progress = msgspec.convert(kafka_progress(query_id, batch, name=name), ckpt.SparkProgress)
-    return ckpt.from_progress(progress)
-
-
-async def seed(redis_url: str, namespace: str, query_id: str, batch: int, name: str) -> str:
-    """Store a valid record of ``query_id`` at ``batch``, pending (as a daemon that stopped
-    before flushing leaves it); its key."""
-    buffer = RedisBuffer(redis_url, namespace)
-    try:
-        assert await buffer.apply([checkpoint_of(query_id, batch, name)]) == [True]
-    finally:
-        await buffer.aclose()
-    return buffer.keys.query(query_id)
 
 
 async def damage(redis_url: str, key: str, **fields: bytes) -> dict[bytes, bytes]:
@@ -89,24 +80,6 @@ async def record(redis_url: str, key: str) -> dict[bytes, bytes]:
         return cast(dict[bytes, bytes], await r.hgetall(key))
     finally:
         await r.aclose()
-
-
-@asynccontextmanager
-async def blob_reader(config: Config) -> AsyncIterator[BlobStore]:
-    store = BlobStore(config)
-    try:
-        yield store
-    finally:
-        await store.aclose()
-
-
-async def wait_blob_batch(store: BlobStore, query_id: str, batch: int) -> ckpt.CheckpointDocument:
-    with anyio.fail_after(20):
-        while True:
-            doc = await store.read(query_id)
-            if doc is not None and doc.batch_id >= batch:
-                return doc
-            await anyio.sleep(0.02)
 
 
 async def upload(

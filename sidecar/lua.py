@@ -1,0 +1,124 @@
+"""The Lua scripts of the Redis buffer (``sidecar.buffer``): each one atomic, one round trip.
+
+Pure text, no I/O: the buffer registers them. Every script that compares batch ids shares
+the prelude, so "newer" means the same everywhere.
+"""
+
+from __future__ import annotations
+
+# Shared by the scripts: newer(a, b) compares canonical decimal batch ids exactly (length,
+# then bytes: no float rounding above 2**53); batch(s) is true for a canonical decimal batch
+# id (a Java long: no sign, no leading zero, at most 2**63-1), false for anything else that a
+# damaged record may hold; `now` is Redis' clock in milliseconds.
+_PRELUDE = """
+local function newer(a, b)
+  if #a ~= #b then return #a > #b end
+  return a > b
+end
+local function batch(s)
+  if not s or not (s == '0' or string.find(s, '^[1-9]%d*$')) then return false end
+  return #s < 19 or (#s == 19 and s <= '9223372036854775807')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS[1] pending zset, KEYS[2] queries set, KEYS[3] names hash, KEYS[3+i] hash of update i.
+# ARGV[5i-4..5i]: query id, batch id (canonical decimal), checkpoint JSON, name ("" if none),
+# floor: the batch the query's blob holds (sidecar.floor; "" or "-1": none), or "?" when the
+# daemon has not read the blob yet.
+# Returns one integer per update: 1 applied, 0 stale (not newer than Redis' batch or the
+# floor), -1 floor needed (Redis holds no batch of the query and the floor is "?": nothing
+# was written; read the blob and call again with its batch).
+# A damaged record (docs/architecture.md, "Corrupted records"): any update replaces one whose
+# batch_id is unreadable, the next newer batch one whose checkpoint is (a readable batch_id
+# stays monotonic); counters that are not integers restart from 0, so HINCRBY cannot fail
+# the call and with it the other queries' updates.
+APPLY = (
+    _PRELUDE
+    + """
+local function counter(s)
+  return s and #s <= 18 and string.find(s, '^%-?%d+$') ~= nil
+end
+local out = {}
+for i = 1, #KEYS - 3 do
+  local key = KEYS[i + 3]
+  local qid, id, floor = ARGV[5 * i - 4], ARGV[5 * i - 3], ARGV[5 * i]
+  local cur = redis.call('HMGET', key, 'batch_id', 'pending', 'version')
+  if floor == '?' and not batch(cur[1]) then
+    out[i] = -1
+  elseif (batch(cur[1]) and not newer(id, cur[1])) or (batch(floor) and not newer(id, floor)) then
+    out[i] = 0
+  else
+    if cur[2] and not counter(cur[2]) then redis.call('HSET', key, 'pending', 0) end
+    if cur[3] and not counter(cur[3]) then redis.call('HSET', key, 'version', 0) end
+    local pending = redis.call('HINCRBY', key, 'pending', 1)
+    redis.call('HINCRBY', key, 'version', 1)
+    redis.call('HSET', key, 'batch_id', id, 'checkpoint', ARGV[5 * i - 2], 'updated_ms', now)
+    if pending == 1 then
+      redis.call('HSET', key, 'first_pending_ms', now)
+      redis.call('ZADD', KEYS[1], now, qid)
+    end
+    redis.call('SADD', KEYS[2], qid)
+    if ARGV[5 * i - 1] ~= '' then redis.call('HSET', KEYS[3], ARGV[5 * i - 1], qid) end
+    out[i] = 1
+  end
+end
+return out
+"""
+)
+
+# Everything the flusher needs, read atomically with Redis' clock.
+# KEYS[1] pending zset. ARGV[1] query hash prefix; ARGV[2..] extra query ids to report even
+# when nothing is pending (those with acks waiting on the blob). The query hashes are not in
+# KEYS because they are found inside; they share KEYS[1]'s hash tag, so one Cluster slot.
+# Returns {now_ms, {qid, pending, first_pending_ms, version, batch_id, checkpoint,
+# flushed_batch_id}, ...}; absent fields are nil.
+SNAPSHOT = """
+local t = redis.call('TIME')
+local out = {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
+local seen = {}
+for _, qid in ipairs(ids) do seen[qid] = true end
+for i = 2, #ARGV do
+  if not seen[ARGV[i]] then table.insert(ids, ARGV[i]); seen[ARGV[i]] = true end
+end
+for _, qid in ipairs(ids) do
+  local h = redis.call('HMGET', ARGV[1] .. qid, 'pending', 'first_pending_ms', 'version',
+                       'batch_id', 'checkpoint', 'flushed_batch_id')
+  table.insert(out, {qid, h[1], h[2], h[3], h[4], h[5], h[6]})
+end
+return out
+"""
+
+# After a successful flush: record the durable batch and clear the pending state, but only
+# what the flushed snapshot covered, so an update applied meanwhile is not lost.
+# KEYS[1] query hash, KEYS[2] pending zset.
+# ARGV: query id, version at snapshot, pending at snapshot, snapshot time (ms), durable batch.
+# Returns the updates still pending.
+MARK_FLUSHED = (
+    _PRELUDE
+    + """
+local flushed = redis.call('HGET', KEYS[1], 'flushed_batch_id')
+if batch(flushed) and newer(flushed, ARGV[5]) then
+  -- a stale mark (a newer flush was already recorded): it must not clear newer updates
+  return tonumber(redis.call('HGET', KEYS[1], 'pending') or '0')
+end
+redis.call('HSET', KEYS[1], 'flushed_batch_id', ARGV[5])
+redis.call('HSET', KEYS[1], 'flushed_ms', now)
+local left = 0
+if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then
+  left = redis.call('HINCRBY', KEYS[1], 'pending', -tonumber(ARGV[3]))
+end
+if left <= 0 then
+  redis.call('HSET', KEYS[1], 'pending', 0)
+  redis.call('HDEL', KEYS[1], 'first_pending_ms')
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  return 0
+end
+-- Updates arrived after the snapshot; none is older than the snapshot itself.
+redis.call('HSET', KEYS[1], 'first_pending_ms', ARGV[4])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
+return left
+"""
+)
