@@ -1,0 +1,217 @@
+"""The Kubernetes manifests in deploy/kubernetes/, checked offline.
+
+* Every core object is validated with ``kubernetes-validate`` in strict mode (unknown fields
+  are errors) against the Kubernetes versions it is written for: the native-sidecar
+  templates for 1.29+, the plain-sidecar template also for 1.25-1.28.
+* The SparkApplication is parsed with the Spark Operator's own API models
+  (``kubeflow-spark-api``) and must survive the round trip unchanged (a misspelt or unknown
+  field would be dropped); its ``driver.template`` is validated as a Pod and must equal the
+  pod template's spec, so the two examples cannot drift apart.
+* What no schema knows: the daemon's settings are ones it accepts (it refuses unknown
+  ``SIDECAR_*`` variables at start), the grace period covers the daemon's shutdown grace, the
+  socket and listener-jar paths agree between the sidecar and the Spark confs, the security
+  context is the one the image is tested with.
+* The plain sidecar's watcher script runs for real: it stops the daemon, gracefully, once a
+  process that looks like the driver's JVM has come and gone.
+
+Not validated: the PodMonitor's fields (a Prometheus Operator CRD; no schema offline), and
+whether a given Spark Operator version passes ``restartPolicy: Always`` of an init container
+through its template (the manifests' comments say how to check on a cluster).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import kubernetes_validate
+import pytest
+import yaml
+from kubeflow_spark_api.models.spark_v1beta2_spark_application import (
+    SparkV1beta2SparkApplication,
+)
+
+from sidecar.client import SidecarClient
+from sidecar.config import Config
+from tests.helpers import wait_blob, wait_for
+from tests.services import REPO_ROOT, DaemonProcess
+from tests.sparkshapes import kafka_progress
+
+DEPLOY = REPO_ROOT / "deploy" / "kubernetes"
+NATIVE = DEPLOY / "spark-driver-with-sidecar.yaml"
+PLAIN = DEPLOY / "spark-driver-with-sidecar-pre-1.29.yaml"
+APP = DEPLOY / "sparkapplication.yaml"
+NATIVE_VERSIONS = ["1.29.0", "1.31.0", "1.33.0", "1.35.0", "1.37.0"]
+ALL_VERSIONS = ["1.25.0", "1.27.0", "1.28.0", *NATIVE_VERSIONS]
+SIDECAR = "checkpoint-sidecar"
+LISTENER_CONFS = {
+    "spark.driver.extraClassPath": "/opt/checkpoint-sidecar/lib/checkpoint-sidecar-listener.jar",
+    "spark.sql.streaming.streamingQueryListeners": "io.checkpointsidecar.SidecarStreamingListener",
+    "spark.checkpointSidecar.socketPath": "/var/run/checkpoint-sidecar/sidecar.sock",
+}
+
+
+def load(path: Path) -> dict[str, Any]:
+    doc = yaml.safe_load(path.read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+def pod_specs() -> dict[str, dict[str, Any]]:
+    """The pod spec of each example, by file name (the SparkApplication's driver template)."""
+    return {
+        NATIVE.name: load(NATIVE)["spec"],
+        PLAIN.name: load(PLAIN)["spec"],
+        APP.name: load(APP)["spec"]["driver"]["template"]["spec"],
+    }
+
+
+def daemon_container(spec: dict[str, Any]) -> dict[str, Any]:
+    containers: list[dict[str, Any]] = spec.get("initContainers", []) + spec["containers"]
+    found = [c for c in containers if c["name"] == SIDECAR]
+    assert len(found) == 1, "exactly one checkpoint-sidecar container"
+    return found[0]
+
+
+def literal_env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+@pytest.mark.parametrize(
+    ("path", "versions"),
+    [(NATIVE, NATIVE_VERSIONS), (PLAIN, ALL_VERSIONS), (DEPLOY / "podmonitor.yaml", [])],
+    ids=["native", "pre-1.29", "podmonitor"],
+)
+def test_manifests_are_valid_kubernetes_objects_in_strict_mode(
+    path: Path, versions: list[str]
+) -> None:
+    doc = load(path)
+    for version in versions:
+        kubernetes_validate.validate(doc, version, strict=True)
+    if not versions:  # a CRD: at least its identity
+        assert (doc["apiVersion"], doc["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
+
+
+def test_the_native_template_needs_kubernetes_1_29_and_says_so() -> None:
+    """restartPolicy on an init container is unknown before 1.28 (alpha there)."""
+    with pytest.raises(kubernetes_validate.ValidationError, match="restartPolicy"):
+        kubernetes_validate.validate(load(NATIVE), "1.27.0", strict=True)
+    assert daemon_container(load(NATIVE)["spec"])["restartPolicy"] == "Always"
+
+
+def test_the_spark_application_round_trips_through_the_operators_api_models() -> None:
+    doc = load(APP)
+    app = SparkV1beta2SparkApplication.from_dict(doc)
+    assert app is not None
+    assert app.to_dict() == doc  # nothing unknown, misspelt or of the wrong type
+    template = doc["spec"]["driver"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", **template}
+    for version in NATIVE_VERSIONS:
+        kubernetes_validate.validate(pod, version, strict=True)
+    native = load(NATIVE)
+    assert template == {"metadata": native["metadata"], "spec": native["spec"]}
+    conf = doc["spec"]["sparkConf"]
+    assert {k: conf.get(k) for k in LISTENER_CONFS} == LISTENER_CONFS
+    assert conf["spark.kubernetes.driver.podTemplateContainerName"] == "spark-kubernetes-driver"
+
+
+@pytest.mark.parametrize("name", [NATIVE.name, PLAIN.name, APP.name])
+def test_the_daemons_settings_are_ones_it_accepts(name: str) -> None:
+    container = daemon_container(pod_specs()[name])
+    known = {s.metadata["env"] for s in Config.settings()}
+    named = {e["name"] for e in container["env"]}
+    ours = {n for n in named if n.startswith("SIDECAR_") or n.startswith("AZURE_STORAGE")}
+    assert ours <= known, f"unknown settings: {sorted(ours - known)}"
+    env = literal_env(container)
+    # Secrets and labels come from the cluster; stand-ins of the right shape here.
+    env |= {
+        "SIDECAR_REDIS_URL": "rediss://:secret@redis.example.com:6380/0",
+        "SIDECAR_NAMESPACE": "orders-stream",
+        "AZURE_STORAGE_CONNECTION_STRING": "AccountName=a;AccountKey=k",
+    }
+    config = Config.from_env({k: v for k, v in env.items() if k in known})  # refused: raises
+    spec = pod_specs()[name]
+    assert spec["terminationGracePeriodSeconds"] >= config.shutdown_grace_s + 10
+    assert config.socket_mode == 0o660 and spec["securityContext"]["fsGroup"] == 10001
+
+
+@pytest.mark.parametrize("name", [NATIVE.name, PLAIN.name, APP.name])
+def test_socket_jar_probes_and_security_context_agree(name: str) -> None:
+    spec = pod_specs()[name]
+    daemon = daemon_container(spec)
+    env = literal_env(daemon)
+    driver = next(c for c in spec["containers"] if c["name"] == "spark-kubernetes-driver")
+    driver_mounts = {m["mountPath"]: m["name"] for m in driver["volumeMounts"]}
+    socket_dir = str(Path(env["SIDECAR_SOCKET_PATH"]).parent)
+    assert env["SIDECAR_SOCKET_PATH"] == LISTENER_CONFS["spark.checkpointSidecar.socketPath"]
+    assert driver_mounts[socket_dir] == "checkpoint-sidecar-socket"
+    jar_dir = str(Path(LISTENER_CONFS["spark.driver.extraClassPath"]).parent)
+    assert driver_mounts[jar_dir] == "checkpoint-sidecar-lib"
+    copier = next(
+        c for c in spec["initContainers"] if c["name"] == "checkpoint-sidecar-listener-jar"
+    )
+    assert LISTENER_CONFS["spark.driver.extraClassPath"] in " ".join(copier["command"])
+    assert copier["image"] == daemon["image"]
+
+    port = next(p for p in daemon["ports"] if p["name"] == "sidecar-admin")["containerPort"]
+    assert str(port) == env["SIDECAR_METRICS_PORT"]
+    assert daemon["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "sidecar-admin"}
+    assert daemon["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "sidecar-admin"}
+    for container in (daemon, copier):
+        ctx = container["securityContext"]
+        assert ctx["runAsNonRoot"] and (ctx["runAsUser"], ctx["runAsGroup"]) == (10001, 10001)
+        assert ctx["readOnlyRootFilesystem"] and not ctx["allowPrivilegeEscalation"]
+        assert ctx["capabilities"] == {"drop": ["ALL"]}
+        assert container["resources"]["limits"]["memory"]
+
+
+def test_the_plain_sidecar_stops_the_daemon_once_the_driver_has_exited(
+    daemon_env: dict[str, str], short_tmp: Path
+) -> None:
+    """The pre-1.29 watcher script, run as the container would run it."""
+    container = daemon_container(load(PLAIN)["spec"])
+    mark = literal_env(container)["DRIVER_MARK"]
+    probe = DaemonProcess(daemon_env)  # not started: picks the admin port, asks /readyz
+    env = {
+        **os.environ,
+        **probe.settings,
+        "DRIVER_MARK": mark,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    query = "5e1d0000-0000-4000-8000-0000000000c1"
+    log_path = short_tmp / "sidecar.log"
+    with open(log_path, "wb") as log:
+        watcher = subprocess.Popen(container["command"], env=env, stdout=log, stderr=log)
+    driver = None
+    try:
+        wait_for(lambda: (probe.readyz() or (0, ""))[0] == 200, 60, "the daemon to be ready")
+        # A stand-in for the driver's JVM: its command line carries the mark.
+        driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", mark])
+        anyio.run(post, env["SIDECAR_SOCKET_PATH"], query, 3)
+        # The watcher polls every 2 s: give it a look at the running driver (it must not
+        # stop the daemon meanwhile), as a real driver, alive for hours, always does.
+        time.sleep(3)
+        assert watcher.poll() is None, log_path.read_text()
+        driver.send_signal(signal.SIGTERM)
+        driver.wait(10)
+        code = watcher.wait(60)
+    finally:
+        for proc in (driver, watcher):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    output = log_path.read_text()
+    assert code == 0, output
+    assert "stopped" in output
+    assert wait_blob(daemon_env, query, 3).batch_id == 3  # the final flush ran
+
+
+async def post(socket_path: str, query: str, batches: int) -> None:
+    async with await SidecarClient.connect(socket_path) as client:
+        for batch in range(1, batches + 1):
+            assert (await client.progress(kafka_progress(query, batch))).applied
