@@ -77,6 +77,8 @@ class Watched:
     """The highest value seen so far in one place (Redis, a daemon's ``get``, the blob)."""
 
     highest: int = -1
+    #: The value of the previous read (a regression is recorded once, not at every poll).
+    last: int | None = None
     reads: int = 0
     errors: int = 0
 
@@ -263,10 +265,12 @@ class Load:
             return  # nothing there yet
         if value is None or value < w.highest:
             # None after a batch: the record vanished, the farthest a checkpoint can go back.
-            self.regressions.append(f"{where} {q.name}: saw batch {w.highest}, then {value}")
-            log.error("sweep: %s", self.regressions[-1])
+            if value != w.last:
+                self.regressions.append(f"{where} {q.name}: saw batch {w.highest}, then {value}")
+                log.error("sweep: %s", self.regressions[-1])
         else:
-            w.highest = max(w.highest, value)
+            w.highest = value
+        w.last = value
 
     def _failed(self, where: str, q: QueryLoad) -> None:
         self.watched.setdefault((where, q.query_id), Watched()).errors += 1
