@@ -25,10 +25,10 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 import anyio
 import redis.asyncio as aioredis
@@ -338,7 +338,7 @@ class Load:
             with anyio.CancelScope(shield=True):
                 await r.aclose()
 
-    async def _wait(self, predicate: Any, timeout_s: float, what: str) -> None:
+    async def _wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
         while not predicate():
             if time.monotonic() > deadline:
