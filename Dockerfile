@@ -2,7 +2,9 @@
 #
 # checkpoint-sidecar container image.
 #
-# Build (from the repository root; needs BuildKit, the default builder since Docker 23):
+# Build (from the repository root): `make image` (scripts/build_image.sh: docker, or podman
+# where no Docker daemon runs; a local Debian base when no registry is reachable). By hand,
+# with BuildKit (the default builder since Docker 23) or podman/buildah:
 #
 #     docker build -t checkpoint-sidecar:0.1.0 .
 #
@@ -28,7 +30,6 @@ ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE} AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 
 WORKDIR /src
@@ -39,7 +40,14 @@ COPY spark_bridge/ spark_bridge/
 
 # /wheels ends up with checkpoint_sidecar-<version>-py3-none-any.whl and a wheel for every
 # dependency, so the final stage installs offline (--no-index) exactly what was resolved here.
-RUN python -m pip wheel --wheel-dir /wheels ".[daemon]"
+# pip's cache is a build cache mount (kept between builds, never in a layer), so a rebuild
+# after a source change downloads nothing again. The optional secret `host-ca` is a CA bundle
+# to trust for the download (networks that re-sign TLS): `--secret id=host-ca,src=<bundle>`,
+# mounted read-only for this step only (scripts/build_image.sh passes the host's).
+RUN --mount=type=cache,id=checkpoint-sidecar-pip,target=/root/.cache/pip \
+    --mount=type=secret,id=host-ca \
+    if [ -s /run/secrets/host-ca ]; then export PIP_CERT=/run/secrets/host-ca; fi \
+ && python -m pip wheel --wheel-dir /wheels ".[daemon]"
 
 # ---- final: a venv with the wheel installed, run as a non-root user ---------------------
 FROM ${PYTHON_IMAGE}

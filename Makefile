@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PY35 := .venv-spark35/bin/python
 SUBSET := $(if $(strip $(PYTEST_ARGS)),yes,no)
 
-.PHONY: setup jar test run demo bench lint clean
+.PHONY: setup jar test run demo bench lint image clean
 
 setup:
 	@bash scripts/setup.sh
@@ -39,6 +39,11 @@ bench: setup
 	$(PY) bench/ingest.py
 	$(PY) bench/flush.py
 	$(PY) bench/listener.py
+
+## The container image checkpoint-sidecar:<version>: docker when its daemon answers, else
+## podman (installed from apt when missing); a local Debian base when no registry answers.
+image:
+	@bash scripts/build_image.sh
 
 lint: setup
 	.venv/bin/ruff check sidecar spark_bridge tests bench scripts
