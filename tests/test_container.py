@@ -1,0 +1,254 @@
+"""The container image, built by ``make image``'s script and run the way the pod runs it.
+
+The daemon's container gets the pod's security settings (read-only root file system without
+any writable tmpfs, no capabilities, no new privileges, uid/gid 10001, a memory limit) and the
+host's network, and talks to this test's redis-server and Azurite on loopback. The socket
+directory is a host directory shared like the pod's ``emptyDir`` with ``fsGroup: 10001``
+(group 10001, setgid); the "Spark driver" is a second container from the same image running
+as another uid (185, as in the Apache Spark images) with group 10001 added, which posts
+progress over the socket; a third, outside the group, is refused.
+
+podman, always (scripts/podman.sh: the project's containers.conf and storage): the build
+machines have no Docker daemon. ``-m "not container"`` leaves these tests out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from sidecar.blobstore import BlobStore
+from sidecar.config import Config
+from tests.helpers import read_blob, wait_blob, wait_for
+from tests.services import REPO_ROOT, Azurite, RedisServer, free_port
+from tests.sparkshapes import kafka_progress
+
+# Building from cold (installing podman, making the Debian base) takes a few minutes.
+pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
+
+IMAGE = "localhost/checkpoint-sidecar:test"
+PODMAN = ["bash", str(REPO_ROOT / "scripts" / "podman.sh")]
+#: The pod's fsGroup: the daemon's own gid, added to the driver container's groups.
+SHARED_GID = 10001
+DRIVER_UID = 185
+OUTSIDER_UID = 186
+MEMORY_LIMIT = "256m"
+#: Where the image's SIDECAR_SOCKET_PATH points.
+SOCKET_DIR = "/var/run/checkpoint-sidecar"
+#: The pod's securityContext, for every container of the test.
+LOCKED_DOWN = [
+    "--read-only",
+    "--read-only-tmpfs=false",  # readOnlyRootFilesystem gives no writable /tmp or /run
+    "--cap-drop=ALL",
+    "--security-opt=no-new-privileges",
+    f"--memory={MEMORY_LIMIT}",
+]
+
+#: The driver's side, stdlib only, run by the image's Python: send each stdin line over
+#: the socket, print each reply; exit 3 with the errno's name when connecting fails.
+CLIENT = """
+import errno, socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except OSError as exc:
+    print(errno.errorcode[exc.errno])
+    sys.exit(3)
+replies = s.makefile("rb")
+for frame in sys.stdin.buffer.read().splitlines(keepends=True):
+    s.sendall(frame)
+    sys.stdout.write(replies.readline().decode())
+"""
+
+
+def podman(*args: str, timeout_s: float = 120, stdin: str | None = None) -> str:
+    """Run ``podman ARGS``; its stdout. Fails the test, quoting stderr, on a non-zero exit."""
+    result = podman_rc(*args, timeout_s=timeout_s, stdin=stdin)
+    assert result.returncode == 0, f"podman {' '.join(args)}: {result.stderr[-3000:]}"
+    return result.stdout
+
+
+def podman_rc(
+    *args: str, timeout_s: float = 120, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*PODMAN, *args], input=stdin, capture_output=True, text=True, timeout=timeout_s
+    )
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    """The image, built through scripts/build_image.sh (cached layers make it quick)."""
+    result = subprocess.run(
+        ["bash", "scripts/build_image.sh"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "ENGINE": "podman", "IMAGE": IMAGE},
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr[-5000:]}"
+    return IMAGE
+
+
+@pytest.fixture
+def socket_dir(short_tmp: Path) -> Path:
+    """The pod's emptyDir with fsGroup: group SHARED_GID, setgid (the socket inherits the
+    group), no write for others. Searchable by all, so an outsider is refused by the socket
+    file's own mode, not by the directory."""
+    path = short_tmp / "run"
+    path.mkdir()
+    os.chown(path, 0, SHARED_GID)
+    os.chmod(path, 0o2775)
+    return path
+
+
+@pytest.fixture
+def container() -> Iterator[str]:
+    """A unique container name; the container is removed at teardown."""
+    name = f"cps-test-{uuid.uuid4().hex[:8]}"
+    yield name
+    podman_rc("rm", "--force", "--time", "0", name)
+
+
+def get(url: str) -> tuple[int, str] | None:
+    """GET ``url``: (status, body), or None while nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except OSError:
+        return None
+
+
+def post_as(
+    image: str, socket_dir: Path, uid: int, groups: list[int], frames: list[str]
+) -> tuple[int, str]:
+    """Run CLIENT in a container of ``image`` as ``uid`` with ``groups`` added, the socket
+    directory mounted read-only (as the driver's pod template does); (exit code, stdout)."""
+    result = podman_rc(
+        "run", "--rm", "-i", "--network=none", *LOCKED_DOWN,
+        f"--user={uid}:{uid}", *(f"--group-add={g}" for g in groups),
+        f"--volume={socket_dir}:{SOCKET_DIR}:ro",
+        "--entrypoint=python", image, "-c", CLIENT, f"{SOCKET_DIR}/sidecar.sock",
+        stdin="".join(f + "\n" for f in frames),
+    )  # fmt: skip
+    assert result.returncode in (0, 3), result.stderr[-3000:]
+    return result.returncode, result.stdout
+
+
+def progress_frame(query_id: str, batch: int) -> str:
+    return json.dumps({"op": "progress", "id": batch, "progress": kafka_progress(query_id, batch)})
+
+
+def lease_state(env: dict[str, str], query_id: str) -> str:
+    async def read() -> str:
+        store = BlobStore(Config.from_env(env))
+        try:
+            return await store.lease_state(query_id)
+        finally:
+            await store.aclose()
+
+    return anyio.run(read)
+
+
+def test_image_runs_with_the_pods_security_settings(
+    image: str,
+    own_redis: RedisServer,
+    azurite: Azurite,
+    namespace: str,
+    socket_dir: Path,
+    container: str,
+) -> None:
+    admin = f"http://127.0.0.1:{free_port()}"
+    env = {
+        "SIDECAR_REDIS_URL": own_redis.url,
+        "SIDECAR_NAMESPACE": namespace,
+        "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string,
+        "SIDECAR_CONTAINER": "checkpoints",
+        "SIDECAR_METRICS_HOST": "127.0.0.1",
+        "SIDECAR_METRICS_PORT": admin.rsplit(":", 1)[1],
+        "SIDECAR_SOCKET_MODE": "660",
+        "SIDECAR_LEASE_DURATION_S": "15",
+        # Flush after 3 updates, never by age: a 4th update waits for the final flush.
+        "SIDECAR_COUNT_THRESHOLD": "3",
+        "SIDECAR_TIME_THRESHOLD_S": "3600",
+        "SIDECAR_FLUSH_INTERVAL_S": "0.1",
+    }
+    podman(
+        "run", "--detach", f"--name={container}", "--network=host", "--http-proxy=false",
+        *LOCKED_DOWN, f"--user=10001:{SHARED_GID}",
+        f"--volume={socket_dir}:{SOCKET_DIR}",
+        *(f"--env={k}={v}" for k, v in env.items()),
+        image,
+    )  # fmt: skip
+
+    def logs() -> str:
+        result = podman_rc("logs", container)
+        return result.stdout + result.stderr
+
+    def wait_ready(status: int, what: str, timeout_s: float = 60) -> None:
+        def answered() -> bool:
+            answer = get(f"{admin}/readyz")
+            return answer is not None and answer[0] == status
+
+        try:
+            wait_for(answered, timeout_s, f"/readyz {status} {what}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the daemon's log ends:\n{logs()[-3000:]}") from None
+
+    wait_ready(200, "after start")
+    assert get(f"{admin}/healthz") == (200, "ok\n")
+    sock = os.stat(socket_dir / "sidecar.sock")
+    assert stat.S_ISSOCK(sock.st_mode) and stat.S_IMODE(sock.st_mode) == 0o660
+    assert (sock.st_uid, sock.st_gid) == (10001, SHARED_GID)
+
+    # The driver (another uid, in the shared group) posts three batches: one flush.
+    query_id = str(uuid.uuid4())
+    code, out = post_as(
+        image, socket_dir, DRIVER_UID, [SHARED_GID], [progress_frame(query_id, b) for b in range(3)]
+    )
+    assert code == 0
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"id": b, "ok": True, "applied": True} for b in range(3)
+    ]
+    assert wait_blob(env, query_id, 2).batch_id == 2
+
+    # A uid outside the group may not connect.
+    assert post_as(image, socket_dir, OUTSIDER_UID, [], [progress_frame(query_id, 9)]) == (
+        3,
+        "EACCES\n",
+    )
+
+    # Redis stops: not ready; Redis is back: ready again.
+    own_redis.stop()
+    wait_ready(503, "while Redis is stopped", 30)
+    answer = get(f"{admin}/readyz")
+    assert answer is not None and "Redis unreachable" in answer[1]
+    own_redis.start()
+    wait_ready(200, "after Redis restarted")
+
+    # A 4th batch stays pending (below the count threshold) until the stop's final flush.
+    code, out = post_as(image, socket_dir, DRIVER_UID, [SHARED_GID], [progress_frame(query_id, 3)])
+    assert (code, json.loads(out)) == (0, {"id": 3, "ok": True, "applied": True})
+    doc = read_blob(env, query_id)
+    assert doc is not None and doc.batch_id == 2
+
+    podman("stop", "--time", "30", container, timeout_s=60)
+    assert podman("inspect", "--format", "{{.State.ExitCode}}", container).strip() == "0"
+    doc = read_blob(env, query_id)
+    assert doc is not None and doc.batch_id == 3, "the final flush wrote the pending batch"
+    assert lease_state(env, query_id) == "available", "the lease was released"
+    assert "final flush" in logs()
+    assert not (socket_dir / "sidecar.sock").exists(), "the socket file is removed on stop"
