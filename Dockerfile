@@ -33,21 +33,28 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 
 WORKDIR /src
-# Only what the wheel is built from (pyproject's readme is README.md).
-COPY pyproject.toml README.md ./
-COPY sidecar/ sidecar/
-COPY spark_bridge/ spark_bridge/
 
-# /wheels ends up with checkpoint_sidecar-<version>-py3-none-any.whl and a wheel for every
-# dependency, so the final stage installs offline (--no-index) exactly what was resolved here.
-# pip's cache is a build cache mount (kept between builds, never in a layer), so a rebuild
-# after a source change downloads nothing again. The optional secret `host-ca` is a CA bundle
-# to trust for the download (networks that re-sign TLS): `--secret id=host-ca,src=<bundle>`,
-# mounted read-only for this step only (scripts/build_image.sh passes the host's).
+# /wheels ends up with a wheel for every dependency and checkpoint_sidecar-<version>-py3-none-
+# any.whl, so the final stage installs offline (--no-index) exactly what was resolved here.
+# First the dependencies (and the build backend), read from pyproject.toml alone: this layer
+# is rebuilt when they change, not at every source change. The optional secret `host-ca` is a
+# CA bundle to trust for the download (networks that re-sign TLS): `--secret
+# id=host-ca,src=<bundle>`, mounted read-only for this step only; scripts/build_image.sh
+# passes the host's. pip's cache is a build cache mount: kept between builds, never in a layer.
+COPY pyproject.toml ./
 RUN --mount=type=cache,id=checkpoint-sidecar-pip,target=/root/.cache/pip \
     --mount=type=secret,id=host-ca \
     if [ -s /run/secrets/host-ca ]; then export PIP_CERT=/run/secrets/host-ca; fi \
- && python -m pip wheel --wheel-dir /wheels ".[daemon]"
+ && python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
+print(*p["build-system"]["requires"], *p["project"]["dependencies"], \
+      *p["project"]["optional-dependencies"]["daemon"], sep="\n")' > /tmp/requirements.txt \
+ && python -m pip wheel --wheel-dir /wheels --requirement /tmp/requirements.txt
+
+# Then the project's own wheel, offline, from what it is built from (the readme is README.md).
+COPY README.md ./
+COPY sidecar/ sidecar/
+COPY spark_bridge/ spark_bridge/
+RUN python -m pip wheel --no-deps --no-index --find-links /wheels --wheel-dir /wheels .
 
 # ---- final: a venv with the wheel installed, run as a non-root user ---------------------
 FROM ${PYTHON_IMAGE}
