@@ -35,11 +35,13 @@ apt_install() {
     fi
     if [ -z "$APT_UPDATED" ]; then
         log "apt-get update"
-        apt-get update -qq >/dev/null
+        apt-get update -qq -o DPkg::Lock::Timeout=300 >/dev/null
         APT_UPDATED=1
     fi
     log "apt-get install $*"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+    # Wait for another apt (a parallel `make setup`) instead of failing on its lock.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        -o DPkg::Lock::Timeout=300 "$@" >/dev/null
 }
 
 # --- the engine -------------------------------------------------------------------------

@@ -9,7 +9,9 @@ as another uid (185, as in the Apache Spark images) with group 10001 added, whic
 progress over the socket; a third, outside the group, is refused.
 
 podman, always (scripts/podman.sh: the project's containers.conf and storage): the build
-machines have no Docker daemon. ``-m "not container"`` leaves these tests out.
+machines have no Docker daemon. Root only, like ``make setup``'s apt installs (rootful
+podman, a directory of group 10001, containers as other uids). ``-m "not container"`` leaves
+these tests out.
 """
 
 from __future__ import annotations
@@ -106,6 +108,9 @@ def socket_dir(short_tmp: Path) -> Path:
     """The pod's emptyDir with fsGroup: group SHARED_GID, setgid (the socket inherits the
     group), no write for others. Searchable by all, so an outsider is refused by the socket
     file's own mode, not by the directory."""
+    assert os.geteuid() == 0, (
+        "the container test needs root: rootful podman, a directory of group 10001, other uids"
+    )
     path = short_tmp / "run"
     path.mkdir()
     os.chown(path, 0, SHARED_GID)
