@@ -42,7 +42,8 @@ bench: setup
 
 ## The container image checkpoint-sidecar:<version>: docker when its daemon answers, else
 ## podman (installed from apt when missing); a local Debian base when no registry answers.
-image:
+## It ships the JVM listener jar (built by `jar`), which pod templates copy to the driver.
+image: jar
 	@bash scripts/build_image.sh
 
 lint: setup

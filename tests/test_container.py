@@ -23,11 +23,13 @@ import subprocess
 import urllib.error
 import urllib.request
 import uuid
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
+import yaml
 
 from sidecar.blobstore import BlobStore
 from sidecar.config import Config
@@ -257,3 +259,27 @@ def test_image_runs_with_the_pods_security_settings(
     assert lease_state(env, query_id) == "available", "the lease was released"
     assert "final flush" in logs()
     assert not (socket_dir / "sidecar.sock").exists(), "the socket file is removed on stop"
+
+
+def test_the_pod_templates_jar_copier_finds_the_listener_in_the_image(
+    image: str, short_tmp: Path
+) -> None:
+    """deploy/kubernetes/'s init container, run as written, copies the JVM listener jar out
+    of the image (so the Spark image needs nothing of this project)."""
+    template = yaml.safe_load(
+        (REPO_ROOT / "deploy/kubernetes/spark-driver-with-sidecar.yaml").read_text()
+    )
+    copier = next(
+        c for c in template["spec"]["initContainers"] if c["name"].endswith("listener-jar")
+    )
+    lib = short_tmp / "lib"
+    lib.mkdir()
+    os.chown(lib, 10001, 10001)
+    mount = copier["volumeMounts"][0]["mountPath"]
+    podman(
+        "run", "--rm", "--network=none", *LOCKED_DOWN, "--user=10001:10001",
+        f"--volume={lib}:{mount}", f"--entrypoint={copier['command'][0]}",
+        image, *copier["command"][1:],
+    )  # fmt: skip
+    with zipfile.ZipFile(lib / "checkpoint-sidecar-listener.jar") as jar:
+        assert "io/checkpointsidecar/SidecarStreamingListener.class" in jar.namelist()
