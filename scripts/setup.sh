@@ -5,6 +5,8 @@
 #     tests that must also pass on Spark 3.5 (`make test` runs them there too)
 #   - a JDK 17 (javac) and the JVM listener jar built from spark_bridge/jvm (scripts/build_jar.sh)
 #   - redis-server (Debian package, when missing and running as root)
+#   - promtool and prometheus (Debian package `prometheus`, likewise): the alert rules' unit
+#     tests and the dashboard's check against a real Prometheus
 #   - Node.js + the Azure Storage emulator Azurite, pinned, in .tools/azurite
 # Idempotent and quick when everything is already there (stamp files).
 set -euo pipefail
@@ -86,6 +88,14 @@ if ! command -v redis-server >/dev/null 2>&1; then
     # The Debian package starts a system-wide instance; tests start their own on free ports.
 fi
 log "redis-server: $(redis-server --version | awk '{print $3}')"
+
+# --- promtool + prometheus (deploy/prometheus, deploy/grafana tests) ----------------------
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+    # Without its recommended node exporter. On a machine with systemd the package also
+    # starts a system-wide Prometheus on :9090; the tests run their own on free ports.
+    apt_install --no-install-recommends prometheus
+fi
+log "prometheus: $(prometheus --version 2>&1 | awk 'NR==1 {print $3}')"
 
 # --- Azurite (Azure Storage emulator) ----------------------------------------------------
 if ! command -v npm >/dev/null 2>&1; then
