@@ -1,0 +1,121 @@
+"""The Prometheus rules of deploy/prometheus: valid, unit-tested by promtool (every alert firing
+and not firing), documented (summary, description, a runbook section in deploy/README.md).
+
+The rules' expressions against a real Prometheus scraping a real daemon:
+tests/test_deploy_grafana.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+RULES_DIR = REPO / "deploy" / "prometheus"
+ALERTS = RULES_DIR / "alerts.yml"
+ALERTS_TEST = RULES_DIR / "alerts_test.yml"
+DEPLOY_README = REPO / "deploy" / "README.md"
+
+
+def prometheus_binary(name: str) -> str:
+    """``promtool`` or ``prometheus``: from ``PROMTOOL_BIN`` / ``PROMETHEUS_BIN``, else PATH or
+    /usr/bin (Debian's `prometheus` package, which `make setup` installs)."""
+    found = (
+        os.environ.get(f"{name.upper()}_BIN")
+        or shutil.which(name)
+        or (f"/usr/bin/{name}" if os.access(f"/usr/bin/{name}", os.X_OK) else None)
+    )
+    if not found:
+        raise AssertionError(
+            f"{name} not found: run `make setup` (installs Debian's prometheus package) or set "
+            f"{name.upper()}_BIN"
+        )
+    return found
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [prometheus_binary("promtool"), *args],
+        cwd=RULES_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def rules() -> list[dict[str, Any]]:
+    """Every rule of alerts.yml (recording and alerting), in file order."""
+    doc = yaml.safe_load(ALERTS.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    return [rule for rule in rules() if "alert" in rule]
+
+
+def test_rules_are_valid() -> None:
+    result = promtool("check", "rules", ALERTS.name)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rules())} rules found" in result.stdout
+
+
+def test_promtool_unit_tests_pass() -> None:
+    result = promtool("test", "rules", ALERTS_TEST.name)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_promtool_unit_tests_can_fail(tmp_path: Path) -> None:
+    """The unit tests see a changed threshold: a stale checkpoint alert at 400 s instead of
+    300 s no longer fires when they expect it."""
+    changed = ALERTS.read_text().replace(
+        "checkpoint_sidecar_checkpoint_age_seconds > 300",
+        "checkpoint_sidecar_checkpoint_age_seconds > 400",
+    )
+    assert changed != ALERTS.read_text()
+    (tmp_path / ALERTS.name).write_text(changed)
+    shutil.copy(ALERTS_TEST, tmp_path / ALERTS_TEST.name)
+    result = subprocess.run(
+        [prometheus_binary("promtool"), "test", "rules", ALERTS_TEST.name],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "alertname: CheckpointSidecarCheckpointStale" in result.stdout + result.stderr
+
+
+def test_every_alert_is_tested_firing_and_not_firing() -> None:
+    cases: dict[str, list[list[Any]]] = {}
+    for group in yaml.safe_load(ALERTS_TEST.read_text())["tests"]:
+        for check in group.get("alert_rule_test", []):
+            cases.setdefault(check["alertname"], []).append(check["exp_alerts"])
+    names = [rule["alert"] for rule in alert_rules()]
+    assert len(names) == len(set(names)), "alert names must be unique"
+    for name in names:
+        expected = cases.get(name, [])
+        assert any(expected), f"{name}: no case where it fires"
+        assert any(not alerts for alerts in expected), f"{name}: no case where it does not fire"
+    assert set(cases) <= set(names), f"tests of unknown alerts: {set(cases) - set(names)}"
+
+
+@pytest.mark.parametrize("rule", alert_rules(), ids=lambda rule: rule["alert"])
+def test_every_alert_is_documented(rule: dict[str, Any]) -> None:
+    """A summary, a description that says what to do, a severity, and a runbook section."""
+    name = rule["alert"]
+    annotations = rule["annotations"]
+    assert set(annotations) >= {"summary", "description"}, name
+    assert len(annotations["description"]) > 100, f"{name}: say what happened and what to do"
+    assert rule["labels"]["severity"] in {"critical", "warning"}
+    sections = re.findall(r"^#### (\w+)$", DEPLOY_README.read_text(), re.MULTILINE)
+    assert name in sections, f"deploy/README.md needs a runbook section '#### {name}'"
