@@ -47,9 +47,10 @@ image: jar
 	@bash scripts/build_image.sh
 
 lint: setup
-	.venv/bin/ruff check sidecar spark_bridge tests bench scripts
-	.venv/bin/ruff format --check sidecar spark_bridge tests bench scripts
+	.venv/bin/ruff check sidecar spark_bridge tests bench scripts deploy
+	.venv/bin/ruff format --check sidecar spark_bridge tests bench scripts deploy
 	.venv/bin/mypy
+	.venv/bin/mypy deploy/grafana/dashboard.py
 
 clean:
 	rm -rf .venv .venv-spark35 .tools .pytest_cache .mypy_cache .ruff_cache

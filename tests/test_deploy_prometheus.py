@@ -7,7 +7,6 @@ tests/test_deploy_grafana.py.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -17,27 +16,13 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.prometheus_server import prometheus_binary
+
 REPO = Path(__file__).resolve().parent.parent
 RULES_DIR = REPO / "deploy" / "prometheus"
 ALERTS = RULES_DIR / "alerts.yml"
 ALERTS_TEST = RULES_DIR / "alerts_test.yml"
 DEPLOY_README = REPO / "deploy" / "README.md"
-
-
-def prometheus_binary(name: str) -> str:
-    """``promtool`` or ``prometheus``: from ``PROMTOOL_BIN`` / ``PROMETHEUS_BIN``, else PATH or
-    /usr/bin (Debian's `prometheus` package, which `make setup` installs)."""
-    found = (
-        os.environ.get(f"{name.upper()}_BIN")
-        or shutil.which(name)
-        or (f"/usr/bin/{name}" if os.access(f"/usr/bin/{name}", os.X_OK) else None)
-    )
-    if not found:
-        raise AssertionError(
-            f"{name} not found: run `make setup` (installs Debian's prometheus package) or set "
-            f"{name.upper()}_BIN"
-        )
-    return found
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
