@@ -43,6 +43,7 @@ from sidecar.lag import LagTracker
 from sidecar.lease import LeaseManager
 from sidecar.metrics import Metrics
 from sidecar.server import SocketServer
+from sidecar.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,11 @@ class Daemon:
             else None
         )
         self.buffer = RedisBuffer(
-            config.redis_url, config.namespace, timeout_s=config.redis_timeout_s
+            config.redis_url,
+            config.namespace,
+            timeout_s=config.redis_timeout_s,
+            topology=Topology.of(config),
+            min_replicas=config.redis_min_replicas,
         )
         self.store = BlobStore(config)
         self.coalescer = WriteCoalescer(self.buffer)
@@ -124,6 +129,7 @@ class Daemon:
             checks=[self._socket_ready, self._redis_ready, self._leases_ready],
         )
         self.metrics.buffer_queue.set_function(lambda: self.coalescer.queued)
+        self.buffer.on_replicas = self.metrics.redis_replicas_acked.observe
         self.metrics.redis_up.set_function(lambda: 1.0 if self.buffer.available else 0.0)
         self._stop = anyio.Event()
         #: Set once :meth:`run` has returned (stopped, cleanly or not).

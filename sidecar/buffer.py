@@ -14,21 +14,19 @@ from __future__ import annotations
 import enum
 import logging
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
-import redis.asyncio as aioredis
 import redis.exceptions as rex
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from sidecar import checkpoint as ckpt
 from sidecar import lua
 from sidecar.checkpoint import Checkpoint
-from sidecar.config import redact_url
-from sidecar.errors import BufferError_, BufferUnavailable, CorruptRecord
+from sidecar.errors import BufferError_, BufferUnavailable, CorruptRecord, NotReplicated
 from sidecar.keys import Keys
+from sidecar.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +50,27 @@ class RedisBuffer:
         BufferError_: Redis rejected the command for a reason retrying will not fix.
     """
 
-    def __init__(self, url: str, namespace: str, *, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        *,
+        timeout_s: float = 2.0,
+        topology: Topology | None = None,
+        min_replicas: int = 0,
+        on_replicas: Callable[[int], None] | None = None,
+    ) -> None:
+        """``topology``: standalone at ``url`` unless given (``sidecar.topology``).
+        ``min_replicas``: every apply waits until that many replicas have it (``WAIT``, at
+        most half of ``timeout_s``), else raises :class:`NotReplicated`; ``on_replicas`` is
+        told each answer."""
         self.keys = Keys(namespace)
-        self._url = redact_url(url)
-        self._redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            # No client-side retries: the caller sees the failure and the client retries the
-            # request; a blind retry here could only repeat an update the script already took.
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=30,
-        )
+        self._min_replicas = min_replicas
+        self._wait_ms = max(1, int(timeout_s * 500))
+        self.on_replicas = on_replicas
+        self._topology = topology or Topology("standalone", url)
+        self._url = str(self._topology)
+        self._redis = self._topology.connect(timeout_s)
         self._apply = self._redis.register_script(lua.APPLY)
         self._snapshot = self._redis.register_script(lua.SNAPSHOT)
         self._mark_flushed = self._redis.register_script(lua.MARK_FLUSHED)
@@ -87,24 +94,30 @@ class RedisBuffer:
     def _translate(self, what: str) -> Iterator[None]:
         try:
             yield
-        except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
+        except (rex.ConnectionError, rex.TimeoutError, OSError, rex.RedisClusterException) as exc:
             self._mark(False, str(exc))
             raise BufferUnavailable(
                 f"Redis at {self._url} is unreachable during {what} ({exc}); nothing was "
                 "stored, retry — the daemon reconnects by itself when Redis is back"
             ) from exc
         except rex.ResponseError as exc:
-            if isinstance(exc, _TRANSIENT_ERRORS) or str(exc).startswith(_TRANSIENT_PREFIXES):
-                self._mark(False, str(exc))
+            hint = self._topology.hint(exc)
+            transient = isinstance(exc, _TRANSIENT_ERRORS) or str(exc).startswith(
+                _TRANSIENT_PREFIXES
+            )
+            if hint or transient:
+                self._mark(False, hint or str(exc))
                 raise BufferUnavailable(
-                    f"Redis at {self._url} refused {what}: {exc}; retry later"
+                    f"Redis at {self._url} refused {what}: {hint or exc}; retry later"
                 ) from exc
             raise BufferError_(f"Redis at {self._url} rejected {what}: {exc}") from exc
         self._mark(True)
 
     async def ping(self) -> None:
-        with self._translate("PING"):
-            await self._redis.ping()
+        """Check that the namespace can be written (a key of its slot: in a cluster, its
+        node; a replica refuses): readiness and ``redis_up`` mean "can store", not "answers"."""
+        with self._translate("write probe"):
+            await self._redis.set(self.keys.probe, b"1", px=60_000)
 
     async def apply(
         self, checkpoints: Sequence[Checkpoint], floors: Sequence[int | None] | None = None
@@ -127,8 +140,42 @@ class RedisBuffer:
             keys.append(self.keys.query(c.query_id))
             args += (c.query_id, str(c.batch_id), ckpt.encode(c), c.name or "", floor)
         with self._translate("apply"):
-            result = await self._apply(keys=keys, args=args)
+            if self._min_replicas:
+                result = await self._apply_replicated(keys, args)
+            else:
+                result = await self._apply(keys=keys, args=args)
         return [Outcome(int(r)) for r in result]
+
+    async def _apply_replicated(self, keys: list[str], args: list[str | bytes]) -> Any:
+        """The apply script, a write of the probe key, then ``WAIT``, on one connection of the
+        namespace's node: WAIT counts the replicas that have this connection's last write,
+        and the probe write makes that cover an update stored earlier elsewhere (a resend
+        that is now stale) too, since replicas apply the stream in order."""
+        for attempt in (1, 2):
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.execute_command("EVALSHA", self._apply.sha, len(keys), *keys, *args)
+            pipe.set(self.keys.probe, b"1", px=60_000)
+            node = self._topology.node_of(self._redis, self.keys.pending)
+            pipe.execute_command("WAIT", self._min_replicas, self._wait_ms, **node)
+            result, _, replicas = await pipe.execute(raise_on_error=False)
+            if isinstance(result, rex.NoScriptError) and attempt == 1:
+                await self._redis.script_load(lua.APPLY)  # a restarted or new primary
+                continue
+            break
+        for answer in (result, replicas):
+            if isinstance(answer, Exception):
+                raise answer
+        if self.on_replicas is not None:
+            self.on_replicas(int(replicas))
+        if int(replicas) < self._min_replicas or node != self._topology.node_of(
+            self._redis, self.keys.pending
+        ):  # fewer replicas, or the slot moved meanwhile: WAIT may have asked another node
+            raise NotReplicated(
+                f"stored on the Redis primary but confirmed by {replicas} of "
+                f"SIDECAR_REDIS_MIN_REPLICAS={self._min_replicas} replica(s) within "
+                f"{self._wait_ms} ms; resend (safe)"
+            )
+        return result
 
     async def get(self, query_id: str) -> bytes | None:
         """The stored checkpoint JSON of ``query_id``, or None when the query is unknown.

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 from msgspec import Meta
 
+from sidecar.confighelp import HELP as _HELP
 from sidecar.errors import ConfigError
 
 ENV_PREFIX = "SIDECAR_"
@@ -133,9 +134,14 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     max_frame_bytes: Annotated[int, Meta(ge=1024, le=64 * 1024 * 1024)] = 1024 * 1024
     # Redis
     redis_url: RedisUrl = "redis://127.0.0.1:6379/0"
+    redis_mode: Literal["standalone", "cluster", "sentinel"] = "standalone"
+    redis_sentinels: HostPorts | None = None
+    redis_sentinel_master: str | None = None
+    redis_sentinel_password: Password | None = None
     namespace: Namespace = "default"
     redis_timeout_s: Annotated[float, Meta(ge=0.05, le=60)] = 2.0
     redis_require_aof: bool = False
+    redis_min_replicas: Annotated[int, Meta(ge=0, le=16)] = 0
     # blob store and leases
     azure_connection_string: ConnectionString | None = None
     account_url: HttpsUrl | None = None
@@ -177,9 +183,17 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
             raise _Invalid(problems)
 
     def _problems_together(self) -> list[str]:
-        if not self.kafka_bootstrap_servers:  # Kafka commits are off: nothing to combine
-            return []
         problems = []
+        sentinel = (self.redis_sentinels, self.redis_sentinel_master)
+        if self.redis_mode == "sentinel" and not all(sentinel):
+            problems.append(
+                "SIDECAR_REDIS_MODE=sentinel needs SIDECAR_REDIS_SENTINELS (host:port,...) and "
+                "SIDECAR_REDIS_SENTINEL_MASTER (the service name the sentinels monitor)"
+            )
+        if self.redis_mode == "cluster" and self.redis_url.lower().startswith("unix:"):
+            problems.append("SIDECAR_REDIS_MODE=cluster needs a redis:// or rediss:// URL")
+        if not self.kafka_bootstrap_servers:  # Kafka commits are off: nothing to combine
+            return problems
         sasl = (self.kafka_sasl_mechanism, self.kafka_sasl_username, self.kafka_sasl_password)
         if str(self.kafka_security_protocol).startswith("SASL") and not all(sasl):
             problems.append(
@@ -268,64 +282,6 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         return list(_SETTINGS.values())
 
 
-#: ``--help`` text by component, the fields in declaration order (a test checks it).
-_HELP = {
-    "socket, where the Spark listener connects": {
-        "socket_path": "Unix socket the Spark listener connects to",
-        "socket_mode": "permission bits of the socket file, octal (660 to share with a group)",
-        "tcp_port": "also listen on this TCP port on a loopback address (0/unset: off)",
-        "tcp_host": "loopback address for the optional TCP listener",
-        "max_frame_bytes": "largest accepted request line, in bytes",
-    },
-    "Redis, the offset buffer": {
-        "redis_url": "Redis holding the offset buffer (password is never logged)",
-        "namespace": "isolates one Spark application's keys and blobs",
-        "redis_timeout_s": "timeout of one Redis call, seconds",
-        "redis_require_aof": "refuse to start (exit 2) when Redis reports appendonly off: "
-        "acknowledged updates would not survive a Redis restart",
-    },
-    "blob store and leases": {
-        "azure_connection_string": "Azure Storage connection string (key or SAS is never logged)",
-        "account_url": "blob account URL, authenticated with DefaultAzureCredential "
-        "(managed/workload identity); used when no connection string is set",
-        "container": "blob container for checkpoints (created if missing)",
-        "lease_duration_s": "blob lease duration, seconds (15-60); renewed every third of it",
-        "write_timeout_s": "timeout of one blob call (write, lease, read), seconds",
-    },
-    "flushing and acknowledgements": {
-        "count_threshold": "flush a query after this many applied updates",
-        "time_threshold_s": "flush a query when its oldest unflushed update is this old, seconds",
-        "flush_interval_s": "how often thresholds are checked, seconds",
-        "flush_concurrency": "queries flushed at the same time",
-        "ack_mode": "redis: ack once buffered in Redis; blob: ack once the batch is in the blob",
-        "blob_ack_timeout_s": "in blob ack mode, reply not_durable after waiting this long",
-    },
-    "Kafka consumer-group commits (off unless bootstrap servers are set)": {
-        "kafka_bootstrap_servers": "commit durable offsets of Kafka sources to consumer groups "
-        "on these brokers (host:port,...; unset: off)",
-        "kafka_group_template": "consumer group name; placeholders {query_name} (id when "
-        "unnamed), {query_id}, {namespace}",
-        "kafka_queries": "also commit Kafka-shaped offsets of non-Kafka sources for these "
-        "queries (comma-separated names or ids)",
-        "kafka_recommit_interval_s": "re-commit the current offsets when idle this often, so "
-        "retention does not expire the group and lag tools do not call it stopped",
-        "kafka_timeout_s": "timeout of one Kafka request, seconds",
-        "kafka_security_protocol": "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
-        "kafka_sasl_mechanism": "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
-        "kafka_sasl_username": "SASL user name",
-        "kafka_sasl_password": "SASL password (never logged)",
-        "kafka_ssl_cafile": "CA bundle to verify the brokers (SSL)",
-        "kafka_ssl_certfile": "client certificate (mutual TLS)",
-        "kafka_ssl_keyfile": "client private key (mutual TLS)",
-        "kafka_lag_per_partition": "export lag per partition (false: per topic, for wide topics)",
-    },
-    "admin endpoint, logging, shutdown": {
-        "metrics_host": "address for /metrics, /healthz, /readyz",
-        "metrics_port": "port for /metrics, /healthz, /readyz (0: pick a free one)",
-        "log_level": "DEBUG, INFO, WARNING or ERROR",
-        "shutdown_grace_s": "time allowed for a graceful stop, seconds",
-    },
-}
 #: The one setting whose variable is not SIDECAR_<FIELD>: the Azure SDK's conventional name.
 _ENV = {"azure_connection_string": "AZURE_STORAGE_CONNECTION_STRING"}
 

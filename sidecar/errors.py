@@ -36,6 +36,15 @@ class BufferUnavailable(SidecarError):
     code = "unavailable"
 
 
+class NotReplicated(SidecarError):
+    """Stored on the Redis primary, but fewer replicas than ``SIDECAR_REDIS_MIN_REPLICAS``
+    confirmed it in time: a failover could lose it. Resend (safe: a stored update answers
+    ``applied:false`` once replicated)."""
+
+    retriable = True
+    code = "not_durable"
+
+
 class BufferError_(SidecarError):
     """Redis answered with an error that retrying will not fix (a bug or a misconfiguration)."""
 

@@ -33,7 +33,7 @@ import msgspec
 from sidecar import checkpoint as ckpt
 from sidecar.buffer import Outcome, RedisBuffer
 from sidecar.coalescer import PendingWrite, WriteCoalescer
-from sidecar.errors import SidecarError
+from sidecar.errors import NotReplicated, SidecarError
 from sidecar.floor import BlobFloors
 from sidecar.metrics import Metrics
 from sidecar.protocol import (
@@ -141,6 +141,9 @@ class RequestHandler:
                 floor = await self._floors.load(c.query_id)
                 outcome = await (await self._coalescer.submit(c, floor)).wait()
             applied = outcome is Outcome.APPLIED
+        except NotReplicated as exc:  # stored on the primary only: not rejected, not acked
+            self._metrics.not_durable.labels("replicas").inc()
+            return self._error(rid, ErrorCode.NOT_DURABLE, str(exc))
         except SidecarError as exc:
             self._rejected.inc()
             return self._error(rid, ErrorCode(exc.code), str(exc))
@@ -161,6 +164,7 @@ class RequestHandler:
                 await self._wait_durable(c.query_id, c.batch_id)
                 self._metrics.ack_seconds.observe(time.perf_counter() - started)
                 return encode_ok(rid, applied=applied)
+            self._metrics.not_durable.labels("blob").inc()
             return self._error(
                 rid,
                 ErrorCode.NOT_DURABLE,

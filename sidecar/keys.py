@@ -16,6 +16,8 @@ Spark application (one sidecar), so a slot per namespace spreads well across a c
     cps:{<ns>}:pending        zset   query ids with pending updates, scored by first_pending_ms
     cps:{<ns>}:queries        set    every query id ever seen in the namespace
     cps:{<ns>}:names          hash   query name -> id of the newest query with that name
+    cps:{<ns>}:marker         string token of the running daemon (sidecar.durability)
+    cps:{<ns>}:probe          string written by readiness checks and before WAIT (expires)
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class Keys:
     def marker(self) -> str:
         """A token written at start: its loss means Redis lost the namespace's data."""
         return f"{self._base}:marker"
+
+    @property
+    def probe(self) -> str:
+        """Written to check that the namespace's node takes writes, and to order a WAIT."""
+        return f"{self._base}:probe"
 
     @property
     def queries(self) -> str:

@@ -58,6 +58,21 @@ class Metrics:
             ["code"],
             registry=r,
         )
+        self.not_durable = Counter(
+            "checkpoint_sidecar_not_durable",
+            "not_durable replies by reason: replicas (fewer Redis replicas than "
+            "SIDECAR_REDIS_MIN_REPLICAS confirmed in time), blob (ack_mode=blob: not in the "
+            "blob within SIDECAR_BLOB_ACK_TIMEOUT_S)",
+            ["reason"],
+            registry=r,
+        )
+        self.redis_replicas_acked = Histogram(
+            "checkpoint_sidecar_redis_replicas_acked",
+            "Replicas that confirmed a batch of updates (WAIT's answer; only with "
+            "SIDECAR_REDIS_MIN_REPLICAS > 0)",
+            buckets=(0, 1, 2, 3, 4, 6, 8, 16),
+            registry=r,
+        )
         self.buffer_queue = Gauge(
             "checkpoint_sidecar_buffer_queue",
             "Updates waiting for their Redis round trip (bounded; full means backpressure)",
@@ -170,6 +185,8 @@ class Metrics:
             self.bad_requests.labels(code.value)
         for result in FLUSH_RESULTS:
             self.flushes.labels(result)
+        for reason in ("replicas", "blob"):
+            self.not_durable.labels(reason)
         for where in BAD_RECORD_WHERE:
             self.bad_records.labels(where)
         for result in RENEWAL_RESULTS:

@@ -25,6 +25,11 @@ DEFAULTS = {
     "max_frame_bytes": 1024 * 1024,
     "redis_timeout_s": 2.0,
     "redis_require_aof": False,
+    "redis_mode": "standalone",
+    "redis_sentinels": None,
+    "redis_sentinel_master": None,
+    "redis_sentinel_password": None,
+    "redis_min_replicas": 0,
     "shutdown_grace_s": 20.0,
     "log_level": "INFO",
     "azure_connection_string": None,
@@ -70,6 +75,25 @@ def fields_of(config: Config) -> dict[str, Any]:
 
 def test_empty_environment_gives_the_defaults() -> None:
     assert fields_of(Config.from_env({})) == DEFAULTS
+
+
+def test_sentinel_mode_needs_its_sentinels_and_master() -> None:
+    message = problems({"SIDECAR_REDIS_MODE": "Sentinel"})
+    assert "SIDECAR_REDIS_MODE=sentinel needs SIDECAR_REDIS_SENTINELS" in message
+    assert "SIDECAR_REDIS_MODE='replica': must be one of" in problems(
+        {"SIDECAR_REDIS_MODE": "replica"}
+    )
+    assert "SIDECAR_REDIS_SENTINELS='a:b'" in problems({"SIDECAR_REDIS_SENTINELS": "a:b"})
+    config = Config.from_env(
+        {
+            "SIDECAR_REDIS_MODE": "sentinel",
+            "SIDECAR_REDIS_SENTINELS": "s1:26379, s2:26379",
+            "SIDECAR_REDIS_SENTINEL_MASTER": "buffer",
+            "SIDECAR_REDIS_SENTINEL_PASSWORD": "hunter2",
+        }
+    )
+    assert config.redis_sentinels == "s1:26379,s2:26379"
+    assert "hunter2" not in repr(config)
 
 
 def test_variables_outside_the_prefix_are_ignored() -> None:

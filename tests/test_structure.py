@@ -20,10 +20,10 @@ REPO = Path(__file__).resolve().parent.parent
 #: Lowest first. A module may import sidecar modules of lower layers only (the same layer
 #: neither: modules of one layer are peers that know nothing of each other).
 LAYERS: list[set[str]] = [
-    {"errors", "keys", "backoff"},  # vocabulary: pure
+    {"errors", "keys", "backoff", "confighelp"},  # vocabulary: pure
     {"config", "checkpoint", "lua"},  # settings, records, Redis scripts: pure
     {"protocol", "offsets"},  # wire format, offset shapes: pure
-    {"metrics"},
+    {"metrics", "topology"},  # topology: which Redis client (standalone, cluster, sentinel)
     {"buffer", "blobstore", "client"},  # the I/O edges (Redis, Azure) and the test client
     {"coalescer", "floor"},  # batches updates for the Redis edge; the blobs' batches
     {"lease", "lag", "kafka", "handler", "server", "admin", "report", "durability"},
@@ -33,10 +33,20 @@ LAYERS: list[set[str]] = [
     {"cli"},
     {"__main__"},
 ]
-PURE = {"errors", "keys", "backoff", "config", "checkpoint", "lua", "protocol", "offsets"}
+PURE = {
+    "errors",
+    "keys",
+    "backoff",
+    "confighelp",
+    "config",
+    "checkpoint",
+    "lua",
+    "protocol",
+    "offsets",
+}
 #: Third-party SDKs and where they may be imported: each edge owns its SDK.
 SDK_OWNERS = {
-    "redis": {"buffer"},
+    "redis": {"buffer", "topology"},
     "azure": {"blobstore"},
     "aiokafka": {"kafka"},
     "aiohttp": {"admin"},
