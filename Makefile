@@ -39,6 +39,7 @@ bench: setup
 	$(PY) bench/ingest.py
 	$(PY) bench/flush.py
 	$(PY) bench/listener.py
+	$(PY) bench/redis_topologies.py
 
 ## The container image checkpoint-sidecar:<version>: docker when its daemon answers, else
 ## podman (installed from apt when missing); a local Debian base when no registry answers.
