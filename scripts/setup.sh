@@ -83,8 +83,9 @@ log "java: $(java -version 2>&1 | head -1)"
 bash scripts/build_jar.sh
 
 # --- redis-server -----------------------------------------------------------------------
-if ! command -v redis-server >/dev/null 2>&1; then
-    apt_install redis-server
+# redis-tools (redis-cli) creates the test clusters; `redis-server --sentinel` is the sentinel.
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+    apt_install redis-server redis-tools
     # The Debian package starts a system-wide instance; tests start their own on free ports.
 fi
 log "redis-server: $(redis-server --version | awk '{print $3}')"
