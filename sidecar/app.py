@@ -89,7 +89,7 @@ class Daemon:
         )
         self.store = BlobStore(config)
         self.coalescer = WriteCoalescer(self.buffer)
-        self.floors = BlobFloors(self._blob_batch)
+        self.floors = BlobFloors(self._blob_batch, self.store.query_ids)
         # The lease id is this process's instance id: a restarted daemon is a new owner.
         self.leases = LeaseManager(
             self.store, self.instance_id, config.lease_duration_s, self.metrics, clock=lease_clock

@@ -248,6 +248,15 @@ class BlobStore:
                 )
         return out
 
+    async def query_ids(self) -> set[str]:
+        """The ids of the namespace's queries that have a blob: a listing, nothing downloaded."""
+        prefix = f"{self._namespace}/"
+        async with self._call("list checkpoint names"):
+            return {
+                item.name.removeprefix(prefix).removesuffix(".json")
+                async for item in self._container.list_blobs(name_starts_with=prefix)
+            }
+
     async def lease_state(self, query_id: str) -> str:
         """The blob's lease state as the store reports it (available, leased, broken, ...)."""
         blob = self._container.get_blob_client(self.blob_name(query_id))

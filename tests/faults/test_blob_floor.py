@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from sidecar.client import SidecarClient
 from sidecar.config import Config
 from sidecar.errors import CorruptRecord
-from sidecar.floor import NO_BLOB, BlobFloors
+from sidecar.floor import LISTING_MAX_AGE_S, NO_BLOB, BlobFloors
 from sidecar.keys import Keys
 from tests.helpers import blob_reader, running_daemon, seed, wait_blob_batch
 from tests.services import Azurite, RedisServer
@@ -123,12 +123,12 @@ async def test_while_the_store_is_down_known_queries_are_acked_and_a_new_one_wai
     make_config: ConfigFactory, own_azurite: Azurite
 ) -> None:
     config = make_config(azure_connection_string=own_azurite.connection_string, write_timeout_s=1)
+    await seed(config.redis_url, config.namespace, QID, 1)  # Redis knows QID, the daemon not
     async with running_daemon(config), blob_reader(config) as store:
+        await anyio.to_thread.run_sync(own_azurite.stop)
         async with await SidecarClient.connect(config.socket_path) as c:
-            assert (await c.progress(kafka_progress(QID, 1))).applied  # Redis knows QID now
-            await anyio.to_thread.run_sync(own_azurite.stop)
             known = await c.progress(kafka_progress(QID, 2))
-            new = await c.progress(kafka_progress(NEW, 1))
+            new = await c.progress(kafka_progress(NEW, 1))  # which blobs exist is unknown
             await anyio.to_thread.run_sync(own_azurite.start)
             resent = await c.progress(kafka_progress(NEW, 1))
         await wait_blob_batch(store, NEW, 1, timeout_s=40)
@@ -178,3 +178,30 @@ async def test_no_blob_and_an_unreadable_blob_are_no_floor() -> None:
 
     assert await BlobFloors(missing).load(QID) == NO_BLOB
     assert await BlobFloors(unreadable).load(QID) == NO_BLOB
+
+
+async def test_queries_without_a_blob_cost_one_listing_not_a_read_each() -> None:
+    reads: list[str] = []
+    listings: list[float] = []
+    now = [0.0]
+
+    async def read(query_id: str) -> int | None:
+        reads.append(query_id)
+        return 4
+
+    async def listing() -> set[str]:
+        listings.append(now[0])
+        return {QID} if len(listings) == 1 else {QID, NEW}
+
+    floors = BlobFloors(read, listing, clock=lambda: now[0])
+    for i in range(1000):  # a client inventing query ids
+        assert await floors.load(f"invented-{i}") == NO_BLOB
+    assert await floors.load(QID) == 4
+    assert (len(listings), reads) == (1, [QID])
+    assert len(floors) == 1  # no floor kept for queries without a blob
+
+    now[0] = LISTING_MAX_AGE_S + 1  # another daemon may have created NEW's blob since
+    assert await floors.load(NEW) == 4
+    assert listings == [0.0, LISTING_MAX_AGE_S + 1] and reads == [QID, NEW]
+    floors.raise_to("written-here", 2)  # the flusher wrote a first blob: no listing needed
+    assert await floors.load("written-here") == 2 and len(listings) == 2
