@@ -155,6 +155,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     flush_concurrency: Annotated[int, Meta(ge=1, le=256)] = 8
     ack_mode: Literal["redis", "blob"] = "redis"
     blob_ack_timeout_s: Annotated[float, Meta(ge=0.1, le=3600)] = 30.0
+    query_idle_s: Annotated[float, Meta(ge=1, le=30 * 86_400)] = 3600.0
     # Kafka consumer-group commits
     kafka_bootstrap_servers: HostPorts | None = None
     kafka_group_template: GroupTemplate = "spark-{query_name}"
@@ -299,9 +300,8 @@ class Setting:
 
     def show(self, value: Any) -> str:
         """``value`` as people may see it: secrets redacted, ``""`` when unset."""
-        if value is None:
-            return ""
-        return str((self.metadata.get("redact") or self.metadata.get("show") or str)(value))
+        shown = self.metadata.get("redact") or self.metadata.get("show") or str
+        return "" if value is None else str(shown(value))
 
     def problem(self, value: Any) -> str | None:
         """What is wrong with ``value`` for this setting, or None."""

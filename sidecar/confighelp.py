@@ -46,6 +46,7 @@ HELP = {
         "flush_concurrency": "queries flushed at the same time",
         "ack_mode": "redis: ack once buffered in Redis; blob: ack once the batch is in the blob",
         "blob_ack_timeout_s": "in blob ack mode, reply not_durable after waiting this long",
+        "query_idle_s": "retire a query idle this long with nothing pending from memory, seconds",
     },
     "Kafka consumer-group commits (off unless bootstrap servers are set)": {
         "kafka_bootstrap_servers": "commit durable offsets of Kafka sources to consumer groups "

@@ -43,6 +43,7 @@ DEFAULTS = {
     "write_timeout_s": 10.0,
     "ack_mode": "redis",
     "blob_ack_timeout_s": 30.0,
+    "query_idle_s": 3600.0,
     "kafka_bootstrap_servers": None,
     "kafka_group_template": "spark-{query_name}",
     "kafka_queries": "",
