@@ -2,8 +2,9 @@
 
 Start:  admin endpoint (so /healthz answers at once) → wait for Redis → wait for the blob
         container → write coalescer → lease renewer → flusher (its first tick recovers what
-        a previous run left pending) → socket server. ``task_status.started()`` fires only
-        when the socket is bound and Redis and the blob store answered.
+        a previous run left pending) → idle-query retirement → socket server.
+        ``task_status.started()`` fires only when the socket is bound and Redis and the blob
+        store answered.
 Stop:   stop accepting → answer requests already read → final flush of everything pending
         → release leases → close Redis and the store; all within ``shutdown_grace_s``,
         after which what is left is cancelled with a log line (it stays in Redis for the
@@ -42,6 +43,7 @@ from sidecar.kafka import KafkaCommitter
 from sidecar.lag import LagTracker
 from sidecar.lease import LeaseManager
 from sidecar.metrics import Metrics
+from sidecar.retirement import Retirement
 from sidecar.server import SocketServer
 from sidecar.topology import Topology
 
@@ -94,6 +96,7 @@ class Daemon:
         self.leases = LeaseManager(
             self.store, self.instance_id, config.lease_duration_s, self.metrics, clock=lease_clock
         )
+        self.retirement = Retirement(config.query_idle_s, release=self.leases.retire)
         self.flusher = Flusher(
             config,
             self.buffer,
@@ -103,6 +106,7 @@ class Daemon:
             self.writer,
             on_durable=self.committer.durable if self.committer else None,
             floors=self.floors,
+            track=self.retirement.track,
         )
         self.durability = DurabilityWatch(
             self.buffer,
@@ -122,6 +126,7 @@ class Daemon:
             floors=self.floors,
         )
         self.server = SocketServer(config, self.handler, self.metrics)
+        self._wire_retirement()
         self.admin = AdminServer(
             config.metrics_host,
             config.metrics_port,
@@ -134,6 +139,16 @@ class Daemon:
         self._stop = anyio.Event()
         #: Set once :meth:`run` has returned (stopped, cleanly or not).
         self.stopped = anyio.Event()
+
+    def _wire_retirement(self) -> None:
+        """Every per-query structure in memory, for idle-query retirement (the lease is
+        released first, by ``Retirement`` itself). A new per-query cache registers here."""
+        r = self.retirement
+        r.busy.append(self.flusher.busy)
+        r.forget += [self.flusher.forget, self.durability.forget, self.floors.forget]
+        if self.committer is not None:
+            r.forget.append(self.committer.forget)
+        r.forget_label += [self.lag.forget, self.metrics.forget_query]
 
     def request_stop(self) -> None:
         """Begin a graceful stop (idempotent; safe from a signal-handling task)."""
@@ -161,6 +176,7 @@ class Daemon:
                 if self.committer is not None:
                     await tg.start(self.committer.run)
                 await tg.start(self.flusher.run)
+                await tg.start(self.retirement.run)
                 await tg.start(self.server.run)
                 # Start-up objects (modules, SDK clients) never die: move them out of the
                 # collector's reach so full collections stay short (they caused 20-40 ms
@@ -176,6 +192,7 @@ class Daemon:
                 )
                 task_status.started()
                 await self._stop.wait()
+                self.retirement.stop()  # the final flush and commit own every query now
                 await self._shutdown()
                 tg.cancel_scope.cancel()
         finally:
@@ -188,6 +205,7 @@ class Daemon:
     def _applied(self, checkpoint: ckpt.Checkpoint) -> None:
         """An update stored in Redis (ingest path: O(1) each)."""
         self.lag.observe(checkpoint)
+        self.retirement.seen(checkpoint.query_id, checkpoint.label)
         self.durability.acked(checkpoint.query_id, checkpoint.label, checkpoint.batch_id)
 
     async def _blob_batch(self, query_id: str) -> int | None:

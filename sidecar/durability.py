@@ -62,6 +62,11 @@ class DurabilityWatch:
         if known is None or batch_id > known[0]:
             self._acked[query_id] = (batch_id, label)
 
+    def forget(self, query_id: str) -> None:
+        """A retired query (``sidecar.retirement``): nothing pending, so Redis or the blob
+        holds its last acknowledged batch; a later loss is found by its next ack."""
+        self._acked.pop(query_id, None)
+
     async def start(self) -> None:
         """Check persistence and write the marker (Redis must answer).
 

@@ -60,7 +60,10 @@ class Flusher:
         *,
         on_durable: Callable[[ckpt.Checkpoint], None] | None = None,
         floors: BlobFloors | None = None,
+        track: Callable[[str, str], None] | None = None,
     ) -> None:
+        """``track(query_id, label)``: called for each query a pass finds pending, so that
+        idle-query retirement knows every query the flusher holds state for."""
         self._config = config
         self._buffer = buffer
         self._store = store
@@ -71,6 +74,7 @@ class Flusher:
         self._on_durable = on_durable
         #: What the blobs hold, kept current for the ingest path (``sidecar.floor``).
         self._floors = floors
+        self._track = track
         self._limiter = anyio.CapacityLimiter(config.flush_concurrency)
         self._backoff = Backoff(RETRY_BASE_S, RETRY_CAP_S)
         self._waiters: dict[str, list[tuple[int, anyio.Event]]] = defaultdict(list)
@@ -81,6 +85,8 @@ class Flusher:
         #: Queries a previous run left pending: due whatever the thresholds until flushed
         #: (None until the first snapshot has been read).
         self._recovering: set[str] | None = None
+        #: Queries with updates pending (or an unreadable record) at the last snapshot read.
+        self._pending: set[str] = set()
         self._loop = anyio.CancelScope()
         self._loop_done = anyio.Event()
 
@@ -108,6 +114,20 @@ class Flusher:
             if wanted <= batch_id:
                 event.set()
 
+    # --- retirement of idle queries (sidecar.retirement) -----------------------------------
+
+    def busy(self, query_id: str) -> bool:
+        """True while the query must not be retired: updates pending in Redis at the last
+        pass, an acknowledgement waiting on its blob, or a quarantined record."""
+        return any(query_id in held for held in (self._pending, self._waiters, self._quarantined))
+
+    def forget(self, query_id: str) -> None:
+        """Drop what is kept about a retired query (it is recreated if it comes back)."""
+        self._durable.pop(query_id, None)
+        self._backoff.forget(query_id)
+        if self._recovering:
+            self._recovering.discard(query_id)
+
     # --- the loop --------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -132,6 +152,8 @@ class Flusher:
             log.warning("flush check skipped: %s", exc)
             return 1
         cfg = self._config
+        self._pending = {q.query_id for q in snapshot.queries if q.pending > 0}
+        self._pending.update(snapshot.corrupt)
         if self._recovering is None:
             # Recovery: whatever a previous run acknowledged but did not flush is due now,
             # whatever the thresholds, and stays due until flushed (e.g. once the dead
@@ -152,6 +174,8 @@ class Flusher:
         due: list[PendingQuery] = []
         for q in snapshot.queries:
             label = q.checkpoint.label
+            if self._track is not None:
+                self._track(q.query_id, label)
             age_s = 0.0
             if q.pending > 0 and q.first_pending_ms is not None:
                 age_s = max(0.0, (snapshot.now_ms - q.first_pending_ms) / 1000)

@@ -29,7 +29,6 @@ context is built once, at start, in a worker thread (it reads files).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import ssl
 import time
@@ -51,7 +50,7 @@ from sidecar.checkpoint import Checkpoint
 from sidecar.config import Config
 from sidecar.errors import KafkaRefused, KafkaUnavailable, SidecarError
 from sidecar.metrics import Metrics
-from sidecar.offsets import Offsets, kafka_offsets
+from sidecar.offsets import Offsets, commit_metadata, group_name, kafka_offsets
 
 log = logging.getLogger(__name__)
 
@@ -85,24 +84,6 @@ def translate(exc: KafkaError, what: str, where: str) -> SidecarError:
             "on the group and topics, and SIDECAR_KAFKA_GROUP_TEMPLATE"
         )
     return KafkaUnavailable(f"Kafka {where}: {what} failed ({name}: {exc})")
-
-
-def group_name(template: str, checkpoint: Checkpoint, namespace: str) -> str:
-    return template.format(
-        query_name=checkpoint.label, query_id=checkpoint.query_id, namespace=namespace
-    )
-
-
-def commit_metadata(checkpoint: Checkpoint) -> str:
-    return json.dumps(
-        {
-            "committer": "checkpoint-sidecar",
-            "query_id": checkpoint.query_id,
-            "run_id": checkpoint.run_id,
-            "batch_id": checkpoint.batch_id,
-        },
-        separators=(",", ":"),
-    )
 
 
 @dataclass
@@ -150,6 +131,8 @@ class KafkaCommitter:
         #: By backoff key: the unexpected error of the current failure streak, whose
         #: traceback was logged (once per streak, not at every retry).
         self._unexpected: dict[object, type[BaseException]] = {}
+        #: Retired queries whose groups the loop drops, closing their consumers.
+        self._retiring: set[str] = set()
 
     def durable(self, checkpoint: Checkpoint) -> None:
         """A checkpoint is now in the blob: commit its Kafka offsets (non-blocking)."""
@@ -162,8 +145,15 @@ class KafkaCommitter:
             self._groups[name] = _Group(name, checkpoint, offsets)
         else:
             group.checkpoint, group.offsets, group.dirty = checkpoint, offsets, True
+        self._retiring.discard(checkpoint.query_id)  # active again
         if self._on_committable is not None:
             self._on_committable(checkpoint.label, offsets)
+        self._wake.set()
+
+    def forget(self, query_id: str) -> None:
+        """A retired query: the loop drops its groups between passes (never under a commit
+        in flight) once what is durable is committed, unless another id has used them since."""
+        self._retiring.add(query_id)
         self._wake.set()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -181,6 +171,7 @@ class KafkaCommitter:
                 with anyio.move_on_after(TICK_S):
                     await self._wake.wait()
                 self._wake = anyio.Event()
+                await self._retire()
                 await self._commit_due()
                 await self._poll_end_offsets()
         finally:
@@ -194,6 +185,15 @@ class KafkaCommitter:
         for group in self._groups.values():
             if group.dirty:
                 await self._commit(group)
+
+    async def _retire(self) -> None:
+        for name, group in list(self._groups.items()):
+            if group.checkpoint.query_id in self._retiring and not group.dirty:
+                del self._groups[name]
+                self._backoff.forget(name)
+                self._unexpected.pop(name, None)
+                await self._drop_consumer(group)
+        self._retiring = {g.checkpoint.query_id for g in self._groups.values()} & self._retiring
 
     async def _commit_due(self) -> None:
         now = time.monotonic()

@@ -49,6 +49,15 @@ class LagTracker:
     def end_offsets(self, ends: Offsets) -> None:
         self._ends.update(ends)
 
+    def forget(self, label: str) -> None:
+        """Drop a retired query's state (``sidecar.retirement``), and the end offsets of
+        partitions no query left here reads."""
+        for state in (self._observed, self._durable, self._history):
+            state.pop(label, None)
+        self._failed.discard(label)
+        used = {key for offsets in self._durable.values() for key in offsets}
+        self._ends = {key: end for key, end in self._ends.items() if key in used}
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:

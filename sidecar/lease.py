@@ -1,4 +1,5 @@
-"""Blob lease ownership, one lease per query blob, held for as long as the daemon runs.
+"""Blob lease ownership, one lease per query blob, held until the query is retired (idle,
+``sidecar.retirement``) or the daemon stops.
 
 Invariant: **a checkpoint blob is written only while its lease is HELD.** The flusher gets a
 lease only from :meth:`LeaseManager.ensure_held`, which returns it only in HELD and only
@@ -14,7 +15,10 @@ States and transitions (anything else raises :class:`IllegalTransition`)::
        LOST ◀────────────────────────┘
         │ backoff elapsed
         └──────────▶ ACQUIRING
-    ACQUIRING | HELD | LOST ──release (shutdown)──▶ RELEASED (final)
+    ACQUIRING | HELD | LOST ──release (shutdown, retired)──▶ RELEASED (final)
+
+A retired query's lease is released and forgotten: if the query writes again, a new lease
+starts in ACQUIRING.
 
 LOST is "not owned": nothing is written, updates stay buffered in Redis, the state shows
 in ``checkpoint_sidecar_lease_held{query}``, logs and ``/readyz``, and acquisition is
@@ -156,12 +160,15 @@ class LeaseManager:
 
     async def ensure_held(self, query_id: str, label: str) -> QueryLease | None:
         """The query's lease when HELD (acquiring it if due), else None: do not write."""
-        lease = self._leases.get(query_id)
-        if lease is None:
-            lease = self._leases[query_id] = QueryLease(query_id, label)
-        lease.label = label
-        async with lease.lock:
-            return await self._ensure_held(lease)
+        while True:
+            lease = self._leases.get(query_id)
+            if lease is None:
+                lease = self._leases[query_id] = QueryLease(query_id, label)
+            lease.label = label
+            async with lease.lock:
+                if self._leases.get(query_id) is lease:
+                    return await self._ensure_held(lease)
+            # Retired while we waited for its lock: start again with a new lease.
 
     async def _ensure_held(self, lease: QueryLease) -> QueryLease | None:
         query_id = lease.query_id
@@ -317,11 +324,33 @@ class LeaseManager:
             for lease in list(self._leases.values()):
                 tg.start_soon(self._release, lease)
 
+    async def retire(self, query_id: str) -> bool:
+        """Release the query's lease and forget it (the query is idle), so a standby can take
+        it at once. False when a renewal or re-acquisition is under way: try again later.
+        ``checkpoint_sidecar_lease_held`` is left as it is (its series is the retirement's
+        to remove: another id of the same name may hold its own lease)."""
+        lease = self._leases.get(query_id)
+        if lease is None:
+            return True
+        if query_id in self._busy:
+            return False
+        self._busy.add(query_id)  # no renewal starts while it is being released
+        try:
+            async with lease.lock:
+                await self._release_locked(lease, "query retired (idle)", metric=False)
+                if self._leases.get(query_id) is lease:
+                    del self._leases[query_id]
+        finally:
+            self._busy.discard(query_id)
+        return True
+
     async def _release(self, lease: QueryLease) -> None:
         async with lease.lock:
             await self._release_locked(lease)
 
-    async def _release_locked(self, lease: QueryLease) -> None:
+    async def _release_locked(
+        self, lease: QueryLease, reason: str = "shutdown", *, metric: bool = True
+    ) -> None:
         if lease.state is LeaseState.HELD:
             try:
                 await self._store.release_lease(lease.query_id, self.lease_id)
@@ -330,5 +359,6 @@ class LeaseManager:
                     "lease query=%s release failed (it expires by itself): %s", lease.label, exc
                 )
         if lease.state is not LeaseState.RELEASED:
-            lease.to(LeaseState.RELEASED, "shutdown")
-            self._metrics.lease_held.labels(lease.label).set(0)
+            lease.to(LeaseState.RELEASED, reason)
+            if metric:
+                self._metrics.lease_held.labels(lease.label).set(0)

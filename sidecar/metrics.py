@@ -1,7 +1,8 @@
 """Prometheus metrics. Names and labels are part of the contract dashboards rely on.
 
 Each daemon owns its registry (tests run several daemons in one process). Label values come
-from closed sets (results, error codes), so cardinality stays bounded.
+from closed sets (results, error codes), so cardinality stays bounded, except the ``query``
+label: its series are removed when the query is retired (:meth:`Metrics.forget_query`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Metrics:
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.lag_per_partition = lag_per_partition
+        self._lag_labels = ["query", "topic"] + (["partition"] if lag_per_partition else [])
         r = self.registry
         self.updates = Counter(
             "checkpoint_sidecar_updates",
@@ -159,7 +161,7 @@ class Metrics:
             "checkpoint_sidecar_kafka_lag_records",
             "Records between the end of the log and the query's position (durable offset "
             "with a broker configured, else Spark's latestOffset - endOffset)",
-            ["query", "topic", "partition"] if lag_per_partition else ["query", "topic"],
+            self._lag_labels,
             registry=r,
         )
         self.kafka_query_lag = Gauge(
@@ -193,6 +195,22 @@ class Metrics:
             self.lease_renewals.labels(result)
         for result in ("ok", "regressed", "error"):
             self.kafka_commits.labels(result)
+
+    def forget_query(self, label: str) -> None:
+        """Remove every series labelled ``query=label`` (a retired query's)."""
+        for gauge in (
+            self.checkpoint_batch_id,
+            self.checkpoint_age,
+            self.pending_updates,
+            self.lease_held,
+            self.kafka_query_lag,
+            self.kafka_lag_seconds,
+        ):
+            gauge.remove(label)
+        for family in self.kafka_lag.collect():
+            for s in family.samples:
+                if s.labels.get("query") == label:
+                    self.kafka_lag.remove(*(s.labels[n] for n in self._lag_labels))
 
     def set_redis_aof(self, enabled: bool | None) -> None:
         """``checkpoint_sidecar_redis_aof_enabled``: 1/0, absent while unknown (CONFIG

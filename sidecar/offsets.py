@@ -3,7 +3,8 @@
 Spark's Kafka source reports offsets as ``{"topic": {"partition": offset}}``;
 :func:`kafka_offsets` flattens a checkpoint's Kafka sources for the Kafka committer and the
 lag gauges, :func:`kafka_starting_offsets` turns a saved checkpoint into a new query's
-``startingOffsets``.
+``startingOffsets``; :func:`group_name` and :func:`commit_metadata` say where the committer
+commits them and what it writes beside them.
 
 Spark's ``endOffset`` of a finished batch is the next offset to read, so starting a new query
 from it neither skips nor repeats a committed batch.
@@ -141,3 +142,21 @@ def kafka_starting_offsets(
         for t, parts in sorted(offsets.items())
     }
     return json.dumps(ordered, separators=(",", ":"))
+
+
+def group_name(template: str, checkpoint: Checkpoint, namespace: str) -> str:
+    return template.format(
+        query_name=checkpoint.label, query_id=checkpoint.query_id, namespace=namespace
+    )
+
+
+def commit_metadata(checkpoint: Checkpoint) -> str:
+    return json.dumps(
+        {
+            "committer": "checkpoint-sidecar",
+            "query_id": checkpoint.query_id,
+            "run_id": checkpoint.run_id,
+            "batch_id": checkpoint.batch_id,
+        },
+        separators=(",", ":"),
+    )

@@ -20,8 +20,7 @@ from sidecar.client import SidecarClient
 from sidecar.config import Config
 from sidecar.errors import ConfigError
 from sidecar.kafka import TICK_S as COMMIT_TICK_S
-from sidecar.kafka import group_name
-from sidecar.offsets import kafka_offsets
+from sidecar.offsets import group_name, kafka_offsets
 from tests.helpers import eventually, metric_value, running_daemon, sample, scrape
 from tests.services import KafkaBroker
 from tests.sparkshapes import kafka_progress, rate_progress
