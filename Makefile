@@ -38,6 +38,7 @@ demo: setup
 bench: setup
 	$(PY) bench/ingest.py
 	$(PY) bench/flush.py
+	$(PY) bench/retire.py
 	$(PY) bench/listener.py
 	$(PY) bench/redis_topologies.py
 
