@@ -133,6 +133,8 @@ class KafkaCommitter:
         self._unexpected: dict[object, type[BaseException]] = {}
         #: Retired queries whose groups the loop drops, closing their consumers.
         self._retiring: set[str] = set()
+        self._loop = anyio.CancelScope()
+        self._loop_done = anyio.Event()
 
     def durable(self, checkpoint: Checkpoint) -> None:
         """A checkpoint is now in the blob: commit its Kafka offsets (non-blocking)."""
@@ -167,24 +169,45 @@ class KafkaCommitter:
                 log.error("%s; commits wait until it can be built (retried at each attempt)", exc)
         task_status.started()
         try:
-            while True:
-                with anyio.move_on_after(TICK_S):
-                    await self._wake.wait()
-                self._wake = anyio.Event()
-                await self._retire()
-                await self._commit_due()
-                await self._poll_end_offsets()
+            with self._loop:
+                while True:
+                    with anyio.move_on_after(TICK_S):
+                        await self._wake.wait()
+                    self._wake = anyio.Event()
+                    await self._retire()
+                    await self._commit_due()
+                    await self._poll_end_offsets()
         finally:
-            # The final commit is made by the daemon's shutdown, within the grace period;
-            # here only the clients are closed, briefly.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                await self._close()
+            self._loop_done.set()
+            if not self._loop.cancel_called:
+                # Cancelled with the daemon rather than stopped for the final commit (whose
+                # caller closes the clients after it): close them here, briefly.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                    await self.aclose()
+
+    async def stop_loop(self) -> None:
+        """Stop the commit loop and wait for it (a commit in progress is cancelled), so the
+        final commit never races it for a group's consumer. The consumers stay open."""
+        self._loop.cancel()
+        await self._loop_done.wait()
 
     async def final_commit(self) -> None:
-        """Commit what is durable but not yet committed (shutdown)."""
-        for group in self._groups.values():
-            if group.dirty:
-                await self._commit(group)
+        """Commit every group's durable offsets not yet committed, all groups at once
+        (shutdown, after :meth:`stop_loop`). A failure is logged; :meth:`behind` names it."""
+        async with anyio.create_task_group() as tg:
+            for group in self._groups.values():
+                if group.dirty:
+                    tg.start_soon(self._commit, group)
+
+    def behind(self) -> list[str]:
+        """The groups whose committed offsets are not their query's last durable batch."""
+        return [group.name for group in self._groups.values() if group.dirty]
+
+    async def aclose(self) -> None:
+        """Close every group's consumer (idempotent)."""
+        async with anyio.create_task_group() as tg:
+            for group in self._groups.values():
+                tg.start_soon(self._drop_consumer, group)
 
     async def _retire(self) -> None:
         for name, group in list(self._groups.items()):
@@ -391,7 +414,3 @@ class KafkaCommitter:
         self._unexpected.pop(_END_OFFSETS, None)
         if self._on_end_offsets is not None:
             self._on_end_offsets({(tp.topic, tp.partition): off for tp, off in ends.items()})
-
-    async def _close(self) -> None:
-        for group in self._groups.values():
-            await self._drop_consumer(group)

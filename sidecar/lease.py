@@ -154,6 +154,10 @@ class LeaseManager:
             if q.state is LeaseState.LOST or (q.state is LeaseState.ACQUIRING and q.failures)
         ]
 
+    def held(self) -> list[str]:
+        """Labels of the queries whose lease this daemon holds (after a stop: not released)."""
+        return [q.label for q in self._leases.values() if q.state is LeaseState.HELD]
+
     def state(self, query_id: str) -> LeaseState | None:
         lease = self._leases.get(query_id)
         return lease.state if lease else None
