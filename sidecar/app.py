@@ -5,10 +5,13 @@ Start:  admin endpoint (so /healthz answers at once) → wait for Redis → wait
         a previous run left pending) → idle-query retirement → socket server.
         ``task_status.started()`` fires only when the socket is bound and Redis and the blob
         store answered.
-Stop:   stop accepting → answer requests already read → final flush of everything pending
-        → release leases → close Redis and the store; all within ``shutdown_grace_s``,
-        after which what is left is cancelled with a log line (it stays in Redis for the
-        next start).
+Stop:   stop accepting → answer requests already read (drain) → stop the flush and Kafka
+        commit loops, final flush of everything pending → final Kafka commit → release
+        leases → close Redis, the store and Kafka. Each phase has its own deadline within
+        ``shutdown_grace_s`` (``sidecar.shutdown``: the drain ends by 40 %, the final flush
+        keeps at least 40 %, commit and release 10 % each); the last three are shielded
+        finalizers. A cut phase logs what it left undone (what is unflushed stays in Redis
+        for the next start); one line sums up the stop.
 A crashing component brings the whole daemon down rather than leaving it half alive.
 """
 
@@ -46,12 +49,11 @@ from sidecar.metrics import Metrics
 from sidecar.retirement import Retirement
 from sidecar.server import SocketServer
 from sidecar.topology import Topology
+from sidecar.shutdown import StopBudget
 
 log = logging.getLogger(__name__)
 
 RETRY_MAX_S = 10.0
-#: Time kept for releasing leases and closing clients even when the grace period is spent.
-CLOSE_BUDGET_S = 3.0
 
 
 class Daemon:
@@ -137,6 +139,7 @@ class Daemon:
         self.buffer.on_replicas = self.metrics.redis_replicas_acked.observe
         self.metrics.redis_up.set_function(lambda: 1.0 if self.buffer.available else 0.0)
         self._stop = anyio.Event()
+        self._budget: StopBudget | None = None
         #: Set once :meth:`run` has returned (stopped, cleanly or not).
         self.stopped = anyio.Event()
 
@@ -153,6 +156,12 @@ class Daemon:
     def request_stop(self) -> None:
         """Begin a graceful stop (idempotent; safe from a signal-handling task)."""
         self._stop.set()
+
+    def force_stop(self) -> None:
+        """Cut the graceful stop's phases now, shielded finalizers included (a second
+        signal); the caller then cancels :meth:`run`."""
+        if self._budget is not None:
+            self._budget.force()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         cfg = self.config
@@ -196,11 +205,14 @@ class Daemon:
                 await self._shutdown()
                 tg.cancel_scope.cancel()
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_BUDGET_S):
+            budget = self._budget or StopBudget(cfg.shutdown_grace_s)
+            with budget.closing():
+                if self.committer is not None:
+                    await self.committer.aclose()
                 await self.buffer.aclose()
                 await self.store.aclose()
             self.stopped.set()
-        log.info("stopped")
+            log.info("%s", budget.summary())
 
     def _applied(self, checkpoint: ckpt.Checkpoint) -> None:
         """An update stored in Redis (ingest path: O(1) each)."""
@@ -234,53 +246,76 @@ class Daemon:
                 return False
 
     async def _shutdown(self) -> None:
-        grace = self.config.shutdown_grace_s
-        deadline = time.monotonic() + grace
+        budget = self._budget = StopBudget(self.config.shutdown_grace_s)
         log.info(
-            "stopping: no new connections, answering requests already read, then a "
-            "final flush (grace %.1fs)",
-            grace,
+            "stopping: no new connections, answering requests already read, then a final "
+            "flush (grace %.1fs: %s)",
+            budget.grace_s,
+            budget.plan(),
         )
-        with anyio.move_on_after(grace) as draining:
+        with budget.phase("drain") as drain:
             await self.server.drain()
-        if draining.cancelled_caught:
+        if drain.cancelled_caught:
             log.warning(
-                "grace period of %.1fs ran out; cutting %d connection(s) and %d queued "
-                "update(s) (not acknowledged, so clients will resend)",
-                grace,
+                "stop: drain cut at its deadline (%.1fs): closing %d connection(s) without all "
+                "their replies (e.g. a client not reading them) and %d queued update(s); "
+                "nothing unanswered was acknowledged, so clients resend it",
+                budget.until("drain"),
                 self.server.active_connections,
                 self.coalescer.queued,
             )
-        with anyio.move_on_after(max(0.0, deadline - time.monotonic())) as flushing:
-            await self.flusher.stop_loop()
-            await self.flusher.final_flush()
-        if flushing.cancelled_caught:
-            await self._log_unflushed(grace)
-        if self.committer is not None:
-            with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
-                await self.committer.final_commit()
-        with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_BUDGET_S):
-            await self.leases.release_all()
+        with budget.finalizers():
+            with budget.phase("final flush") as flush:
+                await self.flusher.stop_loop()
+                if self.committer is not None:
+                    # Before the flush wakes it: the final commit alone opens what it needs.
+                    await self.committer.stop_loop()
+                await self.flusher.final_flush()
+            if flush.cancelled_caught:
+                await self._log_unflushed(budget.until("final flush"))
+            if self.committer is not None:
+                with budget.phase("final commit") as commit:
+                    await self.committer.final_commit()
+                if behind := self.committer.behind():
+                    log.warning(
+                        "stop: final Kafka commit %s: group(s) %s not committed at their "
+                        "query's last durable batch (they stay behind until the query's next "
+                        "flush after a restart)",
+                        "cut" if commit.cancelled_caught else "failed",
+                        ", ".join(behind),
+                    )
+            with budget.phase("release") as release:
+                await self.leases.release_all()
+            if release.cancelled_caught:
+                log.warning(
+                    "stop: releasing leases cut at %.1fs; lease(s) of %s left to expire by "
+                    "themselves (a successor waits up to %ds to write those blobs)",
+                    budget.until("release"),
+                    ", ".join(self.leases.held()),
+                    self.config.lease_duration_s,
+                )
 
-    async def _log_unflushed(self, grace: float) -> None:
+    async def _log_unflushed(self, deadline_s: float) -> None:
         try:
-            with anyio.CancelScope(shield=True), anyio.fail_after(1):
+            with anyio.fail_after(1):
                 snapshot = await self.buffer.snapshot()
         except (SidecarError, TimeoutError):
             log.warning(
-                "grace period of %.1fs ran out before the final flush finished; "
-                "what is left stays in Redis for the next start",
-                grace,
+                "stop: final flush cut at its deadline (%.1fs); what is left stays in Redis "
+                "and is flushed at the next start",
+                deadline_s,
             )
             return
         left = ", ".join(
-            f"{q.query_id} ({q.pending} updates, batch {q.batch_id})" for q in snapshot.queries
+            f"{q.query_id} ({q.pending} updates, batch {q.batch_id})"
+            for q in snapshot.queries
+            if q.pending > 0
         )
         log.warning(
-            "grace period of %.1fs ran out before the final flush finished; left "
-            "unflushed (kept in Redis, flushed at the next start): %s",
-            grace,
-            left,
+            "stop: final flush cut at its deadline (%.1fs); left unflushed (kept in Redis, "
+            "flushed at the next start): %s",
+            deadline_s,
+            left or "nothing",
         )
 
     async def _socket_ready(self) -> str | None:

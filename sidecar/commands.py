@@ -103,6 +103,7 @@ async def _run(config: Config) -> int:
                 else:
                     log.warning("received %s again: forcing exit", signal.Signals(signum).name)
                     forced = True
+                    daemon.force_stop()  # its finalizers are shielded from the cancel below
                     scope.cancel()
                     return
 

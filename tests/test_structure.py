@@ -26,7 +26,8 @@ LAYERS: list[set[str]] = [
     {"metrics", "topology"},  # topology: which Redis client (standalone, cluster, sentinel)
     {"buffer", "blobstore", "client"},  # the I/O edges (Redis, Azure) and the test client
     {"coalescer", "floor"},  # batches updates for the Redis edge; the blobs' batches
-    {"lease", "lag", "kafka", "handler", "server", "admin", "report", "durability", "retirement"},
+    {"lease", "lag", "kafka", "handler", "server", "admin", "report", "durability", "retirement"}
+    | {"shutdown"},
     {"flusher"},
     {"app"},  # wiring
     {"commands"},
