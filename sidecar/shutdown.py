@@ -76,13 +76,14 @@ class StopBudget:
     def phase(self, name: str) -> Iterator[anyio.CancelScope]:
         """Run the ``with`` body until the phase's deadline; the scope's ``cancelled_caught``
         says it was cut (by its deadline or :meth:`force`)."""
-        with self._scope(deadline=self.deadline(name)) as scope:
-            began = anyio.current_time()
-            try:
+        began = anyio.current_time()
+        scope = anyio.CancelScope()
+        try:
+            with self._scope(deadline=self.deadline(name)) as scope:
                 yield scope
-            finally:
-                took = anyio.current_time() - began
-        self.phases.append(PhaseTime(name, took, scope.cancelled_caught))
+        finally:  # also when a forced stop's cancellation passes through
+            cut = scope.cancelled_caught or scope.cancel_called
+            self.phases.append(PhaseTime(name, anyio.current_time() - began, cut))
 
     @contextmanager
     def finalizers(self) -> Iterator[None]:

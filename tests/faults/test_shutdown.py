@@ -28,7 +28,7 @@ from sidecar.config import Config
 from sidecar.keys import Keys
 from sidecar.protocol import ClientConnection, encode_request
 from tests.faults.test_hostile_clients import Client
-from tests.helpers import eventually, read_blob, running_daemon, wait_blob
+from tests.helpers import eventually, read_blob, running_daemon, wait_blob, wait_for
 from tests.services import Azurite, DaemonProcess, KafkaBroker
 from tests.sparkshapes import kafka_progress
 from tests.test_kafka import (
@@ -125,6 +125,24 @@ def test_a_drain_stuck_on_a_client_that_never_reads_leaves_the_final_flush_its_s
     assert CUT.findall(summary.group(2)) == ["drain"], "the final flush and release were not cut"
     assert lease_states(env, queries) == dict.fromkeys(queries, "available")
     print(f"\nslow drain: {summary.group(0)}")
+
+
+def test_a_second_signal_cuts_the_stop_at_once_and_exits_130(
+    daemon_env: dict[str, str], procs: list[DaemonProcess], short_tmp: Path
+) -> None:
+    """The finalizers are shielded from the task group's cancellation, not from a forced
+    stop: a second signal still ends the daemon without waiting out the grace period."""
+    proc = start(procs, {**daemon_env, "SIDECAR_SHUTDOWN_GRACE_S": "300"}, short_tmp)
+    mute = mute_client(proc.socket_path)  # holds the drain up (its share: 120 s)
+    try:
+        proc.signal(signal.SIGTERM)
+        wait_for(lambda: "stopping: no new connections" in proc.log(), 30, "the stop to begin")
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(30) == 130
+    finally:
+        mute.close()
+    summary = SUMMARY.search(proc.log())
+    assert summary is not None and CUT.findall(summary.group(2))[0] == "drain"
 
 
 @pytest.fixture
