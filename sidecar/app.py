@@ -48,8 +48,8 @@ from sidecar.lease import LeaseManager
 from sidecar.metrics import Metrics
 from sidecar.retirement import Retirement
 from sidecar.server import SocketServer
-from sidecar.topology import Topology
 from sidecar.shutdown import StopBudget
+from sidecar.topology import Topology
 
 log = logging.getLogger(__name__)
 

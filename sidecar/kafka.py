@@ -17,38 +17,33 @@ Commits are made without joining the group (manual assignment, generation -1), s
 rebalances and no Spark executor is disturbed. Commit metadata carries query id, run id and
 batch id. A broker outage never blocks flushing: commits are retried with backoff.
 
-Kafka is optional and must never stop the core: aiokafka's errors are translated here, once
-(``KafkaCommitter._call``): unreachable, timed out or transient → :class:`KafkaUnavailable` (retried
-from 0.5 s doubling to 30 s); authentication, ACLs, an invalid group or an unusable TLS setup
-→ :class:`KafkaRefused` (waits the 30 s cap, logged as an error). Anything else raised by a
-group's commit or by the end-offset poll (a bug here or in the client) is contained too:
-logged once with its traceback, counted as an error, retried with the backoff. The TLS
-context is built once, at start, in a worker thread (it reads files).
+Kafka is optional and must never stop the core: aiokafka's errors arrive translated by
+``sidecar.kafkaclient`` (the client edge): :class:`KafkaUnavailable` is retried from 0.5 s
+doubling to 30 s; :class:`KafkaRefused` (authentication, ACLs, an invalid group, an unusable
+TLS setup) waits the 30 s cap, logged as an error. Anything else raised by a group's commit
+or by the end-offset poll (a bug here or in the client) is contained too: logged once with
+its traceback, counted as an error, retried with the backoff.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from aiokafka import AIOKafkaConsumer
-from aiokafka import errors as ke
-from aiokafka.errors import ConsumerStoppedError, KafkaError
-from aiokafka.helpers import create_ssl_context
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from anyio.abc import TaskStatus
 
+from sidecar import kafkaclient
 from sidecar.backoff import Backoff
 from sidecar.checkpoint import Checkpoint
 from sidecar.config import Config
-from sidecar.errors import KafkaRefused, KafkaUnavailable, SidecarError
+from sidecar.errors import KafkaRefused, SidecarError
 from sidecar.metrics import Metrics
 from sidecar.offsets import Offsets, commit_metadata, group_name, kafka_offsets
 
@@ -58,32 +53,6 @@ TICK_S = 1.0
 RETRY_CAP_S = 30.0
 #: Backoff key of the end-offset poll (group names are the other keys).
 _END_OFFSETS = object()
-
-#: What an operator must fix before a retry can succeed. aiokafka's own ``retriable`` flag
-#: cannot decide this: it leaves transient errors unflagged (a KafkaTimeoutError, a broker
-#: not available, a rebalance), so everything not named here counts as transient.
-# fmt: off
-_REFUSED: tuple[type[KafkaError], ...] = (
-    ke.AuthenticationFailedError, ke.AuthenticationMethodNotSupported, ke.IllegalSaslStateError,
-    ke.SaslAuthenticationFailed, ke.UnsupportedSaslMechanismError,
-    ke.TopicAuthorizationFailedError, ke.GroupAuthorizationFailedError,
-    ke.ClusterAuthorizationFailedError, ke.InvalidGroupIdError, ke.InvalidTopicError,
-    ke.OffsetMetadataTooLargeError, ke.KafkaConfigurationError, ke.IncompatibleBrokerVersion,
-    ke.UnrecognizedBrokerVersion, ke.UnsupportedVersionError,
-)
-# fmt: on
-
-
-def translate(exc: KafkaError, what: str, where: str) -> SidecarError:
-    """aiokafka's error as ours: :class:`KafkaRefused` (not retriable) or
-    :class:`KafkaUnavailable`."""
-    name = type(exc).__name__
-    if isinstance(exc, _REFUSED):
-        return KafkaRefused(
-            f"Kafka {where} refused {what} ({name}: {exc}): check the credentials, the ACLs "
-            "on the group and topics, and SIDECAR_KAFKA_GROUP_TEMPLATE"
-        )
-    return KafkaUnavailable(f"Kafka {where}: {what} failed ({name}: {exc})")
 
 
 @dataclass
@@ -312,86 +281,29 @@ class KafkaCommitter:
             exc_info=exc if first else None,
         )
 
-    @asynccontextmanager
-    async def _call(self, what: str) -> AsyncIterator[None]:
-        """Time-limit Kafka calls and translate their errors into ours."""
-        timeout = self._config.kafka_timeout_s
-        try:
-            with anyio.fail_after(timeout):
-                yield
-        except TimeoutError as exc:
-            raise KafkaUnavailable(
-                f"Kafka {self._where}: {what} timed out after {timeout}s"
-            ) from exc
-        except KafkaError as exc:
-            raise translate(exc, what, self._where) from exc
-        except (OSError, ConsumerStoppedError) as exc:
-            raise KafkaUnavailable(f"Kafka {self._where} unreachable during {what}: {exc}") from exc
+    def _call(self, what: str) -> AbstractAsyncContextManager[None]:
+        return kafkaclient.call(what, self._config.kafka_timeout_s, self._where)
 
     async def _consumer(self, group: _Group) -> Any:
         if group.consumer is None:
             if self._tls and self._ssl_context is None:
                 await self._build_ssl_context()  # it failed at start: the files may be fixed
-            consumer = AIOKafkaConsumer(
-                group_id=group.name, enable_auto_commit=False, **self._client_options()
+            group.consumer = await kafkaclient.open_consumer(
+                group.name, kafkaclient.options(self._config, self._ssl_context)
             )
-            try:
-                await consumer.start()
-            except BaseException:
-                await self._stop_quietly(consumer)  # whatever it opened before failing
-                raise
-            group.consumer = consumer
         return group.consumer
 
     async def _drop_consumer(self, group: _Group) -> None:
         consumer, group.consumer = group.consumer, None
         if consumer is not None:
-            await self._stop_quietly(consumer)
-
-    @staticmethod
-    async def _stop_quietly(consumer: Any) -> None:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(2):
-            try:
-                await consumer.stop()
-            except Exception as exc:  # closing a broken client must not fail the caller
-                log.debug("kafka client did not stop cleanly: %r", exc)
+            await kafkaclient.stop_quietly(consumer)
 
     @property
     def _tls(self) -> bool:
         return self._config.kafka_security_protocol.endswith("SSL")
 
     async def _build_ssl_context(self) -> None:
-        """Build the TLS context in a worker thread (it reads the CA, certificate and key
-        files). Raises: KafkaRefused: a file is missing, unreadable or not valid PEM."""
-        cfg = self._config
-        files = {"cafile": cfg.kafka_ssl_cafile}
-        files.update(certfile=cfg.kafka_ssl_certfile, keyfile=cfg.kafka_ssl_keyfile)
-        try:
-            build = functools.partial(create_ssl_context, **files)
-            self._ssl_context = await anyio.to_thread.run_sync(build)
-        except (OSError, ssl.SSLError, ValueError) as exc:
-            raise KafkaRefused(
-                f"Kafka TLS context cannot be built from {[f for f in files.values() if f]}: "
-                f"{exc}; check SIDECAR_KAFKA_SSL_CAFILE, _CERTFILE, _KEYFILE"
-            ) from exc
-
-    def _client_options(self) -> dict[str, Any]:
-        cfg = self._config
-        options: dict[str, Any] = {
-            "bootstrap_servers": cfg.kafka_bootstrap_servers,
-            "client_id": f"checkpoint-sidecar-{cfg.namespace}",
-            "request_timeout_ms": int(cfg.kafka_timeout_s * 1000),
-            "security_protocol": cfg.kafka_security_protocol,
-        }
-        if cfg.kafka_security_protocol.startswith("SASL"):
-            options.update(
-                sasl_mechanism=cfg.kafka_sasl_mechanism,
-                sasl_plain_username=cfg.kafka_sasl_username,
-                sasl_plain_password=cfg.kafka_sasl_password,
-            )
-        if self._tls:
-            options["ssl_context"] = self._ssl_context
-        return options
+        self._ssl_context = await kafkaclient.ssl_context(self._config)
 
     async def _poll_end_offsets(self) -> None:
         """Read the brokers' end offsets of every committed partition, for lag metrics."""

@@ -435,7 +435,7 @@ def test_kafka_errors_are_translated_into_ours() -> None:
     from aiokafka import errors as ke
 
     from sidecar.errors import KafkaRefused, KafkaUnavailable
-    from sidecar.kafka import translate
+    from sidecar.kafkaclient import translate
 
     for refused in (
         ke.GroupAuthorizationFailedError(),

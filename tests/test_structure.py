@@ -23,11 +23,13 @@ LAYERS: list[set[str]] = [
     {"errors", "keys", "backoff", "confighelp"},  # vocabulary: pure
     {"config", "checkpoint", "lua"},  # settings, records, Redis scripts: pure
     {"protocol", "offsets"},  # wire format, offset shapes: pure
-    {"metrics", "topology"},  # topology: which Redis client (standalone, cluster, sentinel)
+    # metrics; which Redis client (standalone, cluster, sentinel); the Kafka client edge
+    {"metrics", "topology", "kafkaclient"},
     {"buffer", "blobstore", "client"},  # the I/O edges (Redis, Azure) and the test client
     {"coalescer", "floor"},  # batches updates for the Redis edge; the blobs' batches
-    {"lease", "lag", "kafka", "handler", "server", "admin", "report", "durability", "retirement"}
-    | {"shutdown"},
+    # the components: each one job, wired together by app
+    {"lease", "lag", "kafka", "handler", "server", "admin", "report", "durability"}
+    | {"retirement", "shutdown"},
     {"flusher"},
     {"app"},  # wiring
     {"commands"},
@@ -49,7 +51,7 @@ PURE = {
 SDK_OWNERS = {
     "redis": {"buffer", "topology"},
     "azure": {"blobstore"},
-    "aiokafka": {"kafka"},
+    "aiokafka": {"kafka", "kafkaclient"},
     "aiohttp": {"admin"},
 }
 IO_LIBRARIES = {"anyio", "asyncio", "socket", "redis", "azure", "aiokafka", "aiohttp"}
