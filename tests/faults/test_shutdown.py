@@ -178,7 +178,10 @@ def test_a_final_flush_cut_by_a_store_outage_names_what_it_left_in_redis(
     left = f"left unflushed (kept in Redis, flushed at the next start): {q} (1 updates, batch 3)"
     assert f"stop: final flush cut at its deadline (2.4s); {left}" in log
     summary = SUMMARY.search(log)
-    assert summary is not None and CUT.findall(summary.group(2)) == ["final flush"]
+    assert summary is not None
+    cut = CUT.findall(summary.group(2))
+    # The release may be cut too (the store is down); the drain had nothing to wait for.
+    assert "final flush" in cut and "drain" not in cut, summary.group(0)
     assert anyio.run(redis_fields, env, q) == {"pending": "1", "batch_id": "3"}
 
 
