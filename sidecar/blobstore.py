@@ -14,7 +14,7 @@ checkpoint document of its query → :class:`CorruptRecord`; ``list`` marks such
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -34,7 +34,15 @@ from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient, Container
 
 from sidecar.checkpoint import CheckpointDocument, decode_document
 from sidecar.config import Config
-from sidecar.errors import CorruptRecord, LeaseConflict, LeaseLost, StoreError, StoreUnavailable
+from sidecar.diagnosis import Probe
+from sidecar.errors import (
+    CorruptRecord,
+    LeaseConflict,
+    LeaseLost,
+    SidecarError,
+    StoreError,
+    StoreUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +235,8 @@ class BlobStore:
             async for item in self._container.list_blobs(
                 name_starts_with=prefix, include=["metadata"]
             ):
+                if not item.name.endswith(".json"):
+                    continue  # not a checkpoint (e.g. a doctor probe)
                 query_id = item.name.removeprefix(prefix).removesuffix(".json")
                 metadata = item.metadata or {}
                 stream = await self._container.get_blob_client(item.name).download_blob()
@@ -255,6 +265,7 @@ class BlobStore:
             return {
                 item.name.removeprefix(prefix).removesuffix(".json")
                 async for item in self._container.list_blobs(name_starts_with=prefix)
+                if item.name.endswith(".json")
             }
 
     async def lease_state(self, query_id: str) -> str:
@@ -264,6 +275,64 @@ class BlobStore:
             props = await blob.get_blob_properties()
         return str(props.lease.state)
 
+    # --- what ``checkpoint-sidecar doctor`` checks (sidecar.doctor) --------------------------
+
+    async def container_listable(self) -> bool:
+        """True when the container exists and may be listed; False when it does not exist."""
+        async with self._call("list the container"):
+            try:
+                pages = self._container.list_blobs(name_starts_with=f"{self._namespace}/")
+                async for _ in pages.by_page():
+                    break
+            except ResourceNotFoundError:
+                return False
+        return True
+
+    async def probe(self, token: str) -> Probe:
+        """Create, lease, write (under the lease), read, release and delete a probe blob under
+        the namespace (not a ``.json``: never taken for a checkpoint). Stops at the first
+        refused step; the clean-up (release, delete) is tried whatever happened."""
+        blob = self._container.get_blob_client(f"{self._namespace}/doctor-probe-{token}.tmp")
+        lease = BlobLeaseClient(blob, lease_id=token)
+        body = f"checkpoint-sidecar doctor probe {token}".encode()
+        result = Probe(blob.blob_name, {})
+        steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+            ("create", lambda: blob.upload_blob(b"", overwrite=False)),
+            ("lease", lambda: lease.acquire(lease_duration=15)),
+            ("write", lambda: blob.upload_blob(body, overwrite=True, lease=token)),  # type: ignore[arg-type]
+            ("read", lambda: _read_all(blob)),
+            ("release", lease.release),
+            ("delete", blob.delete_blob),
+        ]
+        for name, call in steps:
+            cleanup = name in ("release", "delete")
+            needs = {"release": "lease", "delete": "create"}.get(name)
+            if (not cleanup and not result.ok) or (
+                needs and result.steps.get(needs, "") is not None
+            ):
+                continue  # a step was refused: only clean up what was done
+            try:
+                with anyio.CancelScope(shield=cleanup):
+                    async with self._call(f"probe: {name}"):
+                        answer = await call()
+            except SidecarError as exc:
+                result.steps[name] = str(exc)
+                continue
+            result.steps[name] = None
+            if name == "write":
+                result.version_id = answer.get("version_id")
+            elif name == "read" and answer != body:
+                result.steps[name] = f"read back {len(answer)} bytes, not the {len(body)} written"
+        return result
+
+    async def soft_delete_days(self) -> int | None:
+        """The account's blob soft-delete retention in days (None: off), from the blob
+        service properties (an account-level call: a container SAS is refused it)."""
+        async with self._call("get service properties"):
+            props = await self._service.get_service_properties()
+        policy = props.get("delete_retention_policy")
+        return int(policy.days or 0) if policy is not None and policy.enabled else None
+
     def _lease_client(self, query_id: str, lease_id: str) -> BlobLeaseClient:
         blob = self._container.get_blob_client(self.blob_name(query_id))
         return BlobLeaseClient(blob, lease_id=lease_id)
@@ -272,6 +341,12 @@ class BlobStore:
         await self._service.close()
         if self._credential is not None:
             await self._credential.close()
+
+
+async def _read_all(blob: Any) -> bytes:
+    stream = await blob.download_blob()
+    data: bytes = await stream.readall()
+    return data
 
 
 def newest_named(infos: list[BlobInfo], name: str) -> BlobInfo | None:

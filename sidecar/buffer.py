@@ -307,6 +307,22 @@ class RedisBuffer:
             value = await self._redis.hget(self.keys.query(query_id), "batch_id")
         return int(_text(value)) if value is not None else None
 
+    # --- what ``checkpoint-sidecar doctor`` reads (sidecar.doctor) ----------------------------
+
+    async def info(self) -> dict[str, Any]:
+        """``INFO`` of the namespace's node (version, role, persistence, memory): read-only,
+        and answered where ``CONFIG`` is disabled (managed services)."""
+        node = self._topology.node_of(self._redis, self.keys.pending)
+        with self._translate("INFO"):
+            reply = await self._redis.execute_command("INFO", **node)
+        return dict(reply)
+
+    async def known_names(self) -> dict[str, str]:
+        """Every query name the namespace has seen, with the id that last reported it."""
+        with self._translate("name listing"):
+            names = await self._redis.hgetall(self.keys.names)
+        return {_text(k): _text(v) for k, v in names.items()}
+
     async def aclose(self) -> None:
         await self._redis.aclose()
 

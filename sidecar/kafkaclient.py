@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 from aiokafka import AIOKafkaConsumer
 from aiokafka import errors as ke
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import ConsumerStoppedError, KafkaError
 from aiokafka.helpers import create_ssl_context
 
@@ -127,3 +128,48 @@ async def ssl_context(config: Config) -> ssl.SSLContext:
             f"{exc}; check SIDECAR_KAFKA_SSL_CAFILE, _CERTFILE, _KEYFILE"
         ) from exc
     return context
+
+
+#: ``authorized_operations`` when the broker did not report them (DescribeGroups < v3).
+_NOT_REPORTED = -(2**31)
+#: Bit of the READ operation (Kafka's AclOperation code 3), what OffsetCommit needs on a group.
+_READ = 1 << 3
+
+
+async def describe_groups(
+    client_options: dict[str, Any], groups: list[str], timeout_s: float, where: str
+) -> tuple[int, dict[str, tuple[str, bool | None]]]:
+    """The brokers' count and, per group, (the error describing it, "NoError" when
+    describable; whether READ — what a commit needs — is authorized, None when the broker
+    does not say). Read-only: nothing is joined or committed.
+
+    Raises:
+        KafkaUnavailable, KafkaRefused: the cluster cannot be reached or described.
+    """
+    admin = AIOKafkaAdminClient(**client_options)
+    found: dict[str, tuple[str, bool | None]] = {}
+    try:
+        async with call("describe the cluster", timeout_s, where):
+            await admin.start()
+            brokers = len((await admin.describe_cluster())["brokers"])
+        for group in groups:
+            try:
+                with anyio.fail_after(timeout_s):
+                    replies = await admin.describe_consumer_groups(
+                        [group], include_authorized_operations=True
+                    )
+            except (KafkaError, TimeoutError) as exc:
+                found[group] = (type(exc).__name__, None)
+                continue
+            for reply in replies:
+                for g in reply.to_object()["groups"]:
+                    ops = g.get("authorized_operations", _NOT_REPORTED)
+                    read = None if ops in (_NOT_REPORTED, None) else bool(ops & _READ)
+                    found[g["group"]] = (ke.for_code(g["error_code"]).__name__, read)
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+            try:
+                await admin.close()
+            except Exception as exc:
+                log.debug("kafka admin client did not close cleanly: %r", exc)
+    return brokers, found

@@ -22,14 +22,14 @@ REPO = Path(__file__).resolve().parent.parent
 LAYERS: list[set[str]] = [
     {"errors", "keys", "backoff", "confighelp"},  # vocabulary: pure
     {"config", "checkpoint", "lua"},  # settings, records, Redis scripts: pure
-    {"protocol", "offsets"},  # wire format, offset shapes: pure
+    {"protocol", "offsets", "diagnosis"},  # wire format, offset shapes, doctor's rules: pure
     # metrics; which Redis client (standalone, cluster, sentinel); the Kafka client edge
     {"metrics", "topology", "kafkaclient"},
     {"buffer", "blobstore", "client"},  # the I/O edges (Redis, Azure) and the test client
     {"coalescer", "floor"},  # batches updates for the Redis edge; the blobs' batches
     # the components: each one job, wired together by app
     {"lease", "lag", "kafka", "handler", "server", "admin", "report", "durability"}
-    | {"retirement", "shutdown"},
+    | {"retirement", "shutdown", "doctor"},
     {"flusher"},
     {"app"},  # wiring
     {"commands"},
@@ -46,6 +46,7 @@ PURE = {
     "lua",
     "protocol",
     "offsets",
+    "diagnosis",
 }
 #: Third-party SDKs and where they may be imported: each edge owns its SDK.
 SDK_OWNERS = {
