@@ -29,7 +29,7 @@ import anyio
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
-from sidecar import __version__
+from sidecar import __version__, doctor
 from sidecar import checkpoint as ckpt
 from sidecar.admin import AdminServer
 from sidecar.backoff import Backoff
@@ -54,6 +54,8 @@ from sidecar.topology import Topology
 log = logging.getLogger(__name__)
 
 RETRY_MAX_S = 10.0
+#: The start-up config checks give up after this long (each call has its own timeout too).
+DOCTOR_TIMEOUT_S = 60.0
 
 
 class Daemon:
@@ -178,6 +180,7 @@ class Daemon:
                     tg.cancel_scope.cancel()
                     return
                 await self.durability.start()  # AOF check (may refuse to start), marker
+                tg.start_soon(self._doctor)  # in the background: never delays the start
                 await tg.start(self.durability.run)
                 await tg.start(self.coalescer.run)
                 await tg.start(self.leases.run)
@@ -213,6 +216,18 @@ class Daemon:
                 await self.store.aclose()
             self.stopped.set()
             log.info("%s", budget.summary())
+
+    async def _doctor(self) -> None:
+        """``checkpoint-sidecar doctor``'s checks, once: logged and exported, never fatal."""
+        try:
+            with anyio.fail_after(DOCTOR_TIMEOUT_S):
+                checks = await doctor.run_checks(self.config, self.buffer, self.store)
+        except Exception:  # a bug or a hung service must not stop the daemon
+            log.exception("config checks did not complete")
+            return
+        doctor.log_results(checks)
+        for check in checks:
+            self.metrics.config_check.labels(check.name).set(1 if check.status == "ok" else 0)
 
     def _applied(self, checkpoint: ckpt.Checkpoint) -> None:
         """An update stored in Redis (ingest path: O(1) each)."""

@@ -132,6 +132,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="where absent partitions start (default: earliest)",
     )
     _add_settings(resume)
+    doctor = sub.add_parser(
+        "doctor",
+        help="check that Redis, the storage account and Kafka can keep checkpoints",
+        description="Check the setup the daemon would run with, one line per check (ok, warn "
+        "or fail, with what to do). Redis: reachable, writable (not a replica), appendonly, "
+        "maxmemory-policy noeviction (any eviction policy can drop buffered checkpoints: "
+        "fail), maxmemory headroom, version. Storage: the container exists and can be listed; "
+        "a probe blob under the namespace is created, leased, written, read and deleted (a "
+        "SAS without w or d fails here); blob soft delete and versioning as far as the account "
+        "reports them. Kafka (when SIDECAR_KAFKA_BOOTSTRAP_SERVERS is set): brokers reachable, "
+        "the groups of the queries Redis knows describable, READ on them where the broker "
+        "reports authorized operations (nothing is committed). The daemon runs the same "
+        "checks at start. Exit code: 0 all ok, 1 a warning, 2 a failure (or bad settings).",
+    )
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(doctor)
     return parser
 
 
@@ -165,6 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = _commands()
     if commands is None:
         return EXIT_USAGE
+    if args.command == "doctor":
+        code: int = commands.doctor(config, as_json=args.json)
+        return code
     if args.command in ("list", "show", "starting-offsets"):
         result: int = commands.inspect(args, config)
         return result

@@ -1,5 +1,5 @@
 """The commands that need the daemon's dependencies: ``run``, ``list``, ``show``,
-``starting-offsets`` (imported by ``sidecar.cli`` when one of them is asked for)."""
+``starting-offsets``, ``doctor`` (imported by ``sidecar.cli`` when one of them is asked for)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import sys
 import anyio
 import msgspec
 
-from sidecar import report
+from sidecar import diagnosis, report
+from sidecar import doctor as doctor_checks
 from sidecar.app import Daemon
 from sidecar.config import Config
 from sidecar.errors import EXIT_FAILURE, EXIT_FORCED, EXIT_OK, EXIT_USAGE, ConfigError, SidecarError
@@ -83,6 +84,16 @@ def inspect(args: argparse.Namespace, config: Config) -> int:
         print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE
     return EXIT_OK
+
+
+def doctor(config: Config, *, as_json: bool) -> int:
+    """``doctor``: run every check, print them; 0 all ok, 1 a warning, 2 a failure."""
+    checks = anyio.run(doctor_checks.run_checks, config)
+    if as_json:
+        print(diagnosis.to_json(checks).decode())
+    else:
+        print(diagnosis.render(checks))
+    return diagnosis.exit_code(checks)
 
 
 async def _run(config: Config) -> int:

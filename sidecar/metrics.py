@@ -177,6 +177,13 @@ class Metrics:
             ["query"],
             registry=r,
         )
+        self.config_check = Gauge(
+            "checkpoint_sidecar_config_check",
+            "Result of each configuration check run at start (checkpoint-sidecar doctor): "
+            "1 ok, 0 warn or fail (the log says which, and what to do)",
+            ["check"],
+            registry=r,
+        )
         Info("checkpoint_sidecar_build", "Version of the daemon", registry=r).info(
             {"version": __version__}
         )
