@@ -1,10 +1,11 @@
 """Wiring: one task group runs the daemon's components; stopping follows a fixed order.
 
 Start:  admin endpoint (so /healthz answers at once) → wait for Redis → wait for the blob
-        container → write coalescer → lease renewer → flusher (its first tick recovers what
-        a previous run left pending) → idle-query retirement → socket server.
-        ``task_status.started()`` fires only when the socket is bound and Redis and the blob
-        store answered.
+        container → write coalescer → lease renewer → Kafka committer → config checks
+        (``sidecar.doctor``, once, in the background: logged and exported, never fatal) →
+        flusher (its first tick recovers what a previous run left pending) → idle-query
+        retirement → socket server. ``task_status.started()`` fires only when the socket is
+        bound and Redis and the blob store answered.
 Stop:   stop accepting → answer requests already read (drain) → stop the flush and Kafka
         commit loops, final flush of everything pending → final Kafka commit → release
         leases → close Redis, the store and Kafka. Each phase has its own deadline within
@@ -180,13 +181,13 @@ class Daemon:
                     tg.cancel_scope.cancel()
                     return
                 await self.durability.start()  # AOF check (may refuse to start), marker
-                tg.start_soon(self._doctor)  # in the background: never delays the start
                 await tg.start(self.durability.run)
                 await tg.start(self.coalescer.run)
                 await tg.start(self.leases.run)
                 await tg.start(self.lag.run)
                 if self.committer is not None:
-                    await tg.start(self.committer.run)
+                    await tg.start(self.committer.run)  # builds the TLS context once
+                tg.start_soon(self._doctor)  # in the background: never delays the start
                 await tg.start(self.flusher.run)
                 await tg.start(self.retirement.run)
                 await tg.start(self.server.run)
@@ -221,7 +222,12 @@ class Daemon:
         """``checkpoint-sidecar doctor``'s checks, once: logged and exported, never fatal."""
         try:
             with anyio.fail_after(DOCTOR_TIMEOUT_S):
-                checks = await doctor.run_checks(self.config, self.buffer, self.store)
+                checks = await doctor.run_checks(
+                    self.config,
+                    self.buffer,
+                    self.store,
+                    self.committer.client_options if self.committer else None,
+                )
         except Exception:  # a bug or a hung service must not stop the daemon
             log.exception("config checks did not complete")
             return

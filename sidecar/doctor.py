@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from sidecar import kafkaclient
@@ -31,14 +32,20 @@ log = logging.getLogger(__name__)
 #: At most this many consumer groups are described (one request each).
 MAX_GROUPS = 50
 _LEVELS = {"ok": logging.INFO, "warn": logging.WARNING, "fail": logging.ERROR}
+#: The Kafka client options to use (the daemon's, with its TLS context), None when unusable.
+KafkaOptions = Callable[[], dict[str, Any] | None]
 
 
 async def run_checks(
-    config: Config, buffer: RedisBuffer | None = None, store: BlobStore | None = None
+    config: Config,
+    buffer: RedisBuffer | None = None,
+    store: BlobStore | None = None,
+    kafka_options: KafkaOptions | None = None,
 ) -> list[Check]:
-    """Every check, in order Redis, storage, Kafka (when configured). ``buffer`` and
-    ``store``: the daemon's own clients (else opened and closed here). Never raises for what
-    a service answers: that is a check's result."""
+    """Every check, in order Redis, storage, Kafka (when configured). ``buffer``, ``store``
+    and ``kafka_options``: the daemon's own clients and Kafka client options (its TLS context
+    is built once; None from it: that failed, as logged), else made here. Never raises for
+    what a service answers: that is a check's result."""
     own_buffer = buffer is None
     if buffer is None:
         buffer = RedisBuffer(
@@ -51,7 +58,7 @@ async def run_checks(
         checks = await _redis(config, buffer)
         checks += await _storage(config, store)
         if config.kafka_bootstrap_servers:
-            checks += await _kafka(config, buffer)
+            checks += await _kafka(config, buffer, kafka_options)
     finally:
         if own_buffer:
             await buffer.aclose()
@@ -95,7 +102,9 @@ async def _storage(config: Config, store: BlobStore | None) -> list[Check]:
             await store.aclose()
 
 
-async def _kafka(config: Config, buffer: RedisBuffer) -> list[Check]:
+async def _kafka(
+    config: Config, buffer: RedisBuffer, kafka_options: KafkaOptions | None
+) -> list[Check]:
     where = str(config.kafka_bootstrap_servers)
     try:
         names = await buffer.known_names()
@@ -110,10 +119,15 @@ async def _kafka(config: Config, buffer: RedisBuffer) -> list[Check]:
         }
     )[:MAX_GROUPS]
     try:
-        context = await kafkaclient.ssl_context(config) if _tls(config) else None
-        options = kafkaclient.options(config, context)
-        described: Any = await kafkaclient.describe_groups(
-            options, groups, config.kafka_timeout_s, where
+        if kafka_options is None:
+            context = await kafkaclient.ssl_context(config) if _tls(config) else None
+            options: dict[str, Any] | None = kafkaclient.options(config, context)
+        else:
+            options = kafka_options()
+        described: Any = (
+            "the TLS context could not be built at start (the ERROR logged then says why)"
+            if options is None
+            else await kafkaclient.describe_groups(options, groups, config.kafka_timeout_s, where)
         )
     except SidecarError as exc:
         described = str(exc)

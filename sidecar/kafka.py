@@ -298,6 +298,13 @@ class KafkaCommitter:
         if consumer is not None:
             await kafkaclient.stop_quietly(consumer)
 
+    def client_options(self) -> dict[str, Any] | None:
+        """The client options of the commits (their TLS context, built once at start), for
+        other read-only clients (``sidecar.doctor``); None when that context failed."""
+        if self._tls and self._ssl_context is None:
+            return None
+        return kafkaclient.options(self._config, self._ssl_context)
+
     @property
     def _tls(self) -> bool:
         return self._config.kafka_security_protocol.endswith("SSL")
