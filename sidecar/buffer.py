@@ -155,7 +155,7 @@ class RedisBuffer:
             pipe = self._redis.pipeline(transaction=False)
             pipe.execute_command("EVALSHA", self._apply.sha, len(keys), *keys, *args)
             pipe.set(self.keys.probe, b"1", px=60_000)
-            node = self._topology.node_of(self._redis, self.keys.pending)
+            node = await self._topology.node_of(self._redis, self.keys.pending)
             pipe.execute_command("WAIT", self._min_replicas, self._wait_ms, **node)
             result, _, replicas = await pipe.execute(raise_on_error=False)
             if isinstance(result, rex.NoScriptError) and attempt == 1:
@@ -167,9 +167,8 @@ class RedisBuffer:
                 raise answer
         if self.on_replicas is not None:
             self.on_replicas(int(replicas))
-        if int(replicas) < self._min_replicas or node != self._topology.node_of(
-            self._redis, self.keys.pending
-        ):  # fewer replicas, or the slot moved meanwhile: WAIT may have asked another node
+        moved = node != await self._topology.node_of(self._redis, self.keys.pending)
+        if int(replicas) < self._min_replicas or moved:  # WAIT may have asked another node
             raise NotReplicated(
                 f"stored on the Redis primary but confirmed by {replicas} of "
                 f"SIDECAR_REDIS_MIN_REPLICAS={self._min_replicas} replica(s) within "
@@ -281,14 +280,13 @@ class RedisBuffer:
     # --- what an acknowledgement is worth (sidecar.durability) ------------------------------
 
     async def aof_enabled(self) -> bool | None:
-        """Redis' ``appendonly`` setting; None when CONFIG is refused (managed services)."""
+        """Whether the namespace's node has ``appendonly`` on, from ``INFO`` (which managed
+        services answer where ``CONFIG`` is disabled); None when INFO is refused too."""
         try:
-            with self._translate("CONFIG GET appendonly"):
-                reply = await self._redis.config_get("appendonly")
+            value = (await self.info()).get("aof_enabled")
         except BufferError_:
-            return None  # CONFIG disabled or renamed: unknown, not an outage
-        value = reply.get("appendonly") or reply.get(b"appendonly")  # type: ignore[call-overload]
-        return None if value is None else _text(value) == "yes"
+            return None  # INFO disabled or renamed: unknown, not an outage
+        return None if value is None else bool(int(value))
 
     async def marker(self) -> str | None:
         """The namespace's marker (see :meth:`set_marker`), None when Redis has none."""
@@ -303,17 +301,18 @@ class RedisBuffer:
 
     async def stored_batch(self, query_id: str) -> int | None:
         """The batch id Redis holds for ``query_id`` (None: unknown to Redis)."""
+        key = self.keys.query(query_id)
         with self._translate("batch read"):
-            value = await self._redis.hget(self.keys.query(query_id), "batch_id")
-        return int(_text(value)) if value is not None else None
+            value = await self._redis.hget(key, "batch_id")
+        return ckpt.decode_batch_id(value, key) if value is not None else None
 
     # --- what ``checkpoint-sidecar doctor`` reads (sidecar.doctor) ----------------------------
 
     async def info(self) -> dict[str, Any]:
         """``INFO`` of the namespace's node (version, role, persistence, memory): read-only,
         and answered where ``CONFIG`` is disabled (managed services)."""
-        node = self._topology.node_of(self._redis, self.keys.pending)
         with self._translate("INFO"):
+            node = await self._topology.node_of(self._redis, self.keys.pending)
             reply = await self._redis.execute_command("INFO", **node)
         return dict(reply)
 

@@ -24,7 +24,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from sidecar.buffer import RedisBuffer
-from sidecar.errors import ConfigError, SidecarError
+from sidecar.errors import ConfigError, CorruptRecord, SidecarError
 from sidecar.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,10 @@ class DurabilityWatch:
     async def _report_loss(self) -> None:
         lost: list[str] = []
         for query_id, (acked, label) in list(self._acked.items()):
-            stored = await self._buffer.stored_batch(query_id)
+            try:
+                stored = await self._buffer.stored_batch(query_id)
+            except CorruptRecord:
+                stored = None  # a damaged record holds no batch (the flusher reports it)
             try:
                 durable = await self._blob_batch(query_id)
             except SidecarError:

@@ -34,7 +34,7 @@ from sidecar import checkpoint as ckpt
 from sidecar.buffer import Outcome, RedisBuffer
 from sidecar.coalescer import PendingWrite, WriteCoalescer
 from sidecar.errors import NotReplicated, SidecarError
-from sidecar.floor import BlobFloors
+from sidecar.floor import NO_BLOB, BlobFloors
 from sidecar.metrics import Metrics
 from sidecar.protocol import (
     BadRequest,
@@ -49,9 +49,6 @@ from sidecar.protocol import (
 )
 
 log = logging.getLogger(__name__)
-
-#: The floor of an update when the daemon keeps none: Redis' batch alone decides.
-NO_FLOOR = -1
 
 #: The reply of one request, awaited after every request of the same read was begun.
 Reply = Callable[[], Awaitable[bytes]]
@@ -112,7 +109,7 @@ class RequestHandler:
 
     def _floor_of(self, query_id: str) -> int | None:
         if self._floors is None:
-            return NO_FLOOR
+            return NO_BLOB  # no floors kept: Redis' batch alone decides
         return self._floors.known(query_id)
 
     @staticmethod

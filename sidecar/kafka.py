@@ -179,6 +179,8 @@ class KafkaCommitter:
                 tg.start_soon(self._drop_consumer, group)
 
     async def _retire(self) -> None:
+        if not self._retiring:
+            return
         for name, group in list(self._groups.items()):
             if group.checkpoint.query_id in self._retiring and not group.dirty:
                 del self._groups[name]

@@ -96,14 +96,16 @@ async def open_consumer(group: str, client_options: dict[str, Any]) -> Any:
     try:
         await consumer.start()
     except BaseException:
-        await stop_quietly(consumer)
+        with anyio.CancelScope(shield=True):  # also when the start itself was cancelled
+            await stop_quietly(consumer)
         raise
     return consumer
 
 
 async def stop_quietly(consumer: Any) -> None:
-    """Stop a consumer within 2 s, shielded; closing a broken client never fails the caller."""
-    with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+    """Stop a consumer within 2 s (or the caller's tighter deadline: callers that must not
+    be cancelled shield themselves); closing a broken client never fails the caller."""
+    with anyio.move_on_after(2):
         try:
             await consumer.stop()
         except Exception as exc:

@@ -111,10 +111,12 @@ class Topology:
         )
         return primary
 
-    def node_of(self, client: Client, key: str) -> dict[str, Any]:
-        """Keyword arguments that send a keyless command (WAIT) to ``key``'s node: in a
-        cluster, ``target_nodes``; elsewhere nothing (there is one primary)."""
+    async def node_of(self, client: Client, key: str) -> dict[str, Any]:
+        """Keyword arguments that send a keyless command (WAIT, INFO) to ``key``'s node: in
+        a cluster, ``target_nodes`` (the slot map is read first if this is the client's
+        first call); elsewhere nothing (there is one primary)."""
         if isinstance(client, RedisCluster):
+            await client.initialize()  # a no-op once initialized
             return {"target_nodes": client.get_node_from_key(key)}
         return {}
 

@@ -9,6 +9,10 @@ afterwards, and no query's batch ever goes backwards.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -327,3 +331,21 @@ async def test_cluster_failover_keeps_every_ack_and_the_daemon_follows(
         await wait_until(lambda: all(load.acked[q] >= at_failover[q] + 5 for q in QUERIES), 60)
     for query in QUERIES:
         assert await stored_batch(promoted.url, ns, query) == load.acked[query]
+
+
+def test_doctor_reads_the_namespaces_own_node_of_a_cluster(
+    cluster: RedisClusterNodes, daemon_env: dict[str, str]
+) -> None:
+    """The first call of a fresh cluster client (doctor's INFO) finds the slot's node."""
+    env = {**daemon_env, "SIDECAR_REDIS_URL": cluster.url, "SIDECAR_REDIS_MODE": "cluster"}
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "doctor", "--json"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    writable = next(c for name, c in checks.items() if "writ" in name)
+    assert writable["status"] == "ok", writable

@@ -50,15 +50,20 @@ async def test_appendonly_on_is_exported(make_config: ConfigFactory) -> None:
         assert sample(daemon, "checkpoint_sidecar_redis_aof_enabled") == 1
 
 
-async def test_a_redis_that_refuses_config_leaves_the_gauge_absent(
-    make_config: ConfigFactory,
+@pytest.mark.parametrize(
+    ("renamed", "gauge"), [(["CONFIG"], 1.0), (["CONFIG", "INFO"], None)], ids=["config", "info"]
+)
+async def test_a_redis_that_refuses_config_is_read_through_info_else_the_gauge_is_absent(
+    make_config: ConfigFactory, renamed: list[str], gauge: float | None
 ) -> None:
-    with RedisServer(extra_args=["--rename-command", "CONFIG", ""]) as locked:
+    # Managed services often disable CONFIG but answer INFO; with neither, AOF is unknown.
+    args = [arg for command in renamed for arg in ("--rename-command", command, "")]
+    with RedisServer(extra_args=args) as locked:
         async with running_daemon(make_config(redis_url=locked.url)) as daemon:
             async with await SidecarClient.connect(daemon.config.socket_path) as c:
                 assert (await c.progress(kafka_progress(Q1, 1))).applied
             value = daemon.metrics.registry.get_sample_value("checkpoint_sidecar_redis_aof_enabled")
-    assert value is None
+    assert value == gauge
 
 
 def test_require_aof_refuses_to_start_on_a_redis_without_it(
