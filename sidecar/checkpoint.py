@@ -135,7 +135,17 @@ _decoder = msgspec.json.Decoder(Checkpoint)
 
 # --- the blob document ----------------------------------------------------------------------
 
-SCHEMA_VERSION = 1
+#: 2 added ``history``; version 1 documents (no history) are still read.
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+#: Most bytes a document's ``history`` may take (its JSON). A history that would be larger is
+#: thinned: the oldest entries are dropped until it fits (:func:`carry_history`). One entry is
+#: about ``HISTORY_ENTRY_BYTES`` plus its end offsets' JSON (a Kafka partition with an offset
+#: below 10^10 takes about 17 bytes), so ``min(SIDECAR_HISTORY_SIZE, HISTORY_MAX_BYTES //
+#: entry)`` entries are kept: all 20 up to about 700 partitions per query.
+HISTORY_MAX_BYTES = 256 * 1024
+HISTORY_ENTRY_BYTES = 120
 
 
 class Writer(msgspec.Struct, frozen=True):
@@ -146,17 +156,38 @@ class Writer(msgspec.Struct, frozen=True):
     instance_id: str
 
 
+class HistoryEntry(msgspec.Struct, frozen=True):
+    """An earlier flushed checkpoint of the query: enough to resume from it."""
+
+    batch_id: int
+    #: Spark's progress timestamp of that batch.
+    timestamp: str
+    #: When that checkpoint was written to the blob (UTC).
+    written_at: str
+    #: Each source's ``end_offset``, in the order of the query's sources at the time.
+    end_offsets: tuple[Any, ...]
+
+
 class CheckpointDocument(Checkpoint, frozen=True):
-    """The JSON document stored in a query's blob (schema version 1): the checkpoint's
-    fields plus these."""
+    """The JSON document stored in a query's blob: the checkpoint's fields plus these.
+
+    ``history``: the earlier flushed checkpoints (schema version 2), newest first, each
+    older than ``batch_id``; empty in a version 1 document or with ``SIDECAR_HISTORY_SIZE=0``.
+    """
 
     schema_version: int
     checkpoint_id: str
     writer: Writer
     written_at: str
+    history: tuple[HistoryEntry, ...] = ()
 
     @classmethod
-    def of(cls, checkpoint: Checkpoint, writer: Writer) -> CheckpointDocument:
+    def of(
+        cls,
+        checkpoint: Checkpoint,
+        writer: Writer,
+        history: tuple[HistoryEntry, ...] = (),
+    ) -> CheckpointDocument:
         """A new document (fresh checkpoint id, written now) for ``checkpoint``."""
         return cls(
             **msgspec.structs.asdict(checkpoint),
@@ -164,11 +195,46 @@ class CheckpointDocument(Checkpoint, frozen=True):
             checkpoint_id=uuid.uuid4().hex,
             writer=writer,
             written_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
+            history=history,
         )
 
     def checkpoint(self) -> Checkpoint:
-        """The checkpoint alone, without the document's own fields."""
+        """The checkpoint alone, without the document's own fields (nor its history)."""
         return Checkpoint(**{f: getattr(self, f) for f in Checkpoint.__struct_fields__})
+
+    def entry(self) -> HistoryEntry:
+        """This document's own checkpoint as a history entry."""
+        ends = tuple(s.end_offset for s in self.sources)
+        return HistoryEntry(self.batch_id, self.timestamp, self.written_at, ends)
+
+    def retained(self) -> list[HistoryEntry]:
+        """Every checkpoint this document can resume from, newest first: its own, then its
+        history (entries not older than its own batch, or repeated, are left out: a history
+        edited by hand never offers a position newer than the document's)."""
+        out = [self.entry()]
+        for item in sorted(self.history, key=lambda h: h.batch_id, reverse=True):
+            if item.batch_id < out[-1].batch_id:
+                out.append(item)
+        return out
+
+
+def carry_history(
+    previous: CheckpointDocument | None, batch_id: int, size: int
+) -> tuple[tuple[HistoryEntry, ...], int]:
+    """The history of the document that replaces ``previous`` with ``batch_id``: ``previous``
+    itself, then its own history, newest first, at most ``size`` entries older than
+    ``batch_id``, within :data:`HISTORY_MAX_BYTES`. Also how many entries were dropped to fit
+    that cap (0 when ``size`` alone decided)."""
+    if previous is None or size <= 0:
+        return (), 0
+    kept = [e for e in previous.retained() if e.batch_id < batch_id][:size]
+    used, fits = 2, 0
+    for e in kept:
+        used += len(_encoder.encode(e)) + 1
+        if used > HISTORY_MAX_BYTES:
+            break
+        fits += 1
+    return tuple(kept[:fits]), len(kept) - fits
 
 
 _doc_decoder = msgspec.json.Decoder(CheckpointDocument)
@@ -181,7 +247,8 @@ def encode_document(doc: CheckpointDocument) -> bytes:
 def decode_document(
     data: bytes, blob_name: str = "blob", query_id: str | None = None
 ) -> CheckpointDocument | None:
-    """Parse a blob's body; None for the empty body of a freshly created blob.
+    """Parse a blob's body (schema version 1 or 2); None for the empty body of a freshly
+    created blob.
 
     ``query_id``: the query the blob belongs to (its name says so); a document of another
     query is refused.
@@ -196,6 +263,14 @@ def decode_document(
         doc = _doc_decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise CorruptRecord("blob", blob_name, f"is not a checkpoint document ({exc})") from exc
+    if doc.schema_version not in READABLE_VERSIONS:
+        raise CorruptRecord(
+            "blob",
+            blob_name,
+            f"has schema version {doc.schema_version}, which this checkpoint-sidecar does not "
+            f"read (it reads {', '.join(map(str, READABLE_VERSIONS))}): run the version that "
+            "wrote it",
+        )
     if query_id is not None and doc.query_id != query_id:
         raise CorruptRecord(
             "blob", blob_name, f"holds a checkpoint of query {doc.query_id!r}, not {query_id!r}"

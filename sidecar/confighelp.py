@@ -38,6 +38,8 @@ HELP = {
         "container": "blob container for checkpoints (created if missing)",
         "lease_duration_s": "blob lease duration, seconds (15-60); renewed every third of it",
         "write_timeout_s": "timeout of one blob call (write, lease, read), seconds",
+        "history_size": "earlier flushed checkpoints each blob keeps for rewinding, newest "
+        "first (0: none); thinned to fit 256 KiB for very wide queries",
     },
     "flushing and acknowledgements": {
         "count_threshold": "flush a query after this many applied updates",

@@ -13,6 +13,11 @@ exponential backoff and jitter (``sidecar.backoff``; errors that are not ``retri
 the full cap and are logged as errors); nothing is dropped, because the pending state in Redis is
 cleared only after the write succeeded, and only as far as the written snapshot covered.
 
+Each document also carries the query's earlier flushed checkpoints (``history``, at most
+``history_size``, newest first), taken from the document the blob holds — the one read after
+acquiring the lease, or the one this daemon last wrote under it (``QueryLease.blob_document``)
+— so keeping history costs no extra blob read or write.
+
 At start the first tick flushes whatever a previous run left pending (crash recovery); at
 stop :meth:`final_flush` flushes everything owned, whatever the thresholds.
 
@@ -87,6 +92,8 @@ class Flusher:
         self._recovering: set[str] | None = None
         #: Queries with updates pending (or an unreadable record) at the last snapshot read.
         self._pending: set[str] = set()
+        #: Queries whose history was last thinned to fit ``HISTORY_MAX_BYTES`` (logged once).
+        self._thinned: set[str] = set()
         self._loop = anyio.CancelScope()
         self._loop_done = anyio.Event()
 
@@ -125,6 +132,7 @@ class Flusher:
         """Drop what is kept about a retired query (it is recreated if it comes back)."""
         self._durable.pop(query_id, None)
         self._backoff.forget(query_id)
+        self._thinned.discard(query_id)
         if self._recovering:
             self._recovering.discard(query_id)
 
@@ -235,10 +243,34 @@ class Flusher:
         if not quarantined:
             del self._quarantined[query_id]
 
-    def _blob_holds(self, lease: QueryLease, query_id: str, batch_id: int) -> None:
-        lease.record_blob(batch_id)
+    def _blob_holds(
+        self, lease: QueryLease, query_id: str, batch_id: int, doc: ckpt.CheckpointDocument | None
+    ) -> None:
+        lease.record_blob(batch_id, doc)
         if self._floors is not None:
             self._floors.raise_to(query_id, batch_id)
+
+    def _document(
+        self, checkpoint: ckpt.Checkpoint, previous: ckpt.CheckpointDocument | None
+    ) -> ckpt.CheckpointDocument:
+        """The document replacing ``previous`` (what the blob holds) with ``checkpoint``."""
+        size = self._config.history_size
+        history, thinned = ckpt.carry_history(previous, checkpoint.batch_id, size)
+        query_id = checkpoint.query_id
+        if thinned and query_id not in self._thinned:
+            self._thinned.add(query_id)
+            log.warning(
+                "flush query=%s batch=%d: history thinned to %d of %d checkpoints to stay "
+                "within %d bytes (wide offsets); lower SIDECAR_HISTORY_SIZE to silence this",
+                checkpoint.label,
+                checkpoint.batch_id,
+                len(history),
+                len(history) + thinned,
+                ckpt.HISTORY_MAX_BYTES,
+            )
+        elif not thinned:
+            self._thinned.discard(query_id)
+        return ckpt.CheckpointDocument.of(checkpoint, self._writer, history)
 
     async def _flush(self, q: PendingQuery) -> bool:
         """Flush one query. False when it failed and must be retried (not: not owned, or a
@@ -257,7 +289,7 @@ class Flusher:
                 doc = await self._store.read(q.query_id)
                 self._readable(q.query_id, "blob")
                 blob_batch_id = doc.batch_id if doc is not None else -1
-                self._blob_holds(lease, q.query_id, blob_batch_id)
+                self._blob_holds(lease, q.query_id, blob_batch_id, doc)
             if checkpoint.batch_id <= blob_batch_id:
                 durable = blob_batch_id
                 result = "skipped"
@@ -268,14 +300,15 @@ class Flusher:
                     durable,
                 )
             else:
-                body = ckpt.encode_document(ckpt.CheckpointDocument.of(checkpoint, self._writer))
+                doc = self._document(checkpoint, lease.blob_document)
+                body = ckpt.encode_document(doc)
                 started = time.perf_counter()
                 await self._store.write(
                     q.query_id, body, lease_id=self._leases.lease_id, query_name=checkpoint.name
                 )
                 m.flush_seconds.observe(time.perf_counter() - started)
                 durable = checkpoint.batch_id
-                self._blob_holds(lease, q.query_id, durable)
+                self._blob_holds(lease, q.query_id, durable, doc)
                 result = "ok"
             left = await self._buffer.mark_flushed(q, durable)
         except LeaseLost as exc:

@@ -45,6 +45,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from sidecar.backoff import Backoff
 from sidecar.blobstore import BlobStore
+from sidecar.checkpoint import CheckpointDocument
 from sidecar.errors import LeaseConflict, LeaseLost, SidecarError
 from sidecar.metrics import Metrics
 
@@ -97,13 +98,18 @@ class QueryLease:
     #: Batch id the blob holds, read after each acquisition (-1: empty blob); None: unknown.
     #: Only valid while the lease is held without a gap: reset on every (re)acquisition.
     blob_batch_id: int | None = field(default=None)
+    #: The document the blob holds (None: empty, or unknown), kept with ``blob_batch_id`` so
+    #: the next write carries its history forward without reading the blob again.
+    blob_document: CheckpointDocument | None = field(default=None)
     #: Serialises acquire, release and the loop's state changes of this lease (a flush tick,
     #: the final flush and the lease loop may overlap).
     lock: anyio.Lock = field(default_factory=anyio.Lock)
 
-    def record_blob(self, batch_id: int) -> None:
-        """What the blob holds now: read after acquiring, or just written under this lease."""
+    def record_blob(self, batch_id: int, document: CheckpointDocument | None = None) -> None:
+        """What the blob holds now: read after acquiring, or just written under this lease
+        (``document``: when known, the document itself)."""
         self.blob_batch_id = batch_id
+        self.blob_document = document
 
     def to(self, new: LeaseState, reason: str) -> None:
         if new not in _ALLOWED[self.state]:
@@ -200,7 +206,8 @@ class LeaseManager:
         lease.valid_until = started + self._duration_s - EXPIRY_MARGIN_S
         lease.renew_at = started + self.renew_every_s
         lease.failures = 0
-        lease.blob_batch_id = None  # someone else may have written while we did not own it
+        # Someone else may have written while we did not own it.
+        lease.blob_batch_id, lease.blob_document = None, None
         lease.to(LeaseState.HELD, f"acquired for {self._duration_s}s")
         self._metrics.lease_held.labels(lease.label).set(1)
         return lease

@@ -41,6 +41,7 @@ DEFAULTS = {
     "flush_interval_s": 1.0,
     "flush_concurrency": 8,
     "write_timeout_s": 10.0,
+    "history_size": 20,
     "ack_mode": "redis",
     "blob_ack_timeout_s": 30.0,
     "query_idle_s": 3600.0,

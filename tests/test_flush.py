@@ -131,7 +131,7 @@ async def test_blob_document_holds_offsets_and_writer(make_config: ConfigFactory
             assert (await c.progress(progress)).applied
         doc = await wait_blob_batch(store, QID, 41)
         assert doc.writer.instance_id == daemon.instance_id
-    assert doc.schema_version == 1
+    assert doc.schema_version == 2
     assert (doc.query_id, doc.run_id, doc.name) == (QID, progress["runId"], progress["name"])
     assert doc.timestamp == progress["timestamp"]
     source = progress["sources"][0]

@@ -106,7 +106,7 @@ def test_list_and_show_read_the_blobs(
     assert 'end    {"events":{"0":400,"1":401,"2":402}}' in shown.stdout
 
     doc = json.loads(cli(env, "show", QID, "--json").stdout)
-    assert doc["batch_id"] == 3 and doc["schema_version"] == 1
+    assert doc["batch_id"] == 3 and doc["schema_version"] == 2
 
     resume = cli(env, "starting-offsets", "orders-to-delta")
     assert resume.returncode == 0, resume.stderr
