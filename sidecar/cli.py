@@ -103,14 +103,42 @@ def build_parser() -> argparse.ArgumentParser:
     shower.add_argument("query", metavar="QUERY", help="query name or query id")
     shower.add_argument("--json", action="store_true", help="machine-readable output")
     _add_settings(shower)
+    history = sub.add_parser(
+        "history",
+        help="list the checkpoints a query's blob retains, to rewind to one of them",
+        description="List the checkpoints one query's blob retains (by name or id), newest "
+        "first: the current one, then up to SIDECAR_HISTORY_SIZE earlier flushed ones (batch "
+        "id, Spark timestamp, when written, each source's end offset). `starting-offsets "
+        "QUERY --batch N` or `--before TIME` resumes from one of them. Reads the blobs "
+        "directly.",
+    )
+    history.add_argument("query", metavar="QUERY", help="query name or query id")
+    history.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(history)
     resume = sub.add_parser(
         "starting-offsets",
         help="print the Kafka startingOffsets JSON to resume a query from its saved position",
         description="Print the startingOffsets JSON for a query's Kafka source, built from "
-        "the saved end offsets (the next offsets to read: no gap, no overlap). Reads the "
-        "blobs directly.",
+        "the saved end offsets (the next offsets to read: no gap, no overlap); with --batch "
+        "or --before, those of an earlier checkpoint the blob retains (see `history`). Reads "
+        "the blobs directly.",
     )
     resume.add_argument("query", metavar="QUERY", help="query name or query id")
+    when = resume.add_mutually_exclusive_group()
+    when.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="rewind: the retained checkpoint of batch N",
+    )
+    when.add_argument(
+        "--before",
+        default=None,
+        metavar="TIME",
+        help="rewind: the newest retained checkpoint whose Spark timestamp is before TIME "
+        "(ISO 8601, e.g. 2026-11-21T10:00:00Z; no zone means UTC)",
+    )
     resume.add_argument(
         "--source",
         type=int,
@@ -184,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "doctor":
         code: int = commands.doctor(config, as_json=args.json)
         return code
-    if args.command in ("list", "show", "starting-offsets"):
+    if args.command in ("list", "show", "history", "starting-offsets"):
         result: int = commands.inspect(args, config)
         return result
     if "SIDECAR_NAMESPACE" not in os.environ and args.namespace is None:

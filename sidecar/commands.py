@@ -1,5 +1,6 @@
 """The commands that need the daemon's dependencies: ``run``, ``list``, ``show``,
-``starting-offsets``, ``doctor`` (imported by ``sidecar.cli`` when one of them is asked for)."""
+``history``, ``starting-offsets``, ``doctor`` (imported by ``sidecar.cli`` when one of them
+is asked for)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from sidecar import doctor as doctor_checks
 from sidecar.app import Daemon
 from sidecar.config import Config
 from sidecar.errors import EXIT_FAILURE, EXIT_FORCED, EXIT_OK, EXIT_USAGE, ConfigError, SidecarError
-from sidecar.offsets import kafka_starting_offsets
+from sidecar.offsets import kafka_starting_offsets, rewind
 
 log = logging.getLogger("sidecar")
 
@@ -55,7 +56,8 @@ def _own_errors(exc: BaseException) -> list[SidecarError] | None:
 
 
 def inspect(args: argparse.Namespace, config: Config) -> int:
-    """``list``, ``show``, ``starting-offsets``: read the checkpoints from the blobs."""
+    """``list``, ``show``, ``history``, ``starting-offsets``: read the checkpoints from the
+    blobs."""
     try:
         if args.command == "list":
             infos = anyio.run(report.list_checkpoints, config)
@@ -68,15 +70,22 @@ def inspect(args: argparse.Namespace, config: Config) -> int:
                     raise ConfigError(f"--partitions {item!r}: expected TOPIC=N, e.g. events=12")
                 partitions[topic] = int(count)
             info = anyio.run(report.find_checkpoint, config, args.query)
-            assert info.document is not None
+            doc = info.document
+            assert doc is not None
+            rewound = args.batch is not None or args.before is not None
             print(
                 kafka_starting_offsets(
-                    msgspec.to_builtins(info.document.checkpoint()),
+                    rewind(doc, batch=args.batch, before=args.before)
+                    if rewound
+                    else msgspec.to_builtins(doc.checkpoint()),
                     source=args.source,
                     partitions=partitions,
                     missing=args.missing,
                 )
             )
+        elif args.command == "history":
+            info = anyio.run(report.find_checkpoint, config, args.query)
+            report.print_history(info, as_json=args.json)
         else:
             info = anyio.run(report.find_checkpoint, config, args.query)
             report.print_show(info, as_json=args.json)

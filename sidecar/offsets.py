@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, Literal
 
-from sidecar.checkpoint import Checkpoint
+from sidecar.checkpoint import Checkpoint, CheckpointDocument, HistoryEntry
 from sidecar.errors import SidecarError
 
 Missing = Literal["earliest", "latest", "error"]
@@ -142,6 +143,90 @@ def kafka_starting_offsets(
         for t, parts in sorted(offsets.items())
     }
     return json.dumps(ordered, separators=(",", ":"))
+
+
+def parse_time(value: str | datetime) -> datetime:
+    """An ISO 8601 time (``2026-11-21T10:00:00Z``; without a zone: UTC), or a datetime.
+
+    Raises:
+        ResumeError: not an ISO 8601 time.
+    """
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ResumeError(
+                f"{value!r} is not an ISO 8601 time; e.g. 2026-11-21T10:00:00Z"
+            ) from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _spark_time(entry: HistoryEntry) -> datetime | None:
+    try:
+        return parse_time(entry.timestamp)
+    except ResumeError:
+        return None
+
+
+def describe_retained(retained: list[HistoryEntry]) -> str:
+    """What a document retains, for messages: its batches (newest first) and their times."""
+    ids = [str(e.batch_id) for e in retained]
+    shown = ", ".join(ids if len(ids) <= 12 else [*ids[:6], "…", *ids[-3:]])
+    return (
+        f"{len(ids)} checkpoint(s) retained: batches {shown} (Spark timestamps "
+        f"{retained[-1].timestamp} to {retained[0].timestamp})"
+    )
+
+
+def rewind(
+    doc: CheckpointDocument, *, batch: int | None = None, before: str | datetime | None = None
+) -> dict[str, Any]:
+    """A retained checkpoint of ``doc`` (its own or one of its history), as ``get`` returns a
+    checkpoint, with each source's ``end_offset`` of that batch.
+
+    Args:
+        batch: exactly this batch id.
+        before: the newest checkpoint whose Spark timestamp (the batch's trigger time) is
+            earlier than this time (ISO 8601 text, no zone meaning UTC, or a datetime).
+        Neither: the document's own (latest) checkpoint.
+
+    Raises:
+        ResumeError: both given, a bad time, or no retained checkpoint matches (the message
+            says what is retained).
+    """
+    if batch is not None and before is not None:
+        raise ResumeError("pass batch or before, not both")
+    retained = doc.retained()
+    if before is not None:
+        limit = parse_time(before)
+        found = next((e for e in retained if (t := _spark_time(e)) and t < limit), None)
+        asked = f"no checkpoint before {limit.isoformat()}"
+    else:
+        found = next((e for e in retained if batch in (None, e.batch_id)), None)
+        asked = f"batch {batch} is not retained"
+    if found is None:
+        raise ResumeError(
+            f"{asked} for query {doc.label!r}: {describe_retained(retained)}; "
+            "SIDECAR_HISTORY_SIZE says how many flushed checkpoints a blob keeps"
+        )
+    sources = [
+        {
+            "description": doc.sources[i].description if i < len(doc.sources) else f"source {i}",
+            "start_offset": None,
+            "end_offset": end,
+            "latest_offset": None,
+        }
+        for i, end in enumerate(found.end_offsets)
+    ]
+    return {
+        "query_id": doc.query_id,
+        "run_id": doc.run_id,
+        "name": doc.name,
+        "batch_id": found.batch_id,
+        "timestamp": found.timestamp,
+        "written_at": found.written_at,
+        "sources": sources,
+    }
 
 
 def group_name(template: str, checkpoint: Checkpoint, namespace: str) -> str:

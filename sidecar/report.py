@@ -1,4 +1,5 @@
-"""Read side for people and scripts: ``checkpoint-sidecar list`` and ``show QUERY``.
+"""Read side for people and scripts: ``checkpoint-sidecar list``, ``show QUERY`` and
+``history QUERY``.
 
 Reads the blobs directly (no daemon, no Redis needed), so it works when the daemon is down —
 which is when you need to know where a query stood. A blob that cannot be read is never
@@ -129,3 +130,28 @@ def print_show(info: BlobInfo, *, as_json: bool, out: TextIO = sys.stdout) -> No
             f"      latest {msgspec.json.encode(s.latest_offset).decode()}",
         ]
     out.write("\n".join(lines) + "\n")
+
+
+def print_history(info: BlobInfo, *, as_json: bool, out: TextIO = sys.stdout) -> None:
+    """The checkpoints the query's blob retains, newest first: its own, then its history.
+    ``--batch`` / ``--before`` of ``starting-offsets`` resume from any of them."""
+    doc = info.document
+    assert doc is not None
+    retained = doc.retained()
+    if as_json:
+        rows = [{**msgspec.to_builtins(e), "current": i == 0} for i, e in enumerate(retained)]
+        head = {"query_id": doc.query_id, "name": doc.name, "schema_version": doc.schema_version}
+        out.write(msgspec.json.encode({**head, "checkpoints": rows}).decode() + "\n")
+        return
+    out.write(
+        f"query {doc.name or '-'} ({doc.query_id}): {len(retained)} checkpoint(s) retained, "
+        "newest first\n"
+    )
+    table = [("BATCH", "SPARK TIMESTAMP", "WRITTEN AT", "END OFFSETS")]
+    for i, e in enumerate(retained):
+        ends = "; ".join(msgspec.json.encode(o).decode() for o in e.end_offsets)
+        table.append((str(e.batch_id), e.timestamp, e.written_at, ends + (" (current)" * (i == 0))))
+    widths = [max(len(row[c]) for row in table) for c in range(3)]
+    for row in table:
+        cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
+        out.write("  ".join([*cells, row[-1]]).rstrip() + "\n")

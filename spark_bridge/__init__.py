@@ -12,7 +12,8 @@ Either way it posts every finished micro-batch's offsets to the daemon, and::
     spark.readStream.format("kafka").option(
         "startingOffsets", spark_bridge.starting_offsets("orders-to-delta"))
 
-resumes a query from its last saved position when Spark's own checkpoint is gone.
+resumes a query from its last saved position when Spark's own checkpoint is gone
+(``batch=N`` or ``before="2026-11-21T10:00:00Z"``: from an earlier one the blob retains).
 """
 
 from __future__ import annotations
@@ -21,14 +22,17 @@ import logging
 import os
 import socket
 import time
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from sidecar.offsets import Missing, ResumeError, kafka_starting_offsets
+from sidecar.offsets import Missing, ResumeError, kafka_starting_offsets, rewind
 from spark_bridge.handle import BridgeError, BridgeHandle, SenderStats
 from spark_bridge.jvm import LISTENER_CLASS, configure, listener_jar
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from sidecar.checkpoint import CheckpointDocument
 
 __all__ = [
     "LISTENER_CLASS",
@@ -127,8 +131,20 @@ def load_checkpoint(
         found = _get_from_daemon(path, timeout_s, **{field: query})
         if found is not None:
             return found
-    import anyio
     import msgspec
+
+    checkpoint: dict[str, Any] = msgspec.to_builtins(_read_blob(query).checkpoint())
+    return checkpoint
+
+
+def _read_blob(query: str) -> CheckpointDocument:
+    """The blob document of ``query`` (id, else the newest of that name), read directly with
+    the daemon's environment variables (needs the daemon's dependencies).
+
+    Raises:
+        ResumeError: none, or unreadable (the message names it and what to do).
+    """
+    import anyio
 
     from sidecar.config import Config
     from sidecar.errors import SidecarError
@@ -139,8 +155,7 @@ def load_checkpoint(
     except SidecarError as exc:
         raise ResumeError(str(exc)) from exc
     assert info.document is not None
-    checkpoint: dict[str, Any] = msgspec.to_builtins(info.document.checkpoint())
-    return checkpoint
+    return info.document
 
 
 def _get_from_daemon(path: str, timeout_s: float, **lookup: str) -> dict[str, Any] | None:
@@ -185,6 +200,8 @@ def starting_offsets(
     source: int | None = None,
     partitions: dict[str, int] | None = None,
     missing: Missing = "earliest",
+    batch: int | None = None,
+    before: str | datetime | None = None,
 ) -> str:
     """The Kafka ``startingOffsets`` JSON to resume ``query`` (id or name) where it stopped.
 
@@ -192,9 +209,23 @@ def starting_offsets(
     Partitions absent from the checkpoint (see ``partitions``) start at ``missing``:
     "earliest" (default; nothing skipped), "latest", or "error".
     See :func:`sidecar.offsets.kafka_starting_offsets`.
+
+    Rewind: ``batch=N`` resumes after batch N, ``before=TIME`` (ISO 8601 text, no zone
+    meaning UTC, or a datetime) after the newest batch whose Spark timestamp is earlier, each
+    from the checkpoints the query's blob retains (``checkpoint-sidecar history QUERY``;
+    ``SIDECAR_HISTORY_SIZE``), read directly from the blob store as :func:`load_checkpoint`'s
+    fallback does.
+
+    Raises:
+        ResumeError: no checkpoint; the batch or time asked for is not retained (the message
+            says what is); or see :func:`sidecar.offsets.kafka_starting_offsets`.
     """
+    if batch is None and before is None:
+        checkpoint = load_checkpoint(query, socket_path)
+    else:
+        checkpoint = rewind(_read_blob(query), batch=batch, before=before)
     return kafka_starting_offsets(
-        load_checkpoint(query, socket_path),
+        checkpoint,
         source=source,
         partitions=partitions,
         missing=missing,
