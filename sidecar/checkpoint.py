@@ -143,7 +143,7 @@ READABLE_VERSIONS = (1, 2)
 #: thinned: the oldest entries are dropped until it fits (:func:`carry_history`). One entry is
 #: about ``HISTORY_ENTRY_BYTES`` plus its end offsets' JSON (a Kafka partition with an offset
 #: below 10^10 takes about 17 bytes), so ``min(SIDECAR_HISTORY_SIZE, HISTORY_MAX_BYTES //
-#: entry)`` entries are kept: all 20 up to about 700 partitions per query.
+#: entry)`` entries are kept: all 20 up to about 750 partitions per query.
 HISTORY_MAX_BYTES = 256 * 1024
 HISTORY_ENTRY_BYTES = 120
 
