@@ -147,7 +147,9 @@ def test_config_command_redacts_the_redis_password() -> None:
     assert "SIDECAR_REDIS_URL=redis://:***@db:6379/0" in result.stdout
 
 
-@pytest.mark.parametrize("command", [["run"], ["list"], ["show", "q"], ["starting-offsets", "q"]])
+@pytest.mark.parametrize(
+    "command", [["run"], ["list"], ["show", "q"], ["history", "q"], ["starting-offsets", "q"]]
+)
 def test_commands_that_use_the_blobs_exit_2_without_a_blob_store(
     command: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
