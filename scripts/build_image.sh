@@ -24,25 +24,9 @@ CA_BUNDLE="${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 DEBIAN_SECURITY_MIRROR="${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
 
-log() { printf '[image] %s\n' "$*"; }
-die() { printf '[image] ERROR: %s\n' "$*" >&2; exit 1; }
-
-APT_UPDATED=""
-apt_install() {
-    # Install Debian packages when we can; otherwise say exactly what to do.
-    if [ "$(id -u)" != "0" ] || ! command -v apt-get >/dev/null 2>&1; then
-        die "missing: $*. Install it (Debian/Ubuntu: 'sudo apt-get install -y $*') and re-run."
-    fi
-    if [ -z "$APT_UPDATED" ]; then
-        log "apt-get update"
-        apt-get update -qq -o DPkg::Lock::Timeout=300 >/dev/null
-        APT_UPDATED=1
-    fi
-    log "apt-get install $*"
-    # Wait for another apt (a parallel `make setup`) instead of failing on its lock.
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        -o DPkg::Lock::Timeout=300 "$@" >/dev/null
-}
+LOG_TAG=image
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 
 # --- the engine -------------------------------------------------------------------------
 if [ -z "${ENGINE:-}" ]; then
@@ -63,7 +47,7 @@ case "$ENGINE" in
             command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
         done
         # conmon and the containers-common files come with podman; uidmap is for mmdebstrap.
-        [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}" uidmap
+        [ ${#missing[@]} -eq 0 ] || apt_install --no-install-recommends "${missing[@]}" uidmap
         engine_cmd=(bash scripts/podman.sh)
         ;;
     *) die "ENGINE must be docker or podman, not '$ENGINE'" ;;
@@ -79,7 +63,7 @@ if [ "$ENGINE" = podman ] && [[ "${base%%/*}" != *[.:]* ]] && [ "${base%%/*}" !=
 fi
 
 build_local_base() {
-    command -v mmdebstrap >/dev/null 2>&1 || apt_install mmdebstrap uidmap
+    command -v mmdebstrap >/dev/null 2>&1 || apt_install --no-install-recommends mmdebstrap uidmap
     local work
     work="$(mktemp -d)"
     # shellcheck disable=SC2064  # expand $work now

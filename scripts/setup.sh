@@ -21,23 +21,9 @@ VENV=".venv"
 VENV35=".venv-spark35"
 TOOLS=".tools"
 
-log() { printf '[setup] %s\n' "$*"; }
-die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
-
-APT_UPDATED=""
-apt_install() {
-    # Install Debian packages when we can; otherwise say exactly what to do.
-    if [ "$(id -u)" != "0" ] || ! command -v apt-get >/dev/null 2>&1; then
-        die "missing: $*. Install it (Debian/Ubuntu: 'sudo apt-get install -y $*') and re-run."
-    fi
-    if [ -z "$APT_UPDATED" ]; then
-        log "apt-get update"
-        apt-get update -qq >/dev/null
-        APT_UPDATED=1
-    fi
-    log "apt-get install $*"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
-}
+LOG_TAG=setup
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 
 # --- Python --------------------------------------------------------------------------
 "$PYTHON" - <<'PY' || die "Python >= 3.11 is required (found $("$PYTHON" --version 2>&1)); set PYTHON=/path/to/python3.11"
