@@ -11,12 +11,11 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from signal import SIGKILL
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import redis
 
-from tests.services import RedisServer, ServiceError, _Process, free_port
+from tests.services import RedisServer, Service, ServiceError, _Process, free_port
 
 #: Fast failure detection: a dead primary is replaced within a few seconds.
 NODE_TIMEOUT_MS = 1000
@@ -43,7 +42,7 @@ def _command(port: int, *args: str) -> Any:
     return _client(port).execute_command(*args)  # type: ignore[no-untyped-call]
 
 
-class RedisClusterNodes:
+class RedisClusterNodes(Service):
     """A Redis Cluster of ``masters`` primaries (3 at least), each with ``replicas`` replicas."""
 
     def __init__(self, masters: int = 3, replicas: int = 0) -> None:
@@ -180,22 +179,6 @@ class RedisClusterNodes:
         for node in self.nodes:
             node.close()
 
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 class Sentinel(_Process):
     """One ``redis-server --sentinel`` watching ``master_name`` at ``primary_port``."""
@@ -225,7 +208,7 @@ class Sentinel(_Process):
         return int(host_port[1])
 
 
-class RedisSentinelSet:
+class RedisSentinelSet(Service):
     """A primary with one replica, watched by one sentinel (quorum 1): fails over in seconds."""
 
     master_name = "sidecar-buffer"
@@ -284,19 +267,3 @@ class RedisSentinelSet:
             self.sentinel.close()
         self.primary.close()
         self.replica.close()
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -72,7 +72,34 @@ def _wait_for_port(
     raise ServiceError(f"{what} did not open port {port} within {timeout_s}s; see {log}")
 
 
-class _Process:
+class Service:
+    """Something a test starts and closes: ``with`` starts it and closes it afterwards, and a
+    start that fails closes what it had started (processes, temp dirs)."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class _Process(Service):
     """A child process with a temp dir, a log file and a fixed port (kept across restarts)."""
 
     name = "service"
@@ -123,18 +150,6 @@ class _Process:
         """Stop and delete the data dir."""
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class RedisServer(_Process):
@@ -288,7 +303,7 @@ class KafkaBroker(_Process):
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-class DaemonProcess:
+class DaemonProcess(Service):
     """``python -m sidecar run`` as a child process: the one way the tests, the benchmarks,
     the demo and ``make run`` start the daemon.
 
@@ -428,14 +443,6 @@ class DaemonProcess:
             return " (its output went to this terminal)"
         return f"; its log {self.log_path} ends:\n{self.log()[-LOG_TAIL_CHARS:]}"
 
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def close(self) -> None:
+        """Stop the daemon (its log file stays)."""
         self.stop()
