@@ -28,6 +28,7 @@ from sidecar.keys import Keys
 from sidecar.protocol import RETRIABLE_CODES
 from tests.helpers import (
     blob_reader,
+    eventually,
     running_daemon,
     sample,
     scrape,
@@ -115,15 +116,9 @@ async def under_load(config: Config, queries: list[str]) -> AsyncIterator[Load]:
     load = Load(config.socket_path)
     async with anyio.create_task_group() as tg:
         tg.start_soon(load.run, queries)
-        await wait_until(lambda: all(load.acked.get(q, 0) >= 3 for q in queries))
+        await eventually(lambda: all(load.acked.get(q, 0) >= 3 for q in queries), 30)
         yield load
         load.stop.set()
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 30) -> None:
-    with anyio.fail_after(timeout_s):
-        while not predicate():  # noqa: ASYNC110 - polls state owned by other tasks
-            await anyio.sleep(0.02)
 
 
 async def readiness(daemon: Daemon, seen: list[int], stop: anyio.Event) -> None:
@@ -189,7 +184,7 @@ async def test_a_live_slot_migration_under_load_loses_and_rewinds_nothing(
     async with running_daemon(config), under_load(config, QUERIES) as load:
         before = dict(load.acked)
         await anyio.to_thread.run_sync(cluster.move_slot, key, source, target)
-        await wait_until(lambda: all(load.acked[q] >= before[q] + 5 for q in QUERIES))
+        await eventually(lambda: all(load.acked[q] >= before[q] + 5 for q in QUERIES), 30)
     assert cluster.owner(key) is target
     for query in QUERIES:
         assert await stored_batch(target.url, ns, query) == load.acked[query]
@@ -241,16 +236,22 @@ def sentinel_set() -> Iterator[RedisSentinelSet]:
         yield nodes
 
 
-async def test_sentinel_failover_keeps_every_ack_and_the_daemon_follows(
-    sentinel_set: RedisSentinelSet, make_config: ConfigFactory
-) -> None:
-    config = make_config(
+@pytest.fixture
+def sentinel_config(sentinel_set: RedisSentinelSet, make_config: ConfigFactory) -> Config:
+    """A daemon on the sentinels' primary that acknowledges only replicated updates."""
+    return make_config(
         redis_mode="sentinel",
         redis_sentinels=sentinel_set.sentinels,
         redis_sentinel_master=sentinel_set.master_name,
         redis_min_replicas=1,
         redis_timeout_s=1,
     )
+
+
+async def test_sentinel_failover_keeps_every_ack_and_the_daemon_follows(
+    sentinel_set: RedisSentinelSet, sentinel_config: Config
+) -> None:
+    config = sentinel_config
     seen: list[int] = []
     stop = anyio.Event()
     async with running_daemon(config) as daemon, under_load(config, QUERIES) as load:
@@ -259,10 +260,10 @@ async def test_sentinel_failover_keeps_every_ack_and_the_daemon_follows(
             new = await anyio.to_thread.run_sync(sentinel_set.kill_primary_and_await_failover)
             at_failover = dict(load.acked)
             # No replica left: updates are stored but answered not_durable until one is back.
-            await wait_until(lambda: load.errors.get("not_durable", 0) > 0)
+            await eventually(lambda: load.errors.get("not_durable", 0) > 0, 30)
             await anyio.to_thread.run_sync(sentinel_set.rejoin_old_primary)
-            await wait_until(lambda: all(load.acked[q] >= at_failover[q] + 5 for q in QUERIES))
-            await wait_until(lambda: seen[-1] == 200)
+            await eventually(lambda: all(load.acked[q] >= at_failover[q] + 5 for q in QUERIES), 30)
+            await eventually(lambda: seen[-1] == 200, 30)
             stop.set()
         load.stop.set()
     for query in QUERIES:  # what was acked before the kill survived the promotion
@@ -272,22 +273,16 @@ async def test_sentinel_failover_keeps_every_ack_and_the_daemon_follows(
 
 
 async def test_too_few_replicas_answers_not_durable_until_the_replica_is_back(
-    sentinel_set: RedisSentinelSet, make_config: ConfigFactory
+    sentinel_set: RedisSentinelSet, sentinel_config: Config
 ) -> None:
-    config = make_config(
-        redis_mode="sentinel",
-        redis_sentinels=sentinel_set.sentinels,
-        redis_sentinel_master=sentinel_set.master_name,
-        redis_min_replicas=1,
-        redis_timeout_s=1,
-    )
+    config = sentinel_config
     async with running_daemon(config) as daemon:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(kafka_progress(QUERIES[0], 1))).applied
             await anyio.to_thread.run_sync(sentinel_set.replica.stop)
             refused = await c.progress(kafka_progress(QUERIES[0], 2))
             await anyio.to_thread.run_sync(sentinel_set.replica.start)
-            await wait_until(lambda: sample(daemon, "checkpoint_sidecar_redis_up") == 1)
+            await eventually(lambda: sample(daemon, "checkpoint_sidecar_redis_up") == 1, 30)
             resent = await c.progress(kafka_progress(QUERIES[0], 2))
             for _ in range(100):  # the replica resyncs within a few seconds
                 if resent.ok:
@@ -326,9 +321,9 @@ async def test_cluster_failover_keeps_every_ack_and_the_daemon_follows(
     async with running_daemon(config), under_load(config, QUERIES) as load:
         promoted = await anyio.to_thread.run_sync(cluster.kill_and_await_failover, primary)
         at_failover = dict(load.acked)
-        await wait_until(lambda: load.errors.get("not_durable", 0) > 0)  # no replica left
+        await eventually(lambda: load.errors.get("not_durable", 0) > 0, 30)  # no replica left
         await anyio.to_thread.run_sync(cluster.rejoin, primary)
-        await wait_until(lambda: all(load.acked[q] >= at_failover[q] + 5 for q in QUERIES), 60)
+        await eventually(lambda: all(load.acked[q] >= at_failover[q] + 5 for q in QUERIES), 60)
     for query in QUERIES:
         assert await stored_batch(promoted.url, ns, query) == load.acked[query]
 
