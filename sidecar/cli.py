@@ -176,6 +176,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     _add_settings(doctor)
+    adopt = sub.add_parser(
+        "import-spark-checkpoint",
+        help="adopt a running query: write its Spark checkpoint's last committed batch",
+        description="Read a Spark checkpoint directory (the query's checkpointLocation, a "
+        "local copy: metadata, offsets/, commits/) and write its last committed batch — the "
+        "highest batch in commits/, with the end offsets of offsets/<that batch>, where "
+        "Spark's own restart resumes — as the sidecar checkpoint of that query id, named "
+        "NAME. Spark's log names no source: descriptions come from the query's existing "
+        "sidecar checkpoint when it has as many sources, else placeholders (source[i], or "
+        "KafkaV2[topics] for a Kafka-shaped offset). Written under the blob's lease: refused "
+        "while another owner (a running daemon) holds it, and when the blob holds a newer "
+        "batch unless --force. Exit code 0 written (or --dry-run), 1 refused, 2 bad settings.",
+    )
+    adopt.add_argument("path", metavar="PATH", help="the Spark checkpoint directory (local)")
+    adopt.add_argument(
+        "--query-name", required=True, metavar="NAME", help="the query's name (queryName)"
+    )
+    adopt.add_argument("--dry-run", action="store_true", help="print what would be written")
+    adopt.add_argument(
+        "--force", action="store_true", help="write even if the blob holds a newer batch"
+    )
+    adopt.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(adopt)
     return parser
 
 
@@ -212,6 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "doctor":
         code: int = commands.doctor(config, as_json=args.json)
         return code
+    if args.command == "import-spark-checkpoint":
+        imported: int = commands.import_spark(args, config)
+        return imported
     if args.command in ("list", "show", "history", "starting-offsets"):
         result: int = commands.inspect(args, config)
         return result

@@ -23,13 +23,14 @@ LAYERS: list[set[str]] = [
     {"errors", "keys", "backoff", "confighelp"},  # vocabulary: pure
     {"config", "checkpoint", "lua"},  # settings, records, Redis scripts: pure
     {"protocol", "offsets", "diagnosis"},  # wire format, offset shapes, doctor's rules: pure
+    {"sparklog"},  # Spark's own checkpoint directory, read: pure
     # metrics; which Redis client (standalone, cluster, sentinel); the Kafka client edge
     {"metrics", "topology", "kafkaclient"},
     {"buffer", "blobstore", "client"},  # the I/O edges (Redis, Azure) and the test client
     {"coalescer", "floor"},  # batches updates for the Redis edge; the blobs' batches
     # the components: each one job, wired together by app
     {"lease", "lag", "kafka", "handler", "server", "admin", "report", "durability"}
-    | {"retirement", "shutdown", "doctor"},
+    | {"retirement", "shutdown", "doctor", "adoption"},
     {"flusher"},
     {"app"},  # wiring
     {"commands"},
@@ -47,6 +48,7 @@ PURE = {
     "protocol",
     "offsets",
     "diagnosis",
+    "sparklog",
 }
 #: Third-party SDKs and where they may be imported: each edge owns its SDK.
 SDK_OWNERS = {
