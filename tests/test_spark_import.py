@@ -1,0 +1,210 @@
+"""``import-spark-checkpoint`` on checkpoint directories written by real PySpark queries: a
+rate source, the Kafka-shaped Python source, and both in one query (a union).
+
+Each query runs a few batches and stops; the import must write the last batch in
+``commits/`` with the lines of ``offsets/<that batch>`` as end offsets — and that must be
+where Spark's own restart resumes: the same query restarted from the same directory runs
+its first new batch from exactly those offsets. The blob (Azurite) then holds that position
+for ``show`` and ``starting-offsets``.
+
+One local SparkSession serves the whole run (``conftest.spark``); queries write to the
+``noop`` sink, which, unlike ``memory``, restarts from its checkpoint in append mode.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+import spark_bridge
+from tests.helpers import as_json, wait_blob, wait_for
+from tests.services import REPO_ROOT, DaemonProcess
+
+pytestmark = pytest.mark.spark
+
+Source = Callable[[SparkSession], DataFrame]
+
+
+@pytest.fixture(scope="module")
+def kafka_shaped(spark: SparkSession) -> SparkSession:
+    """The session with the Kafka-shaped Python data source registered (PySpark 4 only)."""
+    from spark_bridge.demo_source import KafkaShapedSource
+
+    spark.dataSource.register(KafkaShapedSource)
+    return spark
+
+
+def rate(spark: SparkSession) -> DataFrame:
+    return (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", "10")
+        .load()
+        .selectExpr("value")
+    )
+
+
+def kafka(spark: SparkSession) -> DataFrame:
+    return (
+        spark.readStream.format("kafka_shaped")
+        .option("partitions", "3")
+        .option("rowsPerBatch", "10")
+        .load()
+        .selectExpr("offset AS value")
+    )
+
+
+def union(spark: SparkSession) -> DataFrame:
+    return rate(spark).union(kafka(spark))
+
+
+def start(spark: SparkSession, source: Source, name: str, ck: Path) -> StreamingQuery:
+    return (
+        source(spark)
+        .writeStream.format("noop")
+        .queryName(name)
+        .trigger(processingTime="100 milliseconds")
+        .option("checkpointLocation", str(ck))
+        .start()
+    )
+
+
+def run_batches(q: StreamingQuery, batches: int) -> None:
+    """Let the query finish ``batches`` batches (or more), then stop it."""
+    try:
+        wait_for(
+            lambda: q.lastProgress is not None and q.lastProgress["batchId"] >= batches - 1,
+            what=f"{batches} batches",
+        )
+    finally:
+        q.stop()
+    assert q.exception() is None
+
+
+def sparks_log(ck: Path) -> tuple[int, list[Any]]:
+    """Read independently of the code under test: the highest batch in commits/ and the
+    source lines of offsets/<that batch> (the version and metadata lines skipped)."""
+    committed = max(int(p.name) for p in (ck / "commits").iterdir() if p.name.isdigit())
+    lines = (ck / "offsets" / str(committed)).read_text().splitlines()
+    assert lines[0] == "v1"
+    return committed, [None if line == "-" else json.loads(line) for line in lines[2:]]
+
+
+def first_new_batch(spark: SparkSession, source: Source, name: str, ck: Path, batch: int) -> Any:
+    """Restart the query from ``ck``; the progress of its batch ``batch`` (the first one
+    after the last committed), then stop it."""
+    q = start(spark, source, name, ck)
+    try:
+        found = wait_for(
+            lambda: next((p for p in q.recentProgress if p["batchId"] == batch), None),
+            what=f"batch {batch} after the restart",
+        )
+    finally:
+        q.stop()
+    assert q.exception() is None
+    return found
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        env={"PATH": "/usr/bin:/bin", **env, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def import_and_check(
+    spark: SparkSession, env: dict[str, str], source: Source, name: str, ck: Path
+) -> dict[str, Any]:
+    """Run the query, import its checkpoint, check the import against Spark's log, Spark's
+    restart and the blob; the imported checkpoint (as ``show --json`` prints it)."""
+    q = start(spark, source, name, ck)
+    query_id = str(q.id)
+    run_batches(q, 3)
+    committed, ends = sparks_log(ck)
+
+    out = json.loads(
+        cli(env, "import-spark-checkpoint", str(ck), "--query-name", name, "--json").stdout
+    )
+    assert out["written"] is True
+    assert out["checkpoint"]["query_id"] == query_id
+    assert out["batch_id"] == committed >= 2
+    assert [s["end_offset"] for s in out["checkpoint"]["sources"]] == ends
+
+    # Spark's own restart from the same directory starts its next batch where the import says.
+    restarted = first_new_batch(spark, source, name, ck, committed + 1)
+    assert [as_json(s["startOffset"]) for s in restarted["sources"]] == ends
+
+    shown = json.loads(cli(env, "show", name, "--json").stdout)
+    assert (shown["query_id"], shown["batch_id"]) == (query_id, committed)
+    assert [s["end_offset"] for s in shown["sources"]] == ends
+    return dict(shown)
+
+
+def test_rate_source_then_the_query_adopts_the_sidecar(
+    spark: SparkSession,
+    daemon_env: dict[str, str],
+    short_tmp: Path,
+    procs: list[DaemonProcess],
+) -> None:
+    ck = short_tmp / "ck"
+    shown = import_and_check(spark, daemon_env, rate, "import_rate", ck)
+    imported = shown["batch_id"]
+    assert shown["sources"][0]["description"] == "source[0] (from Spark's offsets log)"
+    assert shown["sources"][0]["end_offset"]["offset"] == 10 * (imported + 1)
+
+    # Adoption: the daemon and the listener, the query restarted from the same directory.
+    # The blob's batch is the floor, so the batches after it are stored on top of it.
+    daemon = DaemonProcess({**daemon_env, "SIDECAR_COUNT_THRESHOLD": "1"}, short_tmp / "d.log")
+    procs.append(daemon)
+    daemon.start()
+    handle = spark_bridge.attach(spark, daemon_env["SIDECAR_SOCKET_PATH"])
+    try:
+        q = start(spark, rate, "import_rate", ck)
+        run_batches(q, imported + 4)
+        last = q.lastProgress
+        assert last is not None
+    finally:
+        assert handle.close()  # waits for the stopped query's last batch
+    doc = wait_blob(daemon_env, shown["query_id"], last["batchId"])
+    assert doc.batch_id == last["batchId"]
+    assert "offsets log" not in doc.sources[0].description  # Spark's own description now
+    retained = [e.batch_id for e in doc.retained()]
+    assert imported in retained and retained[0] == last["batchId"]
+
+
+@pytest.mark.spark4
+def test_kafka_shaped_source(
+    kafka_shaped: SparkSession, daemon_env: dict[str, str], short_tmp: Path
+) -> None:
+    shown = import_and_check(kafka_shaped, daemon_env, kafka, "import_kafka", short_tmp / "ck")
+    source = shown["sources"][0]
+    assert source["description"] == "KafkaV2[events] (from Spark's offsets log)"
+    resume = cli(daemon_env, "starting-offsets", "import_kafka").stdout
+    assert json.loads(resume) == source["end_offset"]
+    n = 10 * (shown["batch_id"] + 1)
+    assert source["end_offset"] == {"events": {"0": n, "1": n, "2": n}}
+
+
+@pytest.mark.spark4
+def test_two_sources_in_one_query(
+    kafka_shaped: SparkSession, daemon_env: dict[str, str], short_tmp: Path
+) -> None:
+    shown = import_and_check(kafka_shaped, daemon_env, union, "import_union", short_tmp / "ck")
+    assert [s["description"] for s in shown["sources"]] == [
+        "source[0] (from Spark's offsets log)",
+        "KafkaV2[events] (from Spark's offsets log)",
+    ]
+    resume = cli(daemon_env, "starting-offsets", "import_union", "--source", "1").stdout
+    assert json.loads(resume) == shown["sources"][1]["end_offset"]
