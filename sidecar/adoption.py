@@ -150,7 +150,7 @@ def print_adoption(
     planned = ""
     if a.batch.uncommitted:
         ids = ", ".join(map(str, a.batch.uncommitted))
-        planned = f"; planned, not committed: {ids} (Spark runs them again from these offsets)"
+        planned = f"; {ids} planned, not committed (Spark runs it again from these offsets)"
     held = "nothing yet"
     if a.existing is not None:
         held = f"batch {a.existing.batch_id} (written {a.existing.written_at})"
@@ -162,12 +162,14 @@ def print_adoption(
     ]
     for i, s in enumerate(c.sources):
         lines += [f"  [{i}] {s.description}", f"      end    {_json(s.end_offset)}"]
-    lines.append(f"blob              {a.blob}: holds {held}")
+    lines.append(f"blob              {a.blob}: {'held' if written else 'holds'} {held}")
     if written:
         lines.append(
-            f"wrote batch {c.batch_id} of query {c.name!r}: started with the sidecar, the "
-            f"query's next batch ({c.batch_id + 1}) is stored on top of it"
+            f"wrote batch {c.batch_id} of query {c.name!r}: run with the sidecar's listener, "
+            f"its next batches ({c.batch_id + 1}, ...) are stored on top of it"
         )
     else:
+        if a.existing is not None and a.existing.batch_id > c.batch_id:
+            lines.append("the blob holds a newer batch: the write is refused without --force")
         lines.append("dry run: nothing written (run it again without --dry-run to write)")
     out.write("\n".join(lines) + "\n")

@@ -173,7 +173,7 @@ def test_dry_run_then_import_then_show(daemon_env: dict[str, str], tmp_path: Pat
     dry = cli(daemon_env, *args, "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert "last committed    batch 1 " in dry.stdout
-    assert "planned, not committed: 2" in dry.stdout
+    assert "; 2 planned, not committed" in dry.stdout
     assert "dry run: nothing written" in dry.stdout
     assert read(daemon_env) is None
 
@@ -196,6 +196,8 @@ def test_descriptions_from_the_blob_a_newer_blob_refused_unless_forced(
     seed(daemon_env, 9)
     root = spark_dir(tmp_path / "ck", {4: ["4", kafka_line(4)]}, [4])
     args = ("import-spark-checkpoint", str(root), "--query-name", "orders")
+    dry = cli(daemon_env, *args, "--dry-run")
+    assert "the blob holds a newer batch: the write is refused without --force" in dry.stdout
     refused = cli(daemon_env, *args)
     assert refused.returncode == 1
     assert "already holds batch 9, newer than batch 4: nothing written" in refused.stderr
