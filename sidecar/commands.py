@@ -169,8 +169,9 @@ async def _write(config: Config, checkpoint: Checkpoint, *, reason: str, force: 
             raise SidecarError(
                 f"blob {blob} is leased by another owner (a daemon tracking query "
                 f"{checkpoint.label!r}, or another import): nothing written. Stop that daemon "
-                f"(it releases its leases when it stops) or wait for an abandoned lease to "
-                f"expire (at most {config.lease_duration_s} s), then run this again"
+                "(it releases its leases when it stops) or wait for an abandoned lease to "
+                "expire (a daemon's lasts SIDECAR_LEASE_DURATION_S, "
+                f"{config.lease_duration_s} s here), then run this again"
             ) from exc
         try:
             previous = await store.read(query_id)
