@@ -168,7 +168,7 @@ def parse_offsets(data: bytes, path: str) -> tuple[str, tuple[Any, ...]]:
             f"{path} is an offsets log v{version}; this checkpoint-sidecar reads "
             f"{', '.join(f'v{v}' for v in OFFSETS_LOG_VERSIONS)} (Spark writes v2 when "
             "source evolution is enabled): start the query with the sidecar's listener "
-            "instead, or `reset` it to the offsets of that file by hand"
+            "instead; its next batch is stored as usual"
         )
     if len(lines) < 3:
         raise SparkCheckpointError(
