@@ -132,6 +132,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     tcp_port: PortOrOff = None
     tcp_host: Loopback = "127.0.0.1"
     max_frame_bytes: Annotated[int, Meta(ge=1024, le=64 * 1024 * 1024)] = 1024 * 1024
+    admin_ops: bool = False
+    admin_ops_tcp: bool = False
+    admin_quiet_s: Annotated[float, Meta(ge=0, le=86_400)] = 60.0
     # Redis
     redis_url: RedisUrl = "redis://127.0.0.1:6379/0"
     redis_mode: Literal["standalone", "cluster", "sentinel"] = "standalone"
@@ -192,6 +195,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
                 "SIDECAR_REDIS_MODE=sentinel needs SIDECAR_REDIS_SENTINELS (host:port,...) and "
                 "SIDECAR_REDIS_SENTINEL_MASTER (the service name the sentinels monitor)"
             )
+        if self.admin_ops_tcp and not self.admin_ops:
+            problems.append("SIDECAR_ADMIN_OPS_TCP=true needs SIDECAR_ADMIN_OPS=true")
         if self.redis_mode == "cluster" and self.redis_url.lower().startswith("unix:"):
             problems.append("SIDECAR_REDIS_MODE=cluster needs a redis:// or rediss:// URL")
         if not self.kafka_bootstrap_servers:  # Kafka commits are off: nothing to combine

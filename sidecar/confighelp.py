@@ -14,6 +14,12 @@ HELP = {
         "tcp_port": "also listen on this TCP port on a loopback address (0/unset: off)",
         "tcp_host": "loopback address for the optional TCP listener",
         "max_frame_bytes": "largest accepted request line, in bytes",
+        "admin_ops": "accept the admin ops reset and retire on the Unix socket (checkpoint-sidecar "
+        "reset / retire; the daemon then performs them under its leases)",
+        "admin_ops_tcp": "also accept them on the TCP listener, which any local process can "
+        "reach (needs admin_ops)",
+        "admin_quiet_s": "reset and retire refuse a query heard from (or updated in Redis) "
+        "within this many seconds, as it may still be running, unless forced",
     },
     "Redis, the offset buffer": {
         "redis_url": "Redis holding the offset buffer (password is never logged); in "

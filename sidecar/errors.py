@@ -89,6 +89,34 @@ class KafkaRefused(SidecarError):
     cap meanwhile."""
 
 
+class AdminForbidden(SidecarError):
+    """An admin op (``reset``, ``retire``) the daemon does not allow: off unless
+    ``SIDECAR_ADMIN_OPS=true``, and on the TCP listener unless ``SIDECAR_ADMIN_OPS_TCP=true``
+    too."""
+
+    code = "forbidden"
+
+
+class AdminRefused(SidecarError):
+    """An admin op refused for now: the query may still be running (``force`` overrides),
+    or another owner holds its blob's lease. Nothing was changed."""
+
+    code = "conflict"
+
+
+class NotFound(SidecarError):
+    """No such query, or no retained checkpoint of the batch asked for."""
+
+    code = "not_found"
+
+
+class InvalidRequest(SidecarError):
+    """A request that cannot be carried out as asked (e.g. explicit offsets for another number
+    of sources than the query has)."""
+
+    code = "bad_request"
+
+
 #: Where a stored record lives, and what an operator can do about an unreadable one.
 _RECORD_KINDS = {
     "redis": (

@@ -13,17 +13,24 @@ Requests::
     {"op": "progress", "id": 1, "progress": {...Spark StreamingQueryProgress JSON...}}
     {"op": "get", "id": 2, "query_id": "…"}      (or "name": "…")
     {"op": "ping", "id": 3}
+    {"op": "reset", "id": 4, "name": "…", "to_batch": 36, "reason": "…"}   (admin: see below)
+    {"op": "retire", "id": 5, "query_id": "…", "archive": true}
 
 Replies::
 
     {"id": 1, "ok": true, "applied": true}        # stored (false: stale, or no end offsets)
     {"id": 2, "ok": true, "checkpoint": {...} | null}
     {"id": 3, "ok": true}
+    {"id": 4, "ok": true, "result": {...what was done...}}
     {"id": …, "ok": false, "error": {"code": "bad_json", "message": "…"}}
 
 A bad line gets an error reply and the connection stays usable. A frame longer than the
 limit is fatal: the error is sent and the connection is closed, never resynchronised
 (there is no way to know where the oversized frame really ends).
+
+``reset`` and ``retire`` are admin ops (docs/operator-ops.md): a :class:`ServerConnection`
+answers them ``forbidden`` unless built with ``admin_refusal=None`` (the server decides per
+listener).
 """
 
 from __future__ import annotations
@@ -35,12 +42,10 @@ from typing import Any
 
 import msgspec
 
-from sidecar.checkpoint import Checkpoint, Id, SparkProgress, from_progress
-
-#: Default cap on one request line, newline excluded. A Spark progress event for a Kafka
-#: source with a few thousand partitions is ~100-300 KiB; 1 MiB leaves room and still bounds
-#: what one connection can make the daemon hold in memory before it sees a newline.
-MAX_FRAME_BYTES = 1024 * 1024
+from sidecar.checkpoint import BatchId, Checkpoint, Id, SparkProgress, from_progress
+from sidecar.framing import MAX_FRAME_BYTES as MAX_FRAME_BYTES
+from sidecar.framing import FrameTooLarge as FrameTooLarge
+from sidecar.framing import LineFramer as LineFramer
 
 #: Deepest JSON nesting accepted in a request. Spark's progress JSON nests about six levels
 #: (request → progress → sources → source → offsets → topic → partition). Without a cap, a
@@ -62,6 +67,9 @@ class ErrorCode(enum.StrEnum):
     UNAVAILABLE = "unavailable"  # Redis unreachable; nothing stored; retry
     NOT_DURABLE = "not_durable"  # ack_mode=blob: stored in Redis, not yet in the blob in time
     SHUTTING_DOWN = "shutting_down"  # the daemon is stopping; retry against the next one
+    FORBIDDEN = "forbidden"  # an admin op this listener does not allow (the message says why)
+    CONFLICT = "conflict"  # an admin op refused for now: query running, lease held elsewhere
+    NOT_FOUND = "not_found"  # an admin op's query, or its batch, is not known
     INTERNAL = "internal"  # a bug; the message says what failed
 
 
@@ -111,10 +119,6 @@ class BadRequest:
     op: str | None = None
 
 
-Request = Ping | Get | Progress
-Event = Request | BadRequest
-
-
 # --- request schema (validated in one pass by msgspec) -------------------------------------
 
 
@@ -133,8 +137,55 @@ class _ProgressMsg(msgspec.Struct, tag_field="op", tag="progress"):
     id: RequestId = None
 
 
-_OPS = ("ping", "get", "progress")
-_request_decoder = msgspec.json.Decoder(_PingMsg | _GetMsg | _ProgressMsg)
+class SourceSpec(msgspec.Struct, frozen=True):
+    """A source's position in a ``reset``: its end offset (where to resume from); a blank
+    description is taken from the query's current source at that index."""
+
+    end_offset: Any
+    description: str = ""
+    start_offset: Any = None
+    latest_offset: Any = None
+    num_input_rows: int | None = None
+
+
+class Reset(msgspec.Struct, frozen=True, tag_field="op", tag="reset"):
+    """Admin: make a checkpoint the query's position, recorded as a reset (docs/operator-ops.md).
+    Exactly one of ``to_batch`` (a checkpoint the blob retains) or ``sources`` (explicit
+    offsets, stored as batch ``batch_id``: by default the batch the blob holds). ``by``: who
+    asks, as the client says (user@host, pid), for the log."""
+
+    reason: str
+    query_id: Id | None = None
+    name: str | None = None
+    to_batch: BatchId | None = None
+    sources: tuple[SourceSpec, ...] | None = None
+    batch_id: BatchId | None = None
+    run_id: Id | None = None
+    timestamp: str | None = None
+    force: bool = False
+    by: str | None = None
+    id: RequestId = None
+
+
+class Retire(msgspec.Struct, frozen=True, tag_field="op", tag="retire"):
+    """Admin: stop tracking a query: its Redis keys removed, its blob kept or archived."""
+
+    query_id: Id | None = None
+    name: str | None = None
+    archive: bool = False
+    force: bool = False
+    reason: str | None = None
+    by: str | None = None
+    id: RequestId = None
+
+
+AdminRequest = Reset | Retire
+Request = Ping | Get | Progress | Reset | Retire
+Event = Request | BadRequest
+
+_OPS = ("ping", "get", "progress", "reset", "retire")
+ADMIN_OPS = frozenset({"reset", "retire"})
+_request_decoder = msgspec.json.Decoder(_PingMsg | _GetMsg | _ProgressMsg | Reset | Retire)
 _any_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
@@ -156,8 +207,12 @@ def nesting_exceeds(frame: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-def parse_request(line: bytes) -> Event:
-    """Turn one frame (without its newline) into a request or a :class:`BadRequest`."""
+def parse_request(line: bytes, admin_refusal: str | None = None) -> Event:
+    """Turn one frame (without its newline) into a request or a :class:`BadRequest`.
+
+    ``admin_refusal``: when given, an admin op (``reset``, ``retire``) is answered
+    ``forbidden`` with this message instead.
+    """
     if nesting_exceeds(line):
         return BadRequest(
             None,
@@ -180,7 +235,24 @@ def parse_request(line: bytes) -> Event:
                 op="get",
             )
         return Get(msg.id, msg.query_id, msg.name)
+    if isinstance(msg, Reset | Retire):
+        return _admin(msg, admin_refusal)
     return Ping(msg.id)
+
+
+def _admin(msg: Reset | Retire, refusal: str | None) -> Reset | Retire | BadRequest:
+    op = "reset" if isinstance(msg, Reset) else "retire"
+    problem = refusal
+    if problem is None and msg.query_id is None and msg.name is None:
+        problem = f'{op} needs "query_id" or "name"'
+    elif isinstance(msg, Reset) and (
+        (msg.to_batch is None) == (msg.sources is None) or not msg.reason.strip()
+    ):
+        problem = 'reset needs a non-empty "reason" and exactly one of "to_batch" or "sources"'
+    if problem is None:
+        return msg
+    code = ErrorCode.FORBIDDEN if refusal is not None else ErrorCode.BAD_REQUEST
+    return BadRequest(msg.id, code, problem, op=op)
 
 
 def _diagnose(line: bytes, exc: Exception) -> BadRequest:
@@ -210,70 +282,18 @@ def _diagnose(line: bytes, exc: Exception) -> BadRequest:
     return BadRequest(rid, ErrorCode.BAD_REQUEST, f"invalid {op} request: {exc}", op=op)
 
 
-# --- framing -------------------------------------------------------------------------------
-
-
-class FrameTooLarge(Exception):
-    """A frame exceeded the limit; ``frames`` holds those completed before it in the same feed."""
-
-    def __init__(self, size: int, frames: list[bytes]) -> None:
-        super().__init__(size)
-        self.size = size
-        self.frames = frames
-
-
-class LineFramer:
-    """Split a byte stream into newline-terminated frames, never holding more than the limit.
-
-    Incremental: a frame may arrive one byte at a time or many frames in one chunk; the
-    scan resumes where it stopped, so byte-at-a-time input stays linear.
-    """
-
-    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
-        self._max = max_frame_bytes
-        self._buf = bytearray()
-        self._scanned = 0  # bytes of _buf already known to hold no newline
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """Add ``data``; return the complete frames it finished (newline stripped).
-
-        Raises:
-            FrameTooLarge: a frame is longer than the limit (the framer is then unusable).
-        """
-        self._buf += data
-        frames: list[bytes] = []
-        start = 0
-        while True:
-            end = self._buf.find(b"\n", max(start, self._scanned))
-            if end < 0:
-                break
-            frame = bytes(self._buf[start:end])
-            if frame.endswith(b"\r"):  # CRLF: the \r is part of the line ending, not the frame
-                frame = frame[:-1]
-            if len(frame) > self._max:
-                raise FrameTooLarge(len(frame), frames)
-            if frame:
-                frames.append(frame)
-            start = end + 1
-        del self._buf[:start]
-        self._scanned = len(self._buf)
-        pending = self._scanned - self._buf.endswith(b"\r")  # a \r may be half a CRLF
-        if pending > self._max:
-            raise FrameTooLarge(self._scanned, frames)
-        return frames
-
-    @property
-    def buffered(self) -> int:
-        """Bytes held for an unfinished frame."""
-        return len(self._buf)
-
-
 class ServerConnection:
     """The daemon's side of one connection: bytes in, events out."""
 
-    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+    def __init__(
+        self,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        admin_refusal: str | None = "admin ops are not allowed on this connection",
+    ) -> None:
+        """``admin_refusal``: why admin ops are refused on this connection; None: allowed."""
         self._framer = LineFramer(max_frame_bytes)
         self._max = max_frame_bytes
+        self._admin_refusal = admin_refusal
         self.closed = False
 
     def receive_data(self, data: bytes) -> list[Event]:
@@ -289,7 +309,7 @@ class ServerConnection:
             # Requests completed before the oversized frame are answered, as they would be
             # had they arrived in an earlier read; nothing after it can be trusted.
             self.closed = True
-            return [parse_request(frame) for frame in exc.frames] + [
+            return [parse_request(frame, self._admin_refusal) for frame in exc.frames] + [
                 BadRequest(
                     None,
                     ErrorCode.FRAME_TOO_LARGE,
@@ -298,7 +318,7 @@ class ServerConnection:
                     fatal=True,
                 )
             ]
-        return [parse_request(frame) for frame in frames]
+        return [parse_request(frame, self._admin_refusal) for frame in frames]
 
 
 # --- replies ---------------------------------------------------------------------------------
@@ -332,6 +352,8 @@ class Reply(msgspec.Struct, frozen=True):
     id: RequestId = None
     applied: bool | None = None
     checkpoint: dict[str, Any] | None = None
+    #: What an admin op did (``reset``, ``retire``).
+    result: dict[str, Any] | None = None
     error: ErrorBody | None = None
 
 
