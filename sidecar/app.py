@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry
 from sidecar import __version__, doctor
 from sidecar import checkpoint as ckpt
 from sidecar.admin import AdminServer
+from sidecar.adminops import DaemonAdmin
 from sidecar.backoff import Backoff
 from sidecar.blobstore import BlobStore
 from sidecar.buffer import RedisBuffer
@@ -120,6 +121,18 @@ class Daemon:
             require_aof=config.redis_require_aof,
             blob_batch=self._blob_batch,
         )
+        # Admin ops (reset, retire), refused by the server unless SIDECAR_ADMIN_OPS is set.
+        self.admin_ops = DaemonAdmin(
+            config,
+            self.buffer,
+            self.store,
+            self.leases,
+            self.flusher,
+            self.floors,
+            self.retirement,
+            self.metrics,
+            self.writer,
+        )
         self.handler = RequestHandler(
             self.coalescer,
             self.buffer,
@@ -129,6 +142,8 @@ class Daemon:
             blob_ack_timeout_s=config.blob_ack_timeout_s,
             lookup_blob=self._lookup_blob,
             floors=self.floors,
+            admin=self.admin_ops,
+            heard=self.admin_ops.heard if config.admin_ops else None,
         )
         self.server = SocketServer(config, self.handler, self.metrics)
         self._wire_retirement()

@@ -13,6 +13,7 @@ checkpoint document of its query → :class:`CorruptRecord`; ``list`` marks such
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -174,7 +175,20 @@ class BlobStore:
 
     async def release_lease(self, query_id: str, lease_id: str) -> None:
         async with self._call("release lease"):
-            await self._lease_client(query_id, lease_id).release()
+            with contextlib.suppress(ResourceNotFoundError):  # archived: no lease left
+                await self._lease_client(query_id, lease_id).release()
+
+    async def archive(self, query_id: str, lease_id: str, stamp: str) -> str:
+        """Move the query's blob to ``<namespace>/archive/<id>.<stamp>.json`` (never listed as
+        a query): copy it (metadata kept), then delete it under ``lease_id``; the new name."""
+        blob = self._container.get_blob_client(self.blob_name(query_id))
+        name = f"{self._namespace}/archive/{query_id}.{stamp}.json"
+        async with self._call("archive checkpoint"):
+            stream = await blob.download_blob()
+            target = self._container.get_blob_client(name)
+            await target.upload_blob(await stream.readall(), metadata=stream.properties.metadata)
+            await blob.delete_blob(lease=lease_id)
+        return name
 
     async def write(
         self, query_id: str, body: bytes, *, lease_id: str, query_name: str | None
@@ -235,9 +249,9 @@ class BlobStore:
             async for item in self._container.list_blobs(
                 name_starts_with=prefix, include=["metadata"]
             ):
-                if not item.name.endswith(".json"):
-                    continue  # not a checkpoint (e.g. a doctor probe)
                 query_id = item.name.removeprefix(prefix).removesuffix(".json")
+                if not item.name.endswith(".json") or "/" in query_id:
+                    continue  # not a checkpoint (a doctor probe, an archived one)
                 metadata = item.metadata or {}
                 stream = await self._container.get_blob_client(item.name).download_blob()
                 doc, unreadable = None, None
@@ -265,7 +279,7 @@ class BlobStore:
             return {
                 item.name.removeprefix(prefix).removesuffix(".json")
                 async for item in self._container.list_blobs(name_starts_with=prefix)
-                if item.name.endswith(".json")
+                if item.name.endswith(".json") and "/" not in item.name[len(prefix) :]
             }
 
     async def lease_state(self, query_id: str) -> str:

@@ -74,6 +74,8 @@ class RedisBuffer:
         self._apply = self._redis.register_script(lua.APPLY)
         self._snapshot = self._redis.register_script(lua.SNAPSHOT)
         self._mark_flushed = self._redis.register_script(lua.MARK_FLUSHED)
+        self._admin = {op: self._redis.register_script(lua.RESET if op == "reset" else lua.RETIRE)
+                       for op in ("reset", "retire")}  # fmt: skip
         #: Outcome of the last Redis call (None before the first); transitions are logged once.
         self.available: bool | None = None
 
@@ -276,6 +278,21 @@ class RedisBuffer:
         with self._translate("mark flushed"):
             left = await self._mark_flushed(keys=keys, args=args)
         return int(left)
+
+    async def reset(self, checkpoint: Checkpoint, quiet_ms: int | None) -> list[Any]:
+        """Make ``checkpoint`` the query's record, as flushed (a reset, ``sidecar.lua.RESET``);
+        refused while an update was applied within ``quiet_ms`` (None: force). The script's
+        answer: ``[1, ms since that update]`` or ``[0, replaced batch, updates dropped]``."""
+        c = checkpoint
+        args = [c.query_id, str(c.batch_id), ckpt.encode(c), c.name or "", quiet_ms or -1]
+        return await self.admin_script("reset", c.query_id, args)
+
+    async def admin_script(self, op: str, query_id: str, args: list[Any]) -> list[Any]:
+        """Run the ``reset`` or ``retire`` script (``sidecar.lua``) on the query's keys;
+        ``retire``'s ``args``: query id, quiet ms (-1: force)."""
+        keys = [self.keys.query(query_id), self.keys.pending, self.keys.queries, self.keys.names]
+        with self._translate(op):
+            return list(await self._admin[op](keys=keys, args=args))
 
     # --- what an acknowledgement is worth (sidecar.durability) ------------------------------
 

@@ -173,6 +173,11 @@ class CheckpointDocument(Checkpoint, frozen=True):
 
     ``history``: the earlier flushed checkpoints (schema version 2), newest first, each
     older than ``batch_id``; empty in a version 1 document or with ``SIDECAR_HISTORY_SIZE=0``.
+
+    ``reset_from``, ``reset_at``, ``reset_reason``: the query's last reset (``checkpoint-sidecar
+    reset``): the batch the blob held before it (None: no document then), when (UTC) and why.
+    Absent (None) until a reset; carried by every later write. Optional fields of version 2:
+    older documents decode without them, older readers ignore them.
     """
 
     schema_version: int
@@ -180,6 +185,9 @@ class CheckpointDocument(Checkpoint, frozen=True):
     writer: Writer
     written_at: str
     history: tuple[HistoryEntry, ...] = ()
+    reset_from: int | None = None
+    reset_at: str | None = None
+    reset_reason: str | None = None
 
     @classmethod
     def of(
@@ -187,8 +195,12 @@ class CheckpointDocument(Checkpoint, frozen=True):
         checkpoint: Checkpoint,
         writer: Writer,
         history: tuple[HistoryEntry, ...] = (),
+        *,
+        reset_of: CheckpointDocument | None = None,
     ) -> CheckpointDocument:
-        """A new document (fresh checkpoint id, written now) for ``checkpoint``."""
+        """A new document (fresh checkpoint id, written now) for ``checkpoint``; the record of
+        the last reset is carried from ``reset_of`` (the document it replaces)."""
+        last = reset_of
         return cls(
             **msgspec.structs.asdict(checkpoint),
             schema_version=SCHEMA_VERSION,
@@ -196,7 +208,29 @@ class CheckpointDocument(Checkpoint, frozen=True):
             writer=writer,
             written_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
             history=history,
+            reset_from=last.reset_from if last else None,
+            reset_at=last.reset_at if last else None,
+            reset_reason=last.reset_reason if last else None,
         )
+
+    def at_batch(self, batch_id: int) -> Checkpoint | None:
+        """The retained checkpoint of ``batch_id`` (its own or one of its history) as a
+        checkpoint: each source's end offset of that batch; None when not retained."""
+        if batch_id == self.batch_id:
+            return self.checkpoint()
+        entry = next((e for e in self.retained() if e.batch_id == batch_id), None)
+        if entry is None:
+            return None
+        sources = [
+            SourceOffsets(
+                self.sources[i].description if i < len(self.sources) else f"source {i}",
+                None,
+                end,
+                None,
+            )
+            for i, end in enumerate(entry.end_offsets)
+        ]
+        return Checkpoint(self.query_id, self.run_id, self.name, batch_id, entry.timestamp, sources)
 
     def checkpoint(self) -> Checkpoint:
         """The checkpoint alone, without the document's own fields (nor its history)."""
@@ -235,6 +269,27 @@ def carry_history(
             break
         fits += 1
     return tuple(kept[:fits]), len(kept) - fits
+
+
+def reset_document(
+    previous: CheckpointDocument | None,
+    checkpoint: Checkpoint,
+    writer: Writer,
+    *,
+    reason: str,
+    history_size: int,
+) -> CheckpointDocument:
+    """The document a reset writes: ``checkpoint`` replacing ``previous`` (what the blob held,
+    None: nothing), with the history ``previous`` retains below the new batch, and the reset
+    recorded (``reset_from`` = the batch it replaced, ``reset_at`` = now, ``reset_reason``)."""
+    history, _ = carry_history(previous, checkpoint.batch_id, history_size)
+    doc = CheckpointDocument.of(checkpoint, writer, history)
+    return msgspec.structs.replace(
+        doc,
+        reset_from=previous.batch_id if previous is not None else None,
+        reset_at=doc.written_at,
+        reset_reason=reason,
+    )
 
 
 _doc_decoder = msgspec.json.Decoder(CheckpointDocument)

@@ -199,7 +199,59 @@ def build_parser() -> argparse.ArgumentParser:
     )
     adopt.add_argument("--json", action="store_true", help="machine-readable output")
     _add_settings(adopt)
+    _add_admin_commands(sub)
     return parser
+
+
+def _add_admin_commands(sub: Any) -> None:
+    how = (
+        "Through the daemon running on SIDECAR_SOCKET_PATH when there is one (it needs "
+        "SIDECAR_ADMIN_OPS=true; the lease owner performs it), else under a lease this command "
+        "takes on the query's blob and releases (refused while another owner holds it). Refused "
+        "for a query heard from or updated within SIDECAR_ADMIN_QUIET_S (it may still run: "
+        "stop it first) unless --force. Logged at WARNING; exit code 0 done, 1 refused or "
+        "failed (nothing changed unless the message says so), 2 bad usage or admin ops off."
+    )
+    reset = sub.add_parser(
+        "reset",
+        help="set a query's checkpoint to an earlier retained batch or to explicit offsets",
+        description="Make a retained checkpoint (--to-batch N, see `history`) or explicit end "
+        "offsets (--offsets) the query's position: Redis and the blob are set to it, the blob "
+        "records reset_from / reset_at / reset_reason, and later batches must exceed the new "
+        "batch id. Restart the query from it with `starting-offsets` (a new Spark checkpoint "
+        "directory). " + how,
+    )
+    reset.add_argument("query", metavar="QUERY", help="query name or query id")
+    to = reset.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-batch", type=int, metavar="N", help="the retained checkpoint of batch N")
+    to.add_argument(
+        "--offsets",
+        metavar="JSON",
+        help="each source's end offset, a JSON array in the order of the query's sources, e.g. "
+        '\'[{"events":{"0":4200,"1":4100}}]\' (as `history --json` shows end_offsets)',
+    )
+    reset.add_argument(
+        "--batch-id",
+        type=int,
+        metavar="N",
+        help="with --offsets: the batch id to record them as (default: the blob's batch)",
+    )
+    reset.add_argument("--reason", metavar="TEXT", help="why (logged and kept in the blob)")
+    reset.add_argument("--force", action="store_true", help="even if the query may be running")
+    _add_settings(reset)
+    retire = sub.add_parser(
+        "retire",
+        help="stop tracking a query: its Redis keys removed, its blob kept or archived",
+        description="Remove the query's Redis record (its hash, its entries in the pending and "
+        "queries sets, the names pointing at it) and drop it from the daemon's memory, lease "
+        "released. The blob stays, or with --archive moves to <namespace>/archive/ (copied, "
+        "then deleted under the lease). " + how,
+    )
+    retire.add_argument("query", metavar="QUERY", help="query name or query id")
+    retire.add_argument("--archive", action="store_true", help="move the blob to archive/")
+    retire.add_argument("--reason", metavar="TEXT", help="why (logged)")
+    retire.add_argument("--force", action="store_true", help="even if the query may be running")
+    _add_settings(retire)
 
 
 def _config_from(args: argparse.Namespace) -> Config:
@@ -238,6 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "import-spark-checkpoint":
         imported: int = commands.import_spark(args, config)
         return imported
+    if args.command in ("reset", "retire"):
+        done: int = commands.admin(args, config)
+        return done
     if args.command in ("list", "show", "history", "starting-offsets"):
         result: int = commands.inspect(args, config)
         return result

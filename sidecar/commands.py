@@ -1,5 +1,6 @@
 """The commands that need the daemon's dependencies: ``run``, ``list``, ``show``,
-``history``, ``starting-offsets``, ``doctor``, ``import-spark-checkpoint`` (imported by
+``history``, ``starting-offsets``, ``doctor``, ``reset``, ``retire``,
+``import-spark-checkpoint`` (imported by
 ``sidecar.cli`` when one of them is asked for)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import uuid
 import anyio
 import msgspec
 
-from sidecar import adoption, diagnosis, report
+from sidecar import adoption, diagnosis, offline, report
 from sidecar import doctor as doctor_checks
 from sidecar.app import Daemon
 from sidecar.blobstore import BlobStore
@@ -33,11 +34,14 @@ from sidecar.errors import (
     EXIT_FORCED,
     EXIT_OK,
     EXIT_USAGE,
+    AdminForbidden,
     ConfigError,
+    InvalidRequest,
     LeaseConflict,
     SidecarError,
 )
 from sidecar.offsets import kafka_starting_offsets, rewind
+from sidecar.protocol import Reset, Retire, SourceSpec
 
 log = logging.getLogger("sidecar")
 
@@ -112,6 +116,47 @@ def inspect(args: argparse.Namespace, config: Config) -> int:
     except SidecarError as exc:
         print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE
+    return EXIT_OK
+
+
+def admin(args: argparse.Namespace, config: Config) -> int:
+    """``reset`` / ``retire``: through the daemon, else under a lease of this process's own;
+    one line saying what was done. 0 done, 1 refused or failed, 2 bad usage or forbidden."""
+    by = offline.who()
+    try:
+        if args.command == "retire":
+            retire = Retire(
+                name=args.query, archive=args.archive, force=args.force, reason=args.reason, by=by
+            )
+            result = anyio.run(offline.retire, config, retire)
+        else:
+            sources = None
+            if args.offsets is not None:
+                try:
+                    ends = msgspec.json.decode(args.offsets)
+                except msgspec.DecodeError as exc:
+                    raise InvalidRequest(f"--offsets is not JSON: {exc}") from None
+                if not isinstance(ends, list) or not ends:
+                    raise InvalidRequest("--offsets: a JSON array, one end offset per source")
+                sources = tuple(SourceSpec(end_offset=end) for end in ends)
+            elif args.batch_id is not None:
+                raise InvalidRequest("--batch-id goes with --offsets")
+            reason = args.reason or f"checkpoint-sidecar reset by {by}"
+            reset = Reset(
+                reason=reason,
+                name=args.query,
+                to_batch=args.to_batch,
+                sources=sources,
+                batch_id=args.batch_id,
+                force=args.force,
+                by=by,
+            )
+            result = anyio.run(offline.reset, config, reset)
+    except SidecarError as exc:
+        print(f"checkpoint-sidecar: {args.command}: {exc}", file=sys.stderr)
+        usage = (ConfigError, AdminForbidden, InvalidRequest)
+        return EXIT_USAGE if isinstance(exc, usage) else EXIT_FAILURE
+    print(result.summary())
     return EXIT_OK
 
 

@@ -128,6 +128,13 @@ class BlobFloors:
             if self._with_blob is not None:
                 self._with_blob.add(query_id)
 
+    def reset_to(self, query_id: str, batch_id: int) -> None:
+        """The blob now holds ``batch_id`` after a reset (``sidecar.adminops``): the floor is
+        set to it, lower or not, so batches above it are stored again."""
+        self._floors[query_id] = batch_id
+        if self._with_blob is not None:
+            self._with_blob.add(query_id)
+
     def forget(self, query_id: str) -> None:
         """Drop what is known of the query (retired): the next update reads the blob again."""
         self._floors.pop(query_id, None)

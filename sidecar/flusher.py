@@ -32,7 +32,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import anyio
 from anyio.abc import TaskStatus
@@ -94,6 +95,10 @@ class Flusher:
         self._pending: set[str] = set()
         #: Queries whose history was last thinned to fit ``HISTORY_MAX_BYTES`` (logged once).
         self._thinned: set[str] = set()
+        #: Per query: a lock held by each flush and by an admin op, and how many admin ops ran
+        #: (a flush of a snapshot read before one is dropped: it would undo it).
+        self._locks: dict[str, anyio.Lock] = {}
+        self._admin_ops: dict[str, int] = {}
         self._loop = anyio.CancelScope()
         self._loop_done = anyio.Event()
 
@@ -136,6 +141,24 @@ class Flusher:
         if self._recovering:
             self._recovering.discard(query_id)
 
+    @asynccontextmanager
+    async def exclusive(self, query_id: str) -> AsyncIterator[None]:
+        """No flush of the query runs inside (an admin op: reset, retire), and none of a
+        snapshot read before it runs after."""
+        async with self._lock(query_id):
+            self._admin_ops[query_id] = self._admin_ops.get(query_id, 0) + 1
+            yield
+
+    @asynccontextmanager
+    async def _lock(self, query_id: str) -> AsyncIterator[None]:
+        lock = self._locks.setdefault(query_id, anyio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.statistics().tasks_waiting and not lock.locked():
+                self._locks.pop(query_id, None)
+
     # --- the loop --------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -154,6 +177,7 @@ class Flusher:
 
     async def tick(self, *, final: bool = False) -> int:
         """One pass. Returns how many owned queries are still left pending by a failure."""
+        admin_ops = dict(self._admin_ops)  # before the snapshot: an op after it voids it
         try:
             snapshot = await self._buffer.snapshot(extra=list(self._waiters))
         except SidecarError as exc:
@@ -208,7 +232,9 @@ class Flusher:
 
         async def flush(q: PendingQuery) -> None:
             nonlocal failed
-            async with self._limiter:
+            async with self._limiter, self._lock(q.query_id):
+                if self._admin_ops.get(q.query_id) != admin_ops.get(q.query_id):
+                    return  # reset or retired since the snapshot: this flush would undo it
                 if not await self._flush(q):
                     failed += 1
 
@@ -270,7 +296,7 @@ class Flusher:
             )
         elif not thinned:
             self._thinned.discard(query_id)
-        return ckpt.CheckpointDocument.of(checkpoint, self._writer, history)
+        return ckpt.CheckpointDocument.of(checkpoint, self._writer, history, reset_of=previous)
 
     async def _flush(self, q: PendingQuery) -> bool:
         """Flush one query. False when it failed and must be retried (not: not owned, or a

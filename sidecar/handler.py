@@ -12,6 +12,7 @@
                    └─▶ ack_mode=blob: wait until the blob holds it (≤ blob_ack_timeout_s)
     get      ─▶ Redis ─▶ the blob instead when it is newer or Redis has nothing
     ping     ─▶ ok
+    reset, retire (admin) ─▶ the admin callable (sidecar.adminops): the lease owner does it
     bad line ─▶ counted, logged, error reply
 
 The server (``sidecar.server``) calls :meth:`RequestHandler.begin` for every event of one
@@ -37,6 +38,8 @@ from sidecar.errors import NotReplicated, SidecarError
 from sidecar.floor import NO_BLOB, BlobFloors
 from sidecar.metrics import Metrics
 from sidecar.protocol import (
+    ADMIN_OPS,
+    AdminRequest,
     BadRequest,
     ErrorCode,
     Event,
@@ -44,6 +47,8 @@ from sidecar.protocol import (
     Ping,
     Progress,
     RequestId,
+    Reset,
+    Retire,
     encode_error,
     encode_ok,
 )
@@ -56,6 +61,8 @@ Reply = Callable[[], Awaitable[bytes]]
 WaitDurable = Callable[[str, int], Awaitable[None]]
 #: A checkpoint read from the blob store, by query id or by name (encoded), or None.
 LookupBlob = Callable[[str | None, str | None], Awaitable[bytes | None]]
+#: Carry out an admin op (``sidecar.adminops``); what was done, for the reply's ``result``.
+AdminOp = Callable[[AdminRequest], Awaitable[dict[str, object]]]
 
 
 class RequestHandler:
@@ -72,10 +79,13 @@ class RequestHandler:
         blob_ack_timeout_s: float = 30.0,
         lookup_blob: LookupBlob | None = None,
         floors: BlobFloors | None = None,
+        admin: AdminOp | None = None,
+        heard: Callable[[str], None] | None = None,
     ) -> None:
         """``wait_durable`` given: ``ack_mode=blob`` (acknowledge once in the blob).
         ``floors`` given: no update older than the query's blob is stored, and ``get``
-        answers with the blob when it is newer than Redis (``sidecar.floor``)."""
+        answers with the blob when it is newer than Redis (``sidecar.floor``). ``admin``:
+        performs ``reset`` / ``retire``; ``heard``: told the query id of every progress."""
         self._coalescer = coalescer
         self._buffer = buffer
         self._metrics = metrics
@@ -84,6 +94,8 @@ class RequestHandler:
         self._blob_ack_timeout_s = blob_ack_timeout_s
         self._lookup_blob = lookup_blob
         self._floors = floors
+        self._admin = admin
+        self._heard = heard
         # Label children bound once: .labels() costs more than the increment on this path.
         self._applied = metrics.updates.labels("applied")
         self._stale = metrics.updates.labels("stale")
@@ -93,6 +105,8 @@ class RequestHandler:
     async def begin(self, event: Event) -> Reply:
         """Start handling ``event`` (a progress is submitted to Redis now); return its reply."""
         started = time.perf_counter()
+        if self._heard is not None and isinstance(event, Progress):
+            self._heard(event.checkpoint.query_id)
         match event:
             case Progress(id=rid, checkpoint=c) if not ckpt.has_position(c):
                 return self._now(self._no_position(rid, c, started))
@@ -103,6 +117,8 @@ class RequestHandler:
                 return lambda: self._get(rid, query_id, name)
             case Ping(id=rid):
                 return self._now(encode_ok(rid))
+            case Reset() | Retire():
+                return lambda: self._admin_op(event)
             case BadRequest():
                 return self._now(self._bad(event))
         raise AssertionError(f"unhandled event {event!r}")
@@ -197,6 +213,14 @@ class RequestHandler:
             return False  # the store cannot say now: Redis' answer is the best there is
         return floor > ckpt.decode(raw, query_id=query_id).batch_id
 
+    async def _admin_op(self, event: AdminRequest) -> bytes:
+        if self._admin is None:
+            return self._error(event.id, ErrorCode.FORBIDDEN, "this daemon has no admin ops")
+        try:
+            return encode_ok(event.id, result=await self._admin(event))
+        except SidecarError as exc:  # counted and logged by the admin op itself
+            return self._error(event.id, ErrorCode(exc.code), str(exc))
+
     def _error(self, rid: RequestId, code: ErrorCode, message: str) -> bytes:
         """An error reply, counted by code (``checkpoint_sidecar_bad_requests_total``)."""
         self._metrics.bad_requests.labels(code.value).inc()
@@ -205,8 +229,10 @@ class RequestHandler:
     def _bad(self, event: BadRequest) -> bytes:
         if event.op == "progress":
             self._rejected.inc()
+        elif event.op in ADMIN_OPS:
+            self._metrics.admin_ops.labels(event.op, "refused").inc()
         log.log(
-            logging.WARNING if event.fatal else logging.INFO,
+            logging.WARNING if event.fatal or event.op in ADMIN_OPS else logging.INFO,
             "bad request (%s): %s",
             event.code.value,
             event.message,

@@ -122,3 +122,52 @@ redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 return left
 """
 )
+
+# A reset (checkpoint-sidecar reset): the query's record becomes the given checkpoint, as
+# flushed (the caller writes the blob under its lease), so the flusher never writes the
+# replaced batch back; later updates must be newer than it (the apply script compares).
+# Refused while an update was applied within the quiet time (the query may be running).
+# KEYS[1] query hash, KEYS[2] pending zset, KEYS[3] queries set, KEYS[4] names hash.
+# ARGV: query id, batch id, checkpoint JSON, name ("" none), quiet ms (-1: force).
+# Returns {1, ms since the last applied update} when refused, else {0, the batch it replaced
+# (false: none), the updates it dropped unflushed}. The name is recorded only when Redis has
+# none for it (a reset by id never redirects a name to an older query).
+RESET = (
+    _PRELUDE
+    + """
+local cur = redis.call('HMGET', KEYS[1], 'batch_id', 'pending', 'updated_ms', 'version')
+local updated = tonumber(cur[3] or '')
+if tonumber(ARGV[5]) >= 0 and updated and now - updated < tonumber(ARGV[5]) then
+  return {1, now - updated}
+end
+local version = (tonumber(cur[4] or '0') or 0) + 1
+redis.call('HSET', KEYS[1], 'batch_id', ARGV[2], 'checkpoint', ARGV[3], 'version', version,
+           'pending', 0, 'flushed_batch_id', ARGV[2], 'flushed_ms', now)
+redis.call('HDEL', KEYS[1], 'first_pending_ms')
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('SADD', KEYS[3], ARGV[1])
+if ARGV[4] ~= '' then redis.call('HSETNX', KEYS[4], ARGV[4], ARGV[1]) end
+return {0, cur[1] or false, tonumber(cur[2] or '0') or 0}
+"""
+)
+
+# Retiring a query (checkpoint-sidecar retire): its hash, its place in the pending and queries
+# sets and every name pointing at it are removed. Same keys as RESET; ARGV: query id, quiet
+# ms (-1: force). Returns {1, ms since the last applied update} when refused, else {0, the
+# number of keys and entries removed}.
+RETIRE = (
+    _PRELUDE
+    + """
+local updated = tonumber(redis.call('HGET', KEYS[1], 'updated_ms') or '')
+if tonumber(ARGV[2]) >= 0 and updated and now - updated < tonumber(ARGV[2]) then
+  return {1, now - updated}
+end
+local removed = redis.call('DEL', KEYS[1]) + redis.call('ZREM', KEYS[2], ARGV[1])
+  + redis.call('SREM', KEYS[3], ARGV[1])
+local names = redis.call('HGETALL', KEYS[4])
+for i = 1, #names, 2 do
+  if names[i + 1] == ARGV[1] then removed = removed + redis.call('HDEL', KEYS[4], names[i]) end
+end
+return {0, removed}
+"""
+)

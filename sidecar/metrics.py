@@ -184,6 +184,14 @@ class Metrics:
             ["check"],
             registry=r,
         )
+        self.admin_ops = Counter(
+            "checkpoint_sidecar_admin_ops",
+            "Admin ops (checkpoint-sidecar reset / retire) by op and result: ok (done), "
+            "refused (forbidden, query running, lease held elsewhere, not found, bad request: "
+            "nothing changed), error (Redis or the store failed); each one is logged at WARNING",
+            ["op", "result"],
+            registry=r,
+        )
         Info("checkpoint_sidecar_build", "Version of the daemon", registry=r).info(
             {"version": __version__}
         )
@@ -202,6 +210,9 @@ class Metrics:
             self.lease_renewals.labels(result)
         for result in ("ok", "regressed", "error"):
             self.kafka_commits.labels(result)
+        for op in ("reset", "retire"):
+            for result in ("ok", "refused", "error"):
+                self.admin_ops.labels(op, result)
 
     def forget_query(self, label: str) -> None:
         """Remove every series labelled ``query=label`` (a retired query's)."""

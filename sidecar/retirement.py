@@ -122,6 +122,19 @@ class Retirement:
         self.passes += 1
         return retired
 
+    async def drop(self, query_id: str, label: str) -> None:
+        """Retire the query now, busy or not (``checkpoint-sidecar retire``: its Redis keys
+        are gone): release its lease, then the ``forget`` and ``forget_label`` hooks, as for an
+        idle query. Its lease is released even when a renewal is under way (retried)."""
+        while self._release is not None and not await self._release(query_id):  # noqa: ASYNC110
+            await anyio.sleep(0.05)  # a renewal in flight: it ends within one store call
+        entry = self._seen.pop(query_id, None)
+        for forget in self.forget:
+            self._call(forget, query_id, label)
+        if entry is not None:
+            self._drop_label(entry[1])
+        log.info("retired query=%s (id %s) by request; lease released", label, query_id)
+
     def _busy(self, query_id: str) -> bool:
         return any(busy(query_id) for busy in self.busy)
 

@@ -7,6 +7,10 @@ any reply is awaited, so updates pipelined by one client (and those of concurren
 share a Redis round trip; replies still go out in request order. A ``get`` is answered after
 every earlier request of its connection, so a client reads its own writes.
 
+Admin ops (``reset``, ``retire``) are refused per listener, before the handler sees them:
+on the Unix socket unless ``SIDECAR_ADMIN_OPS``, on TCP unless ``SIDECAR_ADMIN_OPS_TCP`` too
+(any local process can reach a loopback port; the socket file has permissions).
+
 Stopping (``drain``): stop accepting, stop reading, answer what was already read, close.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import socket
 import stat
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
@@ -31,6 +36,16 @@ from sidecar.protocol import ErrorCode, Event, ServerConnection, encode_error
 log = logging.getLogger(__name__)
 
 _GONE = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
+
+ADMIN_OFF = (
+    "reset and retire are admin ops, off on this daemon: set SIDECAR_ADMIN_OPS=true "
+    "(--admin-ops) to allow them on its Unix socket (with no daemon running, the CLI performs "
+    "them itself under the blob's lease)"
+)
+ADMIN_OFF_TCP = (
+    "reset and retire are refused on the TCP listener, which any local process can reach (no "
+    "file permissions guard it): use the Unix socket, or set SIDECAR_ADMIN_OPS_TCP=true"
+)
 
 
 def _lock_socket_path(path: str) -> int:
@@ -195,7 +210,7 @@ class SocketServer:
         self._connections += 1
         number = self._connections
         self._metrics.connections.inc()
-        conn = ServerConnection(self._config.max_frame_bytes)
+        conn = ServerConnection(self._config.max_frame_bytes, self._admin_refusal(stream))
         failures = _Failures(number)
         try:
             async with stream:
@@ -230,6 +245,14 @@ class SocketServer:
             self._metrics.connections.dec()
             if self._stopping and self._active == 0:
                 self._all_closed.set()
+
+    def _admin_refusal(self, stream: ByteStream) -> str | None:
+        """Why this connection may not send admin ops; None: it may."""
+        cfg = self._config
+        if not cfg.admin_ops:
+            return ADMIN_OFF
+        unix = stream.extra(anyio.abc.SocketAttribute.family, None) == socket.AF_UNIX
+        return None if unix or cfg.admin_ops_tcp else ADMIN_OFF_TCP
 
     async def _answer(self, events: Sequence[Event], failures: _Failures) -> bytes:
         # Begin every request of this read first (updates share one Redis round trip), then

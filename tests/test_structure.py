@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: Lowest first. A module may import sidecar modules of lower layers only (the same layer
 #: neither: modules of one layer are peers that know nothing of each other).
 LAYERS: list[set[str]] = [
-    {"errors", "keys", "backoff", "confighelp"},  # vocabulary: pure
+    {"errors", "keys", "backoff", "confighelp", "framing"},  # vocabulary, byte framing: pure
     {"config", "checkpoint", "lua"},  # settings, records, Redis scripts: pure
     {"protocol", "offsets", "diagnosis"},  # wire format, offset shapes, doctor's rules: pure
     {"sparklog"},  # Spark's own checkpoint directory, read: pure
@@ -32,7 +32,8 @@ LAYERS: list[set[str]] = [
     {"lease", "lag", "kafka", "handler", "server", "admin", "report", "durability"}
     | {"retirement", "shutdown", "doctor", "adoption"},
     {"flusher"},
-    {"app"},  # wiring
+    {"adminops"},  # reset and retire: as the lease owner (tells the flusher, floor, retirement)
+    {"app", "offline"},  # wiring; reset and retire through the daemon or under a lease of its own
     {"commands"},
     {"cli"},
     {"__main__"},
@@ -42,6 +43,7 @@ PURE = {
     "keys",
     "backoff",
     "confighelp",
+    "framing",
     "config",
     "checkpoint",
     "lua",
