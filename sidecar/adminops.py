@@ -92,7 +92,7 @@ def running(label: str, query_id: str, seconds: float, config: Config, what: str
     return AdminRefused(
         f"query {label} ({query_id}) may still be running: {what} {seconds:.1f}s ago (within "
         f"SIDECAR_ADMIN_QUIET_S={config.admin_quiet_s:g}); stop the query first, or force it "
-        "(--force: a running query's next batch above the new position replaces it)"
+        "(--force: a running query's next batch replaces a reset, or brings a retired query back)"
     )
 
 

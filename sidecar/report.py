@@ -120,6 +120,11 @@ def print_show(info: BlobInfo, *, as_json: bool, out: TextIO = sys.stdout) -> No
         f"batch       {doc.batch_id}   (Spark timestamp {doc.timestamp})",
         f"written     {doc.written_at} by {w.host} pid {w.pid} (instance {w.instance_id})",
         f"blob        {info.blob_name}   lease {info.lease_state}",
+        *(
+            [f"reset       from batch {doc.reset_from} at {doc.reset_at}: {doc.reset_reason}"]
+            if doc.reset_at
+            else []
+        ),
         "sources:",
     ]
     for i, s in enumerate(doc.sources):

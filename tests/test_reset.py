@@ -290,6 +290,8 @@ async def test_with_no_daemon_the_cli_resets_and_retires_under_its_own_lease(
         assert await store.lease_state(QID) == "available"  # taken and released
         stored = await record(config, QID)
         assert stored[b"batch_id"] == stored[b"flushed_batch_id"] == b"3"
+        shown = await acli(config, "show", NAME)
+        assert f"reset       from batch 5 at {doc.reset_at}: replay\n" in shown.stdout
 
         offsets = json.dumps([end_of(7)])
         explicit = await acli(
