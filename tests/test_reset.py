@@ -18,12 +18,20 @@ import pytest
 import redis.asyncio as aioredis
 
 from sidecar import checkpoint as ckpt
+from sidecar import offline
 from sidecar.blobstore import BlobStore
 from sidecar.client import SidecarClient
 from sidecar.config import Config
 from sidecar.keys import Keys
 from sidecar.protocol import BadRequest, Reply, Reset, parse_request
-from tests.helpers import blob_reader, eventually, running_daemon, sample, wait_blob_batch
+from tests.helpers import (
+    blob_reader,
+    checkpoint_of,
+    eventually,
+    running_daemon,
+    sample,
+    wait_blob_batch,
+)
 from tests.services import REPO_ROOT, free_port
 from tests.sparkshapes import kafka_progress
 
@@ -338,6 +346,29 @@ async def test_with_no_daemon_the_cli_is_refused_while_another_owner_holds_the_l
     assert "(lease state leased)" in refused.stderr and "nothing was changed" in refused.stderr
     assert (await record(config, QID))[b"batch_id"] == b"2"  # Redis untouched too
     assert await redis_state(config, QID) == (True, True, True, False)
+
+
+async def test_apply_reset_writes_a_whole_checkpoint_by_either_path(
+    make_config: ConfigFactory,
+) -> None:
+    """``offline.apply_reset``, as ``import-spark-checkpoint`` calls it: a query the sidecar
+    never saw, with no daemon; then, a daemon running, a newer checkpoint through it."""
+    config = make_config(admin_ops="true", count_threshold=1)
+    first = checkpoint_of(QID, 41)
+    done = await offline.apply_reset(config, first, reason="imported from Spark")
+    assert (done.via, done.batch_id, done.reset_from) == ("lease", 41, None)
+    async with blob_reader(config) as store:
+        doc = await store.read(QID)
+        assert doc is not None and doc.checkpoint() == first
+        assert (doc.reset_from, doc.reset_reason) == (None, "imported from Spark")
+        assert await store.lease_state(QID) == "available"
+        assert (await record(config, QID))[b"batch_id"] == b"41"
+        async with running_daemon(config):
+            later = await offline.apply_reset(config, checkpoint_of(QID, 50), reason="again")
+            assert (later.via, later.batch_id, later.reset_from) == ("daemon", 50, 41)
+            doc = await store.read(QID)
+            assert doc is not None and doc.sources == checkpoint_of(QID, 50).sources
+            assert [h.batch_id for h in doc.history] == [41]
 
 
 # --- pure: documents and requests -------------------------------------------------------------
