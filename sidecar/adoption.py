@@ -2,7 +2,9 @@
 directory (local files) and the query's existing sidecar checkpoint (its blob), combined into
 the checkpoint to write, and what the command prints.
 
-The rules live in ``sidecar.sparklog`` (pure); the write is ``sidecar.commands._write``.
+The rules live in ``sidecar.sparklog`` (pure); the write is ``sidecar.offline.apply_reset``
+(a reset: through the running daemon, else under a lease of the tool's own), after
+:func:`check_write`, the import's own rule.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import msgspec
 from sidecar.blobstore import BlobStore, newest_named
 from sidecar.checkpoint import Checkpoint, CheckpointDocument
 from sidecar.config import Config
+from sidecar.errors import AdminRefused
 from sidecar.sparklog import (
     SparkBatch,
     SparkCheckpointError,
@@ -125,15 +128,50 @@ async def plan(config: Config, spark_checkpoint: str, batch: SparkBatch, name: s
     return Adoption(spark_checkpoint, batch, checkpoint, blob, own, described_by)
 
 
+def check_write(adoption: Adoption, *, force: bool) -> None:
+    """The import's own rule, before the write: never move a query back silently. A reset
+    may go back on purpose, so ``apply_reset`` does not check this; an import goes back only
+    with ``force`` (an older copy of a checkpoint directory is an easy mistake).
+
+    Raises:
+        AdminRefused: the query's blob holds a newer batch (unless ``force``), or another
+            number of sources than Spark's log (a reset keeps the sources: never forced).
+    """
+    a, c = adoption, adoption.checkpoint
+    if a.existing is None:
+        return
+    if a.existing.batch_id > c.batch_id and not force:
+        raise AdminRefused(
+            f"blob {a.blob} already holds batch {a.existing.batch_id}, newer than batch "
+            f"{c.batch_id}: nothing written. The sidecar is ahead of this Spark checkpoint (an "
+            "older copy, or the query kept running with the listener); pass --force to move the "
+            f"query back to batch {c.batch_id}"
+        )
+    if len(a.existing.sources) != len(c.sources):
+        raise AdminRefused(
+            f"blob {a.blob} holds {len(a.existing.sources)} source(s) for this query, Spark's "
+            f"log {len(c.sources)}: nothing written (a reset keeps the query's sources). If the "
+            f"query's sources changed, retire the old record first (`checkpoint-sidecar retire "
+            f"{c.query_id} --archive`), then import"
+        )
+
+
 def _json(value: Any) -> str:
     return msgspec.json.encode(value).decode()
 
 
 def print_adoption(
-    adoption: Adoption, *, written: bool, as_json: bool, out: TextIO = sys.stdout
+    adoption: Adoption,
+    *,
+    via: str | None,
+    as_json: bool,
+    force: bool = False,
+    out: TextIO = sys.stdout,
 ) -> None:
-    """What was (``written``) or would be written, for people or (``as_json``) scripts."""
+    """What was written (``via`` "daemon" or "lease": ``AdminResult.via``) or, ``via`` None,
+    would be written, for people or (``as_json``) scripts."""
     a, c = adoption, adoption.checkpoint
+    written = via is not None
     if as_json:
         row = {
             "spark_checkpoint": a.spark_checkpoint,
@@ -143,6 +181,7 @@ def print_adoption(
             "blob_batch_id": a.existing.batch_id if a.existing is not None else None,
             "descriptions": a.described_by,
             "written": written,
+            "via": via,
             "checkpoint": c,
         }
         out.write(_json(row) + "\n")
@@ -164,12 +203,15 @@ def print_adoption(
         lines += [f"  [{i}] {s.description}", f"      end    {_json(s.end_offset)}"]
     lines.append(f"blob              {a.blob}: {'held' if written else 'holds'} {held}")
     if written:
+        how = "by the daemon" if via == "daemon" else "under the tool's own lease"
         lines.append(
-            f"wrote batch {c.batch_id} of query {c.name!r}: run with the sidecar's listener, "
-            f"its next batches ({c.batch_id + 1}, ...) are stored on top of it"
+            f"wrote batch {c.batch_id} of query {c.name!r} as a reset, {how}: run with the "
+            f"sidecar's listener, its next batches ({c.batch_id + 1}, ...) are stored on top of it"
         )
     else:
-        if a.existing is not None and a.existing.batch_id > c.batch_id:
-            lines.append("the blob holds a newer batch: the write is refused without --force")
+        try:
+            check_write(a, force=force)
+        except AdminRefused as exc:
+            lines.append(f"the write would be refused: {exc}")
         lines.append("dry run: nothing written (run it again without --dry-run to write)")
     out.write("\n".join(lines) + "\n")

@@ -185,9 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
         "Spark's own restart resumes — as the sidecar checkpoint of that query id, named "
         "NAME. Spark's log names no source: descriptions come from the query's existing "
         "sidecar checkpoint when it has as many sources, else placeholders (source[i], or "
-        "KafkaV2[topics] for a Kafka-shaped offset). Written under the blob's lease: refused "
-        "while another owner (a running daemon) holds it, and when the blob holds a newer "
-        "batch unless --force. Exit code 0 written (or --dry-run), 1 refused, 2 bad settings.",
+        "KafkaV2[topics] for a Kafka-shaped offset). Written as a reset, like `reset`: "
+        "through the daemon on SIDECAR_SOCKET_PATH when one runs (it needs "
+        "SIDECAR_ADMIN_OPS=true), else under a lease of its own (Redis, then the blob; "
+        "refused while another owner holds the lease). Refused unless --force when the blob "
+        "holds a newer batch, or when the query was heard from within SIDECAR_ADMIN_QUIET_S "
+        "(the sidecar already tracks it). Exit code 0 written (or --dry-run), 1 refused, "
+        "2 bad settings (admin ops off on the daemon).",
     )
     adopt.add_argument("path", metavar="PATH", help="the Spark checkpoint directory (local)")
     adopt.add_argument(
@@ -195,7 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     adopt.add_argument("--dry-run", action="store_true", help="print what would be written")
     adopt.add_argument(
-        "--force", action="store_true", help="write even if the blob holds a newer batch"
+        "--force",
+        action="store_true",
+        help="write even if the blob holds a newer batch or the sidecar heard from the query",
     )
     adopt.add_argument("--json", action="store_true", help="machine-readable output")
     _add_settings(adopt)

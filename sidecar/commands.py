@@ -8,11 +8,8 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-import os
 import signal
-import socket
 import sys
-import uuid
 
 import anyio
 import msgspec
@@ -20,14 +17,6 @@ import msgspec
 from sidecar import adoption, diagnosis, offline, report
 from sidecar import doctor as doctor_checks
 from sidecar.app import Daemon
-from sidecar.blobstore import BlobStore
-from sidecar.checkpoint import (
-    Checkpoint,
-    CheckpointDocument,
-    Writer,
-    carry_history,
-    encode_document,
-)
 from sidecar.config import Config
 from sidecar.errors import (
     EXIT_FAILURE,
@@ -37,7 +26,6 @@ from sidecar.errors import (
     AdminForbidden,
     ConfigError,
     InvalidRequest,
-    LeaseConflict,
     SidecarError,
 )
 from sidecar.offsets import kafka_starting_offsets, rewind
@@ -172,82 +160,28 @@ def doctor(config: Config, *, as_json: bool) -> int:
 
 def import_spark(args: argparse.Namespace, config: Config) -> int:
     """``import-spark-checkpoint PATH --query-name NAME``: write the last committed batch of
-    a Spark checkpoint directory as the query's sidecar checkpoint (``--dry-run``: print it
-    only). 0 written (or dry run), 1 refused or failed, 2 bad settings."""
+    a Spark checkpoint directory as the query's sidecar checkpoint, as a reset
+    (``offline.apply_reset``: through the running daemon, else under a lease of its own;
+    ``--dry-run``: print it only). 0 written (or dry run), 1 refused or failed, 2 bad settings
+    (the daemon's included: admin ops off)."""
     try:
         batch = adoption.read_spark_checkpoint(args.path)
         found = anyio.run(adoption.plan, config, args.path, batch, args.query_name)
+        result = None
         if not args.dry_run:
+            adoption.check_write(found, force=args.force)
             reason = f"imported from Spark checkpoint {args.path} (last committed batch)"
             write = functools.partial(
-                _write, config, found.checkpoint, reason=reason, force=args.force
+                offline.apply_reset, config, found.checkpoint, reason=reason, force=args.force
             )
-            anyio.run(write)
+            result = anyio.run(write)
     except SidecarError as exc:
         print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE
-    adoption.print_adoption(found, written=not args.dry_run, as_json=args.json)
+        usage = (ConfigError, AdminForbidden)
+        return EXIT_USAGE if isinstance(exc, usage) else EXIT_FAILURE
+    via = result.via if result is not None else None
+    adoption.print_adoption(found, via=via, as_json=args.json, force=args.force)
     return EXIT_OK
-
-
-async def _write(config: Config, checkpoint: Checkpoint, *, reason: str, force: bool) -> None:
-    """Write ``checkpoint`` as its query's blob document, as an explicit reset.
-
-    A stand-in for ``reset``'s writer (through the running daemon, else under the blob's
-    lease): until that lands this always takes the lease itself — acquire, read, write,
-    release — so it refuses while a running daemon (or anyone) holds it. Switch the import
-    over by replacing this body with one call to that writer.
-
-    Raises:
-        SidecarError: another owner holds the lease; the blob holds a newer batch (unless
-            ``force``); the blob cannot be read (never overwritten).
-    """
-    store = BlobStore(config)
-    blob, query_id = store.blob_name(checkpoint.query_id), checkpoint.query_id
-    lease_id = str(uuid.uuid4())
-    try:
-        await store.ensure_container()
-        await store.create_if_absent(query_id)
-        try:
-            await store.acquire_lease(query_id, lease_id, config.lease_duration_s)
-        except LeaseConflict as exc:
-            raise SidecarError(
-                f"blob {blob} is leased by another owner (a daemon tracking query "
-                f"{checkpoint.label!r}, or another import): nothing written. Stop that daemon "
-                "(it releases its leases when it stops) or wait for an abandoned lease to "
-                "expire (a daemon's lasts SIDECAR_LEASE_DURATION_S, "
-                f"{config.lease_duration_s} s here), then run this again"
-            ) from exc
-        try:
-            previous = await store.read(query_id)
-            if previous is not None and previous.batch_id > checkpoint.batch_id and not force:
-                raise SidecarError(
-                    f"blob {blob} already holds batch {previous.batch_id}, newer than batch "
-                    f"{checkpoint.batch_id}: nothing written. The sidecar is ahead of this "
-                    "Spark checkpoint; pass --force to move the query back to it"
-                )
-            history, _ = carry_history(previous, checkpoint.batch_id, config.history_size)
-            writer = Writer(host=socket.gethostname(), pid=os.getpid(), instance_id=lease_id)
-            doc = CheckpointDocument.of(checkpoint, writer, history)
-            body = encode_document(doc)
-            await store.write(query_id, body, lease_id=lease_id, query_name=checkpoint.name)
-            log.warning(
-                "reset: query %s (%s) set to batch %d in blob %s (was %s): %s",
-                checkpoint.label,
-                query_id,
-                checkpoint.batch_id,
-                blob,
-                "empty" if previous is None else f"batch {previous.batch_id}",
-                reason,
-            )
-        finally:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await store.release_lease(query_id, lease_id)
-                except SidecarError as exc:
-                    log.warning("lease on %s not released (it expires by itself): %s", blob, exc)
-    finally:
-        await store.aclose()
 
 
 async def _run(config: Config) -> int:

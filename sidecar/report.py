@@ -121,7 +121,7 @@ def print_show(info: BlobInfo, *, as_json: bool, out: TextIO = sys.stdout) -> No
         f"written     {doc.written_at} by {w.host} pid {w.pid} (instance {w.instance_id})",
         f"blob        {info.blob_name}   lease {info.lease_state}",
         *(
-            [f"reset       from batch {doc.reset_from} at {doc.reset_at}: {doc.reset_reason}"]
+            [f"reset       from {_was(doc.reset_from)} at {doc.reset_at}: {doc.reset_reason}"]
             if doc.reset_at
             else []
         ),
@@ -160,3 +160,8 @@ def print_history(info: BlobInfo, *, as_json: bool, out: TextIO = sys.stdout) ->
     for row in table:
         cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
         out.write("  ".join([*cells, row[-1]]).rstrip() + "\n")
+
+
+def _was(batch_id: int | None) -> str:
+    """What a reset replaced: a batch, or nothing (an import of a query never stored)."""
+    return "nothing" if batch_id is None else f"batch {batch_id}"

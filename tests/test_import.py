@@ -1,5 +1,6 @@
 """``import-spark-checkpoint``: the parser of Spark's checkpoint directory on small
-hand-written directories (pure), and the command against Azurite (no Spark: see
+hand-written directories (pure), and the command against Redis and Azurite, with no daemon
+(under the tool's own lease) and through a running daemon (no Spark: see
 ``tests/test_spark_import.py`` for directories written by real queries)."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +16,20 @@ import anyio
 import msgspec
 import pytest
 
-from sidecar import commands
+from sidecar import offline
 from sidecar.adoption import read_spark_checkpoint
 from sidecar.blobstore import BlobStore
 from sidecar.checkpoint import Checkpoint, CheckpointDocument, SourceOffsets
+from sidecar.client import SidecarClient
 from sidecar.config import Config
 from sidecar.offsets import kafka_offsets, kafka_starting_offsets
 from sidecar.sparklog import SparkBatch, SparkCheckpointError, describe, to_checkpoint
+from tests.helpers import blob_reader, running_daemon, sample, wait_blob_batch
 from tests.services import REPO_ROOT
+from tests.sparkshapes import kafka_progress
 
 QID = "5f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0"
+ADMIN = "checkpoint_sidecar_admin_ops_total"
 META = '{"batchWatermarkMs":0,"batchTimestampMs":1795299045040,"conf":{}}'
 
 
@@ -126,7 +132,7 @@ def test_not_a_directory_or_not_local(tmp_path: Path) -> None:
         read_spark_checkpoint("abfss://c@acct.dfs.core.windows.net/ck")
 
 
-# --- the command, against Azurite -----------------------------------------------------------
+# --- the command, against Redis and Azurite ------------------------------------------------
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -163,8 +169,8 @@ def seed(env: dict[str, str], batch: int, *, query_id: str = QID, name: str = "o
             SourceOffsets("KafkaV2[Subscribe[events]]", None, {"events": {"0": 1}}, None),
         ],
     )
-    config = Config.from_env(env)
-    anyio.run(lambda: commands._write(config, checkpoint, reason="seed", force=True))
+    config = Config.from_env(env)  # no daemon on its socket: under a lease of its own
+    anyio.run(lambda: offline.apply_reset(config, checkpoint, reason="seed", force=True))
 
 
 def test_dry_run_then_import_then_show(daemon_env: dict[str, str], tmp_path: Path) -> None:
@@ -180,14 +186,24 @@ def test_dry_run_then_import_then_show(daemon_env: dict[str, str], tmp_path: Pat
     done = cli(daemon_env, *args, "--json")
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
-    assert (out["written"], out["batch_id"], out["blob_batch_id"]) == (True, 1, None)
-    assert "reset: query orders" in done.stderr and "was empty" in done.stderr
+    assert (out["written"], out["via"], out["batch_id"], out["blob_batch_id"]) == (
+        True,
+        "lease",
+        1,
+        None,
+    )
+    assert "WARNING sidecar.adminops: admin reset by " in done.stderr
+    assert "from batch none to batch 1 under the tool's own lease" in done.stderr
     doc = read(daemon_env)
     assert doc is not None and doc.batch_id == 1 and doc.name == "orders"
+    assert doc.reset_from is None
+    assert doc.reset_reason == f"imported from Spark checkpoint {root} (last committed batch)"
     assert [s.end_offset for s in doc.sources] == [1, {"events": {"0": 1, "1": 2}}]
     resume = cli(daemon_env, "starting-offsets", "orders")
     assert resume.stdout.strip() == '{"events":{"0":1,"1":2}}'
-    assert cli(daemon_env, "show", QID).returncode == 0
+    shown = cli(daemon_env, "show", QID)
+    assert shown.returncode == 0, shown.stderr
+    assert f"reset       from nothing at {doc.reset_at}: imported from Spark" in shown.stdout
 
 
 def test_descriptions_from_the_blob_a_newer_blob_refused_unless_forced(
@@ -197,18 +213,20 @@ def test_descriptions_from_the_blob_a_newer_blob_refused_unless_forced(
     root = spark_dir(tmp_path / "ck", {4: ["4", kafka_line(4)]}, [4])
     args = ("import-spark-checkpoint", str(root), "--query-name", "orders")
     dry = cli(daemon_env, *args, "--dry-run")
-    assert "the blob holds a newer batch: the write is refused without --force" in dry.stdout
+    assert "the write would be refused: blob " in dry.stdout
     refused = cli(daemon_env, *args)
     assert refused.returncode == 1
     assert "already holds batch 9, newer than batch 4: nothing written" in refused.stderr
+    assert "pass --force to move the query back to batch 4" in refused.stderr
     doc = read(daemon_env)
     assert doc is not None and doc.batch_id == 9
 
     forced = cli(daemon_env, *args, "--force")
     assert forced.returncode == 0, forced.stderr
     assert "described by its blob (batch 9)" in forced.stdout
+    assert "as a reset, under the tool's own lease" in forced.stdout
     doc = read(daemon_env)
-    assert doc is not None and doc.batch_id == 4
+    assert doc is not None and (doc.batch_id, doc.reset_from) == (4, 9)
     assert [s.description for s in doc.sources] == [
         "RateStreamV2[rowsPerSecond=10]",
         "KafkaV2[Subscribe[events]]",
@@ -245,10 +263,76 @@ def test_refused_while_another_owner_holds_the_lease(
     root = spark_dir(tmp_path / "ck", {5: ["5", kafka_line(5)]}, [5])
     refused = cli(daemon_env, "import-spark-checkpoint", str(root), "--query-name", "orders")
     assert refused.returncode == 1
-    assert "is leased by another owner" in refused.stderr
-    assert "nothing written" in refused.stderr
+    assert "another owner holds the lease on" in refused.stderr
+    assert "nothing was changed" in refused.stderr
     doc = read(daemon_env)
     assert doc is not None and doc.batch_id == 1
+
+
+def env_of(config: Config) -> dict[str, str]:
+    """The CLI's settings for the daemon ``config`` describes (its socket, Redis, blobs)."""
+    return {
+        "SIDECAR_SOCKET_PATH": config.socket_path,
+        "SIDECAR_REDIS_URL": config.redis_url,
+        "SIDECAR_NAMESPACE": config.namespace,
+        "AZURE_STORAGE_CONNECTION_STRING": config.azure_connection_string or "",
+        "SIDECAR_CONTAINER": config.container,
+        "SIDECAR_LEASE_DURATION_S": "15",
+    }
+
+
+async def acli(config: Config, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI from an async test (the daemon keeps running in this loop meanwhile)."""
+    return await anyio.to_thread.run_sync(lambda: cli(env_of(config), *args))
+
+
+async def test_through_a_running_daemon_and_refused_while_it_hears_the_query(
+    make_config: Callable[..., Config], tmp_path: Path
+) -> None:
+    config = make_config(admin_ops="true", count_threshold=1)
+    first = spark_dir(tmp_path / "a", {3: [kafka_line(3)]}, [3])
+    later = spark_dir(tmp_path / "b", {8: [kafka_line(8)]}, [8])
+    async with running_daemon(config) as daemon, blob_reader(config) as store:
+        # A query running without the listener: the daemon never heard of it.
+        done = await acli(config, "import-spark-checkpoint", str(first), "--query-name", "orders")
+        assert done.returncode == 0, done.stderr
+        assert "wrote batch 3 of query 'orders' as a reset, by the daemon" in done.stdout
+        doc = await store.read(QID)
+        assert doc is not None and (doc.batch_id, doc.reset_from) == (3, None)
+        assert doc.reset_reason == f"imported from Spark checkpoint {first} (last committed batch)"
+        assert doc.sources[0].end_offset == {"events": {"0": 3, "1": 4}}
+        assert await store.lease_state(QID) == "leased"  # the daemon's, kept
+        assert sample(daemon, ADMIN, op="reset", result="ok") == 1
+
+        # Now the listener reports batch 4: the daemon tracks the query.
+        async with await SidecarClient.connect(config.socket_path) as c:
+            reply = await c.progress(kafka_progress(QID, 4, name="orders", partitions=2))
+            assert reply.applied, reply
+        await wait_blob_batch(store, QID, 4)
+        args = ("import-spark-checkpoint", str(later), "--query-name", "orders")
+        refused = await acli(config, *args)
+        assert refused.returncode == 1
+        assert "may still be running: this daemon received a progress" in refused.stderr
+        assert sample(daemon, ADMIN, op="reset", result="refused") == 1
+        forced = await acli(config, *args, "--force")
+        assert forced.returncode == 0, forced.stderr
+        doc = await store.read(QID)
+        assert doc is not None and (doc.batch_id, doc.reset_from) == (8, 4)
+        assert sample(daemon, ADMIN, op="reset", result="ok") == 2
+
+
+async def test_refused_by_a_daemon_without_admin_ops(
+    make_config: Callable[..., Config], tmp_path: Path
+) -> None:
+    config = make_config()  # SIDECAR_ADMIN_OPS off: the default
+    root = spark_dir(tmp_path / "ck", {2: [kafka_line(2)]}, [2])
+    async with running_daemon(config) as daemon, blob_reader(config) as store:
+        refused = await acli(config, "import-spark-checkpoint", str(root), "--query-name", "q")
+        assert refused.returncode == 2
+        assert "reset and retire are admin ops, off on this daemon" in refused.stderr
+        assert "SIDECAR_ADMIN_OPS=true" in refused.stderr
+        assert await store.read(QID) is None
+        assert sample(daemon, ADMIN, op="reset", result="refused") == 1
 
 
 def test_not_a_checkpoint_dir_exits_1(daemon_env: dict[str, str], tmp_path: Path) -> None:
