@@ -76,8 +76,13 @@ class Daemon:
         self.writer = ckpt.Writer(
             host=socket.gethostname(), pid=os.getpid(), instance_id=self.instance_id
         )
-        self.metrics = Metrics(registry, lag_per_partition=config.kafka_lag_per_partition)
-        self.lag = LagTracker(self.metrics, config.kafka_query_set)
+        self.metrics = Metrics(registry)
+        self.lag = LagTracker(
+            config.kafka_query_set,
+            per_partition=config.kafka_lag_per_partition,
+            partition_series_max=config.kafka_lag_partition_series_max,
+        )
+        self.metrics.registry.register(self.lag)  # lag is computed when /metrics is collected
         self.committer = (
             KafkaCommitter(
                 config,
@@ -199,7 +204,6 @@ class Daemon:
                 await tg.start(self.durability.run)
                 await tg.start(self.coalescer.run)
                 await tg.start(self.leases.run)
-                await tg.start(self.lag.run)
                 if self.committer is not None:
                     await tg.start(self.committer.run)  # builds the TLS context once
                 tg.start_soon(self._doctor)  # in the background: never delays the start

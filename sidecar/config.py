@@ -174,6 +174,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     kafka_ssl_certfile: str | None = None
     kafka_ssl_keyfile: str | None = None
     kafka_lag_per_partition: bool = True
+    kafka_lag_partition_series_max: Annotated[int, Meta(ge=0, le=10_000_000)] = 10_000
     # admin endpoint, logging, shutdown
     metrics_host: str = "0.0.0.0"
     metrics_port: Annotated[int, Meta(ge=0, le=65535)] = 9400

@@ -74,6 +74,9 @@ HELP = {
         "kafka_ssl_certfile": "client certificate (mutual TLS)",
         "kafka_ssl_keyfile": "client private key (mutual TLS)",
         "kafka_lag_per_partition": "export lag per partition (false: per topic, for wide topics)",
+        "kafka_lag_partition_series_max": "at most this many per-partition lag series; queries "
+        "beyond it get per-topic series (checkpoint_sidecar_kafka_lag_series_dropped counts "
+        "what was left out)",
     },
     "admin endpoint, logging, shutdown": {
         "metrics_host": "address for /metrics, /healthz, /readyz",

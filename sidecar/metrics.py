@@ -29,12 +29,8 @@ ACK_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25
 class Metrics:
     """The daemon's metrics, registered on ``registry`` (a fresh one by default)."""
 
-    def __init__(
-        self, registry: CollectorRegistry | None = None, *, lag_per_partition: bool = True
-    ) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.lag_per_partition = lag_per_partition
-        self._lag_labels = ["query", "topic"] + (["partition"] if lag_per_partition else [])
         r = self.registry
         self.updates = Counter(
             "checkpoint_sidecar_updates",
@@ -97,6 +93,18 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.flush_checks = Counter(
+            "checkpoint_sidecar_flush_checks",
+            "Flush checks: reads of the pending queries' flush state (not their checkpoints), "
+            "every SIDECAR_FLUSH_INTERVAL_S",
+            registry=r,
+        )
+        self.flush_bodies_read = Counter(
+            "checkpoint_sidecar_flush_bodies_read",
+            "Checkpoints read from Redis to be flushed (only those of due queries, and once "
+            "for a query not seen yet)",
+            registry=r,
+        )
         self.flush_seconds = Histogram(
             "checkpoint_sidecar_flush_seconds",
             "Duration of one checkpoint blob write, seconds",
@@ -157,26 +165,8 @@ class Metrics:
         self.kafka_up = Gauge(
             "checkpoint_sidecar_kafka_up", "1 when the last Kafka commit succeeded", registry=r
         )
-        self.kafka_lag = Gauge(
-            "checkpoint_sidecar_kafka_lag_records",
-            "Records between the end of the log and the query's position (durable offset "
-            "with a broker configured, else Spark's latestOffset - endOffset)",
-            self._lag_labels,
-            registry=r,
-        )
-        self.kafka_query_lag = Gauge(
-            "checkpoint_sidecar_kafka_query_lag_records",
-            "Sum of the query's Kafka lag over all its partitions",
-            ["query"],
-            registry=r,
-        )
-        self.kafka_lag_seconds = Gauge(
-            "checkpoint_sidecar_kafka_lag_seconds",
-            "Estimated time to consume the lag at the query's rate over the last minute "
-            "(+Inf when the query is not consuming)",
-            ["query"],
-            registry=r,
-        )
+        # Lag (checkpoint_sidecar_kafka_lag_records, _query_lag_records, _lag_seconds) is
+        # computed at collection time by sidecar.lag's collector, registered on this registry.
         self.config_check = Gauge(
             "checkpoint_sidecar_config_check",
             "Result of each configuration check run at start (checkpoint-sidecar doctor): "
@@ -215,20 +205,15 @@ class Metrics:
                 self.admin_ops.labels(op, result)
 
     def forget_query(self, label: str) -> None:
-        """Remove every series labelled ``query=label`` (a retired query's)."""
+        """Remove every series labelled ``query=label`` (a retired query's): one removal per
+        metric, whatever the number of queries (lag series are ``sidecar.lag``'s)."""
         for gauge in (
             self.checkpoint_batch_id,
             self.checkpoint_age,
             self.pending_updates,
             self.lease_held,
-            self.kafka_query_lag,
-            self.kafka_lag_seconds,
         ):
             gauge.remove(label)
-        for family in self.kafka_lag.collect():
-            for s in family.samples:
-                if s.labels.get("query") == label:
-                    self.kafka_lag.remove(*(s.labels[n] for n in self._lag_labels))
 
     def set_redis_aof(self, enabled: bool | None) -> None:
         """``checkpoint_sidecar_redis_aof_enabled``: 1/0, absent while unknown (CONFIG

@@ -61,6 +61,7 @@ DEFAULTS = {
     "kafka_ssl_certfile": None,
     "kafka_ssl_keyfile": None,
     "kafka_lag_per_partition": True,
+    "kafka_lag_partition_series_max": 10_000,
 }
 
 
