@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import random
 import time
+import zlib
 from collections.abc import Callable, Hashable
+
+
+def spread(key: str) -> float:
+    """A fraction in [0, 1) of its own for ``key``, the same on every call and every run:
+    jitter for schedules that must stay apart (queries' flush thresholds), not drift."""
+    return zlib.crc32(key.encode()) / 2**32
 
 
 class Backoff:

@@ -73,6 +73,7 @@ class RedisBuffer:
         self._redis = self._topology.connect(timeout_s)
         self._apply = self._redis.register_script(lua.APPLY)
         self._snapshot = self._redis.register_script(lua.SNAPSHOT)
+        self._pending = self._redis.register_script(lua.PENDING)
         self._mark_flushed = self._redis.register_script(lua.MARK_FLUSHED)
         self._admin = {op: self._redis.register_script(lua.RESET if op == "reset" else lua.RETIRE)
                        for op in ("reset", "retire")}  # fmt: skip
@@ -199,13 +200,13 @@ class RedisBuffer:
             value = await self._redis.hget(self.keys.names, name)
         return _text(value) if value is not None else None
 
-    async def snapshot(self, extra: Iterable[str] = ()) -> Snapshot:
-        """Every query with pending updates (plus ``extra`` ones), read atomically; those whose
-        record cannot be read are in ``corrupt`` (left as they are), not in ``queries``."""
+    async def snapshot(self, extra: Iterable[str] = (), *, only: bool = False) -> Snapshot:
+        """Every query with pending updates (plus ``extra`` ones; with ``only``: just the
+        ``extra`` ones), read atomically; those whose record cannot be read are in
+        ``corrupt`` (left as they are), not in ``queries``."""
+        args = [self.keys.query_prefix, "0" if only else "1", *extra]
         with self._translate("snapshot"):
-            raw = await self._snapshot(
-                keys=[self.keys.pending], args=[self.keys.query_prefix, *extra]
-            )
+            raw = await self._snapshot(keys=[self.keys.pending], args=args)
         now_ms = int(raw[0])
         snapshot = Snapshot(now_ms, [], {})
         for row in raw[1:]:
@@ -218,6 +219,19 @@ class RedisBuffer:
             if query is not None:
                 snapshot.queries.append(query)
         return snapshot
+
+    async def pending(self, extra: Iterable[str] = ()) -> tuple[int, list[PendingEntry]]:
+        """Redis' clock (ms) and the flush state of every query with pending updates (plus
+        ``extra`` ones Redis knows), without checkpoints: what a flush check decides on."""
+        args = [self.keys.query_prefix, "1", *extra]
+        with self._translate("pending index"):
+            raw = await self._pending(keys=[self.keys.pending], args=args)
+        entries = [  # not an extra id Redis knows nothing about (or a deleted record)
+            PendingEntry(_text(row[0]), *(_counter(v) if v is not None else None for v in row[1:4]))
+            for row in raw[1:]
+            if any(v is not None for v in row[1:])
+        ]
+        return int(raw[0]), entries
 
     def _pending_query(
         self, query_id: str, fields: list[bytes | None], now_ms: int
@@ -381,6 +395,17 @@ class PendingQuery:
     checkpoint: Checkpoint
     flushed_batch_id: int | None
     snapshot_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingEntry:
+    """One query's flush state without its checkpoint (:meth:`RedisBuffer.pending`);
+    ``pending`` is None when the stored counter cannot be read."""
+
+    query_id: str
+    pending: int | None  # None: absent or unreadable (a snapshot of the query tells which)
+    first_pending_ms: int | None
+    flushed_batch_id: int | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,12 @@
 """The flusher: moves each query's latest checkpoint from Redis to its blob.
 
-Every ``flush_interval_s`` it reads a snapshot of the pending queries from Redis and flushes
-a query when it has ``count_threshold`` updates pending, when its oldest pending update is
-``time_threshold_s`` old, or when an acknowledgement waits on it (``ack_mode=blob``: one
-write answers every waiting ack of that query — group commit). Queries flush concurrently,
-at most ``flush_concurrency`` at a time, each write time-limited.
+Every ``flush_interval_s`` a check reads the pending queries' flush state from Redis (not
+their checkpoints); a query is due with ``count_threshold`` updates pending, when its oldest
+is ``time_threshold_s`` times a factor of its own in [1 - THRESHOLD_JITTER, 1] old (queries
+started together drift apart instead of flushing together every time), or when an ack waits
+on it (``ack_mode=blob``: one write answers every waiting ack of that query — group commit).
+Only due queries' checkpoints are read, :data:`ROWS_PER_READ` at a time, and flushed in the
+background while checks go on: a query in one flush at a time, ``flush_concurrency`` writes.
 
 A flush writes only under the query's lease (``sidecar.lease``) and never moves a blob
 backwards: after acquiring a lease it reads the blob, and a snapshot not newer than what the
@@ -32,26 +34,34 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 
 import anyio
 from anyio.abc import TaskStatus
 
 from sidecar import checkpoint as ckpt
-from sidecar.backoff import Backoff
+from sidecar.backoff import Backoff, spread
 from sidecar.blobstore import BlobStore
-from sidecar.buffer import PendingQuery, RedisBuffer
+from sidecar.buffer import PendingEntry, PendingQuery, RedisBuffer
 from sidecar.config import Config
+from sidecar.docbuilder import DocumentBuilder
 from sidecar.errors import CorruptRecord, LeaseLost, SidecarError
 from sidecar.floor import BlobFloors
 from sidecar.lease import LeaseManager, QueryLease
 from sidecar.metrics import Metrics
+from sidecar.quarantine import Quarantine
+from sidecar.querylocks import QueryLocks
 
 log = logging.getLogger(__name__)
 
 RETRY_BASE_S = 0.5
 RETRY_CAP_S = 30.0
+#: Each query's time threshold is scaled by a factor of its own in [1 - this, 1].
+THRESHOLD_JITTER = 0.25
+#: Due queries whose checkpoints are read in one Redis call, and such reads in memory at
+#: once (of every flush pass): bounds the checkpoints held, whatever the number due.
+ROWS_PER_READ, ROW_READS = 64, 2
 
 
 class Flusher:
@@ -75,30 +85,29 @@ class Flusher:
         self._store = store
         self._leases = leases
         self._metrics = metrics
-        self._writer = writer
+        self._documents = DocumentBuilder(writer, config.history_size)
         #: Called with each checkpoint once it is in the blob (Kafka commits follow it).
         self._on_durable = on_durable
         #: What the blobs hold, kept current for the ingest path (``sidecar.floor``).
         self._floors = floors
         self._track = track
         self._limiter = anyio.CapacityLimiter(config.flush_concurrency)
+        self._row_reads = anyio.CapacityLimiter(ROW_READS)
+        #: Queries in a background flush pass (never in two at once).
+        self._in_flight: set[str] = set()
+        #: Labels by query id, learnt from each query's first row read.
+        self._labels: dict[str, str] = {}
         self._backoff = Backoff(RETRY_BASE_S, RETRY_CAP_S)
         self._waiters: dict[str, list[tuple[int, anyio.Event]]] = defaultdict(list)
         self._durable: dict[str, int] = {}
-        #: Unreadable records, by query id: {where: Redis key or blob name}, each counted and
-        #: logged once, until the record is readable again.
-        self._quarantined: dict[str, dict[str, str]] = defaultdict(dict)
+        self._quarantined = Quarantine(metrics)
         #: Queries a previous run left pending: due whatever the thresholds until flushed
         #: (None until the first snapshot has been read).
         self._recovering: set[str] | None = None
         #: Queries with updates pending (or an unreadable record) at the last snapshot read.
         self._pending: set[str] = set()
-        #: Queries whose history was last thinned to fit ``HISTORY_MAX_BYTES`` (logged once).
-        self._thinned: set[str] = set()
-        #: Per query: a lock held by each flush and by an admin op, and how many admin ops ran
-        #: (a flush of a snapshot read before one is dropped: it would undo it).
-        self._locks: dict[str, anyio.Lock] = {}
-        self._admin_ops: dict[str, int] = {}
+        #: Per query: a lock held by each flush and by an admin op (``sidecar.querylocks``).
+        self._locks = QueryLocks()
         self._loop = anyio.CancelScope()
         self._loop_done = anyio.Event()
 
@@ -136,111 +145,139 @@ class Flusher:
     def forget(self, query_id: str) -> None:
         """Drop what is kept about a retired query (it is recreated if it comes back)."""
         self._durable.pop(query_id, None)
+        self._labels.pop(query_id, None)
         self._backoff.forget(query_id)
-        self._thinned.discard(query_id)
+        self._documents.forget(query_id)
         if self._recovering:
             self._recovering.discard(query_id)
 
-    @asynccontextmanager
-    async def exclusive(self, query_id: str) -> AsyncIterator[None]:
+    def exclusive(self, query_id: str) -> AbstractAsyncContextManager[None]:
         """No flush of the query runs inside (an admin op: reset, retire), and none of a
-        snapshot read before it runs after."""
-        async with self._lock(query_id):
-            self._admin_ops[query_id] = self._admin_ops.get(query_id, 0) + 1
-            yield
-
-    @asynccontextmanager
-    async def _lock(self, query_id: str) -> AsyncIterator[None]:
-        lock = self._locks.setdefault(query_id, anyio.Lock())
-        try:
-            async with lock:
-                yield
-        finally:
-            if not lock.statistics().tasks_waiting and not lock.locked():
-                self._locks.pop(query_id, None)
+        row read before it runs after (``sidecar.querylocks``)."""
+        return self._locks.exclusive(query_id)
 
     # --- the loop --------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """A flush check every ``flush_interval_s``; the due queries it finds are flushed in
+        the background, so the next check neither waits for them nor flushes them twice."""
         with self._loop:
-            task_status.started()
-            while True:
-                await self.tick()
-                await anyio.sleep(self._config.flush_interval_s)
+            async with anyio.create_task_group() as tg:
+                task_status.started()
+                while True:
+                    due = [q for q in await self._check() or () if q not in self._in_flight]
+                    if due:
+                        self._in_flight.update(due)
+                        tg.start_soon(self._flush_in_background, due)
+                    await anyio.sleep(self._config.flush_interval_s)
         self._loop_done.set()
 
     async def stop_loop(self) -> None:
-        """Stop the periodic ticks (and wait for one in progress) before the final flush,
-        so two passes never race on the same query's lease."""
+        """Stop the periodic checks and their flushes (and wait for them) before the final
+        flush, so two passes never race on the same query's lease."""
         self._loop.cancel()
         await self._loop_done.wait()
 
     async def tick(self, *, final: bool = False) -> int:
-        """One pass. Returns how many owned queries are still left pending by a failure."""
-        admin_ops = dict(self._admin_ops)  # before the snapshot: an op after it voids it
+        """One check, then flush what is due (``final``: all); failures left pending."""
+        due = await self._check(final=final)
+        return 1 if due is None else await self._flush_due(due, final=final)
+
+    async def _flush_in_background(self, due: list[str]) -> None:
         try:
-            snapshot = await self._buffer.snapshot(extra=list(self._waiters))
+            await self._flush_due(due)
+        finally:
+            self._in_flight.difference_update(due)
+
+    async def _check(self, *, final: bool = False) -> list[str] | None:
+        """The due queries, oldest first, from their flush state alone (no checkpoint is
+        read); None when Redis could not be read."""
+        try:
+            now_ms, entries = await self._buffer.pending(extra=list(self._waiters))
         except SidecarError as exc:
             log.warning("flush check skipped: %s", exc)
-            return 1
-        cfg = self._config
-        self._pending = {q.query_id for q in snapshot.queries if q.pending > 0}
-        self._pending.update(snapshot.corrupt)
+            return None
+        m = self._metrics
+        m.flush_checks.inc()
+        pending = {e.query_id for e in entries if e.pending != 0}  # None: unreadable
+        for query_id in self._quarantined.in_redis():
+            if query_id not in pending:
+                self._quarantined.readable(query_id, "redis")  # flushed or deleted meanwhile
+        self._pending = pending
         if self._recovering is None:
             # Recovery: whatever a previous run acknowledged but did not flush is due now,
             # whatever the thresholds, and stays due until flushed (e.g. once the dead
             # daemon's lease has expired).
-            self._recovering = {q.query_id for q in snapshot.queries if q.pending > 0}
+            self._recovering = set(pending)
             if self._recovering:
                 log.info(
                     "recovering %d query(ies) left pending by a previous run: %s",
                     len(self._recovering),
                     ", ".join(sorted(self._recovering)),
                 )
-        for query_id, bad in snapshot.corrupt.items():
-            if self._quarantine(query_id, bad):
-                log.error("flush query=%s skipped, record unreadable: %s", query_id, bad)
-        for query_id, where in list(self._quarantined.items()):
-            if "redis" in where and query_id not in snapshot.corrupt:
-                self._readable(query_id, "redis")  # replaced by a newer batch, or deleted
-        due: list[PendingQuery] = []
-        for q in snapshot.queries:
-            label = q.checkpoint.label
-            if self._track is not None:
-                self._track(q.query_id, label)
-            age_s = 0.0
-            if q.pending > 0 and q.first_pending_ms is not None:
-                age_s = max(0.0, (snapshot.now_ms - q.first_pending_ms) / 1000)
-            self._metrics.pending_updates.labels(label).set(q.pending)
-            self._metrics.checkpoint_age.labels(label).set(age_s)
-            if q.flushed_batch_id is not None:
-                self._durable_now(q.query_id, q.flushed_batch_id)
-            if q.pending <= 0:
+        due: list[tuple[float, str]] = []
+        for e in entries:
+            query_id, count, label = e.query_id, e.pending, self._labels.get(e.query_id)
+            first_ms = now_ms if count == 0 or e.first_pending_ms is None else e.first_pending_ms
+            age_s = max(0.0, (now_ms - first_ms) / 1000)
+            if label is not None:
+                if self._track is not None:
+                    self._track(query_id, label)
+                m.pending_updates.labels(label).set(count or 0)
+                m.checkpoint_age.labels(label).set(age_s)
+            if e.flushed_batch_id is not None:
+                self._durable_now(query_id, e.flushed_batch_id)
+            if count == 0 or (not final and not self._backoff.ready(query_id)):
                 continue
-            if not final and not self._backoff.ready(q.query_id):
-                continue
-            if (
-                final
-                or q.pending >= cfg.count_threshold
-                or age_s >= cfg.time_threshold_s
-                or q.query_id in self._waiters
-                or q.query_id in self._recovering
-                or q.first_pending_ms is None  # unknown age (a damaged record): due now
-            ):
-                due.append(q)
+            # Read the row of an unreadable count (quarantined then), of a query not seen yet
+            # (its row tells its name, then whether it is due), of an unknown age (due now).
+            if final or None in (count, label, e.first_pending_ms) or self._due(e, age_s):
+                due.append((-age_s, query_id))
+        return [query_id for _, query_id in sorted(due)]
+
+    def _due(self, q: PendingEntry | PendingQuery, age_s: float) -> bool:
+        cfg, factor = self._config, 1 - THRESHOLD_JITTER * spread(q.query_id)
+        return (
+            (q.pending or 0) >= cfg.count_threshold
+            or age_s >= cfg.time_threshold_s * factor
+            or q.query_id in self._waiters
+            or q.query_id in (self._recovering or ())
+        )
+
+    async def _flush_due(self, due: list[str], *, final: bool = False) -> int:
+        """Read the checkpoints of ``due`` :data:`ROWS_PER_READ` at a time (at most
+        :data:`ROW_READS` such batches in memory, whatever the passes under way) and flush
+        them; the failures left pending."""
         failed = 0
 
-        async def flush(q: PendingQuery) -> None:
+        async def flush(q: PendingQuery, admin_ops: dict[str, int]) -> None:
             nonlocal failed
-            async with self._limiter, self._lock(q.query_id):
-                if self._admin_ops.get(q.query_id) != admin_ops.get(q.query_id):
+            async with self._limiter, self._locks.held(q.query_id):
+                if self._locks.changed_since(q.query_id, admin_ops):
                     return  # reset or retired since the snapshot: this flush would undo it
                 if not await self._flush(q):
                     failed += 1
 
-        async with anyio.create_task_group() as tg:
-            for q in due:
-                tg.start_soon(flush, q)
+        for i in range(0, len(due), ROWS_PER_READ):
+            async with self._row_reads:
+                ids = due[i : i + ROWS_PER_READ]
+                admin_ops = self._locks.generations()  # before the read: an op after it voids it
+                try:
+                    rows = await self._buffer.snapshot(ids, only=True)
+                except SidecarError as exc:
+                    log.warning("flush of %d due query(ies) skipped: %s", len(ids), exc)
+                    return failed + len(due) - i
+                self._metrics.flush_bodies_read.inc(len(rows.queries) + len(rows.corrupt))
+                for query_id, bad in rows.corrupt.items():
+                    if self._quarantined.add(query_id, bad):
+                        log.error("flush query=%s skipped, record unreadable: %s", query_id, bad)
+                async with anyio.create_task_group() as tg:
+                    for q in rows.queries:
+                        self._quarantined.readable(q.query_id, "redis")
+                        self._labels[q.query_id] = q.checkpoint.label  # tracked from the next check
+                        age_s = (q.snapshot_ms - (q.first_pending_ms or 0)) / 1000
+                        if q.pending > 0 and (final or self._due(q, age_s)):
+                            tg.start_soon(flush, q, admin_ops)
         return failed
 
     async def final_flush(self) -> None:
@@ -250,53 +287,12 @@ class Flusher:
 
     # --- one query -------------------------------------------------------------------------
 
-    def _quarantine(self, query_id: str, exc: CorruptRecord) -> bool:
-        """Count an unreadable record once; True the first time (the caller logs it)."""
-        if self._quarantined[query_id].get(exc.where) == exc.key:
-            return False
-        self._quarantined[query_id][exc.where] = exc.key
-        self._metrics.bad_records.labels(exc.where).inc()
-        return True
-
-    def _readable(self, query_id: str, where: str) -> None:
-        """The query's record in ``where`` was read fine: out of quarantine, if it was in."""
-        quarantined = self._quarantined.get(query_id)
-        if quarantined is None:
-            return
-        key = quarantined.pop(where, None)
-        if key is not None:
-            log.info("query=%s: %s %s is no longer unreadable", query_id, where, key)
-        if not quarantined:
-            del self._quarantined[query_id]
-
     def _blob_holds(
         self, lease: QueryLease, query_id: str, batch_id: int, doc: ckpt.CheckpointDocument | None
     ) -> None:
         lease.record_blob(batch_id, doc)
         if self._floors is not None:
             self._floors.raise_to(query_id, batch_id)
-
-    def _document(
-        self, checkpoint: ckpt.Checkpoint, previous: ckpt.CheckpointDocument | None
-    ) -> ckpt.CheckpointDocument:
-        """The document replacing ``previous`` (what the blob holds) with ``checkpoint``."""
-        size = self._config.history_size
-        history, thinned = ckpt.carry_history(previous, checkpoint.batch_id, size)
-        query_id = checkpoint.query_id
-        if thinned and query_id not in self._thinned:
-            self._thinned.add(query_id)
-            log.warning(
-                "flush query=%s batch=%d: history thinned to %d of %d checkpoints to stay "
-                "within %d bytes (wide offsets); lower SIDECAR_HISTORY_SIZE to silence this",
-                checkpoint.label,
-                checkpoint.batch_id,
-                len(history),
-                len(history) + thinned,
-                ckpt.HISTORY_MAX_BYTES,
-            )
-        elif not thinned:
-            self._thinned.discard(query_id)
-        return ckpt.CheckpointDocument.of(checkpoint, self._writer, history, reset_of=previous)
 
     async def _flush(self, q: PendingQuery) -> bool:
         """Flush one query. False when it failed and must be retried (not: not owned, or a
@@ -313,7 +309,7 @@ class Flusher:
             blob_batch_id = lease.blob_batch_id
             if blob_batch_id is None:
                 doc = await self._store.read(q.query_id)
-                self._readable(q.query_id, "blob")
+                self._quarantined.readable(q.query_id, "blob")
                 blob_batch_id = doc.batch_id if doc is not None else -1
                 self._blob_holds(lease, q.query_id, blob_batch_id, doc)
             if checkpoint.batch_id <= blob_batch_id:
@@ -326,7 +322,7 @@ class Flusher:
                     durable,
                 )
             else:
-                doc = self._document(checkpoint, lease.blob_document)
+                doc = self._documents.build(checkpoint, lease.blob_document)
                 body = ckpt.encode_document(doc)
                 started = time.perf_counter()
                 await self._store.write(
@@ -347,7 +343,7 @@ class Flusher:
             # credential, a bad request) waits the full cap: it needs an operator first.
             delay = self._backoff.failed(q.query_id, give_up_ramp=not exc.retriable)
             level = logging.WARNING if exc.retriable else logging.ERROR
-            if isinstance(exc, CorruptRecord) and not self._quarantine(q.query_id, exc):
+            if isinstance(exc, CorruptRecord) and not self._quarantined.add(q.query_id, exc):
                 level = logging.DEBUG  # logged once, when it was first found unreadable
             log.log(
                 level,

@@ -68,21 +68,47 @@ return out
 """
 )
 
-# Everything the flusher needs, read atomically with Redis' clock.
-# KEYS[1] pending zset. ARGV[1] query hash prefix; ARGV[2..] extra query ids to report even
-# when nothing is pending (those with acks waiting on the blob). The query hashes are not in
-# KEYS because they are found inside; they share KEYS[1]'s hash tag, so one Cluster slot.
-# Returns {now_ms, {qid, pending, first_pending_ms, version, batch_id, checkpoint,
-# flushed_batch_id}, ...}; absent fields are nil.
-SNAPSHOT = """
+# The query ids a flush check looks at: every one in the pending index (KEYS[1]) when
+# ARGV[2] is '1', then the ids ARGV[3..] (extra ones: those with acks waiting on the blob, or
+# exactly the due ones), each once.
+_IDS = """
 local t = redis.call('TIME')
 local out = {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
-local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
+local ids = {}
+if ARGV[2] == '1' then ids = redis.call('ZRANGE', KEYS[1], 0, -1) end
 local seen = {}
 for _, qid in ipairs(ids) do seen[qid] = true end
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   if not seen[ARGV[i]] then table.insert(ids, ARGV[i]); seen[ARGV[i]] = true end
 end
+"""
+
+# What a flush check needs to decide which queries are due, without their checkpoints (a
+# checkpoint is KBs with wide topics; these fields are a few bytes): one ZRANGE of the
+# pending index and one HMGET per query. KEYS[1] pending zset; ARGV[1] query hash prefix;
+# ARGV[2], ARGV[3..] as in _IDS. Returns {now_ms, {qid, pending, first_pending_ms,
+# flushed_batch_id, batch_id}, ...}; absent fields are nil.
+PENDING = (
+    _IDS
+    + """
+for _, qid in ipairs(ids) do
+  local h = redis.call('HMGET', ARGV[1] .. qid, 'pending', 'first_pending_ms',
+                       'flushed_batch_id', 'batch_id')
+  table.insert(out, {qid, h[1], h[2], h[3], h[4]})
+end
+return out
+"""
+)
+
+# Everything the flusher needs to flush, read atomically with Redis' clock: the rows of the
+# due queries (ARGV[2] '0', ARGV[3..] their ids), or of every pending one (ARGV[2] '1').
+# KEYS[1] pending zset. ARGV[1] query hash prefix. The query hashes are not in KEYS because
+# they are found inside; they share KEYS[1]'s hash tag, so one Cluster slot.
+# Returns {now_ms, {qid, pending, first_pending_ms, version, batch_id, checkpoint,
+# flushed_batch_id}, ...}; absent fields are nil.
+SNAPSHOT = (
+    _IDS
+    + """
 for _, qid in ipairs(ids) do
   local h = redis.call('HMGET', ARGV[1] .. qid, 'pending', 'first_pending_ms', 'version',
                        'batch_id', 'checkpoint', 'flushed_batch_id')
@@ -90,6 +116,7 @@ for _, qid in ipairs(ids) do
 end
 return out
 """
+)
 
 # After a successful flush: record the durable batch and clear the pending state, but only
 # what the flushed snapshot covered, so an update applied meanwhile is not lost.

@@ -27,7 +27,8 @@ LAYERS: list[set[str]] = [
     # metrics; which Redis client (standalone, cluster, sentinel); the Kafka client edge
     {"metrics", "topology", "kafkaclient"},
     {"buffer", "blobstore", "client"},  # the I/O edges (Redis, Azure) and the test client
-    {"coalescer", "floor"},  # batches updates for the Redis edge; the blobs' batches
+    # batches updates for the Redis edge; the blobs' batches; unreadable records set aside
+    {"coalescer", "floor", "quarantine", "querylocks", "docbuilder"},
     # the components: each one job, wired together by app
     {"lease", "lag", "kafka", "handler", "server", "admin", "report", "durability"}
     | {"retirement", "shutdown", "doctor", "adoption"},

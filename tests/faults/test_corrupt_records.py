@@ -107,6 +107,7 @@ async def test_an_unreadable_checkpoint_is_quarantined_and_a_newer_batch_replace
     make_config: ConfigFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "sidecar.flusher")
+    caplog.set_level(logging.INFO, "sidecar.quarantine")  # "... is no longer unreadable"
     config = make_config(count_threshold=1)
     key = await seed(config.redis_url, config.namespace, BAD, 3, "bad")
     damaged = await damage(config.redis_url, key, checkpoint=CUT_SHORT)
@@ -234,6 +235,7 @@ async def test_an_unreadable_blob_is_counted_and_logged_once_and_deleting_it_let
     monkeypatch.setattr(flusher, "RETRY_BASE_S", 0.1)
     monkeypatch.setattr(flusher, "RETRY_CAP_S", 0.2)
     caplog.set_level(logging.INFO, "sidecar.flusher")
+    caplog.set_level(logging.INFO, "sidecar.quarantine")  # "... is no longer unreadable"
     config = make_config(count_threshold=1)
     assert config.azure_connection_string is not None
     blob = f"{config.namespace}/{BAD}.json"

@@ -16,7 +16,7 @@ from anyio.abc import ByteStream, SocketAttribute, SocketStream, TaskStatus
 from sidecar.app import Daemon
 from sidecar.client import SidecarClient
 from sidecar.config import Config
-from sidecar.lease import EXPIRY_MARGIN_S, LeaseState
+from sidecar.lease import EXPIRY_MARGIN_S, RENEW_JITTER, LeaseState
 from tests.helpers import eventually, sample, scrape
 from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, Azurite
 from tests.sparkshapes import kafka_progress
@@ -128,7 +128,8 @@ async def test_a_lease_whose_renewal_hangs_is_lost_when_its_validity_ends_and_co
             assert (await readyz(daemon))[0] == 200
 
             proxy.stall()
-            clock.now = acquired + daemon.leases.renew_every_s  # a renewal is due ...
+            # the latest a (jittered) renewal is due ...
+            clock.now = acquired + daemon.leases.renew_every_s * (1 + RENEW_JITTER)
             await eventually(lambda: proxy.held >= 1)  # ... and hangs in the proxy
             clock.now = valid_until - 0.1
             await anyio.sleep(0.5)  # a few of the loop's checks: still valid

@@ -1,0 +1,43 @@
+"""The document each flush writes: the new checkpoint, its writer, and the history carried
+from what the blob holds (thinned to ``HISTORY_MAX_BYTES`` when offsets are wide, which is
+logged once per query until it fits again)."""
+
+from __future__ import annotations
+
+import logging
+
+from sidecar import checkpoint as ckpt
+
+log = logging.getLogger("sidecar.flusher")
+
+
+class DocumentBuilder:
+    def __init__(self, writer: ckpt.Writer, history_size: int) -> None:
+        self._writer = writer
+        self._history_size = history_size
+        #: Queries whose history was last thinned (logged once).
+        self._thinned: set[str] = set()
+
+    def build(
+        self, checkpoint: ckpt.Checkpoint, previous: ckpt.CheckpointDocument | None
+    ) -> ckpt.CheckpointDocument:
+        """The document replacing ``previous`` (what the blob holds) with ``checkpoint``."""
+        history, thinned = ckpt.carry_history(previous, checkpoint.batch_id, self._history_size)
+        query_id = checkpoint.query_id
+        if thinned and query_id not in self._thinned:
+            self._thinned.add(query_id)
+            log.warning(
+                "flush query=%s batch=%d: history thinned to %d of %d checkpoints to stay "
+                "within %d bytes (wide offsets); lower SIDECAR_HISTORY_SIZE to silence this",
+                checkpoint.label,
+                checkpoint.batch_id,
+                len(history),
+                len(history) + thinned,
+                ckpt.HISTORY_MAX_BYTES,
+            )
+        elif not thinned:
+            self._thinned.discard(query_id)
+        return ckpt.CheckpointDocument.of(checkpoint, self._writer, history, reset_of=previous)
+
+    def forget(self, query_id: str) -> None:
+        self._thinned.discard(query_id)
