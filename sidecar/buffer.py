@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import enum
 import logging
-import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import redis.exceptions as rex
@@ -26,6 +24,12 @@ from sidecar import lua
 from sidecar.checkpoint import Checkpoint
 from sidecar.errors import BufferError_, BufferUnavailable, CorruptRecord, NotReplicated
 from sidecar.keys import Keys
+from sidecar.records import PendingEntry as PendingEntry
+from sidecar.records import PendingQuery as PendingQuery
+from sidecar.records import Snapshot as Snapshot
+from sidecar.records import counter as _counter
+from sidecar.records import pending_query
+from sidecar.records import text as _text
 from sidecar.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -212,7 +216,7 @@ class RedisBuffer:
         for row in raw[1:]:
             query_id = _text(row[0])
             try:
-                query = self._pending_query(query_id, row[1:], now_ms)
+                query = pending_query(query_id, self.keys.query(query_id), row[1:], now_ms)
             except CorruptRecord as exc:
                 snapshot.corrupt[query_id] = exc
                 continue
@@ -232,49 +236,6 @@ class RedisBuffer:
             if any(v is not None for v in row[1:])
         ]
         return int(raw[0]), entries
-
-    def _pending_query(
-        self, query_id: str, fields: list[bytes | None], now_ms: int
-    ) -> PendingQuery | None:
-        """One row of the snapshot script, checked; None for an id Redis knows nothing of.
-
-        Raises:
-            CorruptRecord: the record's checkpoint, batch id or counters cannot be read, or
-                they disagree with each other.
-        """
-        pending, first_ms, version, batch, doc, flushed = fields
-        key = self.keys.query(query_id)
-        if doc is None:
-            if pending is None and version is None and batch is None:
-                return None  # an extra id Redis knows nothing about (or a deleted record)
-            raise CorruptRecord("redis", key, "has no checkpoint field")
-        checkpoint = ckpt.decode(bytes(doc), key, query_id)
-        batch_id = ckpt.decode_batch_id(batch, key)
-        if checkpoint.batch_id != batch_id:
-            raise CorruptRecord(
-                "redis",
-                key,
-                f"has batch_id {batch_id} but a checkpoint of batch {checkpoint.batch_id}",
-            )
-        count = _counter(pending) if pending is not None else 0
-        if count is None or version is None or _counter(version) is None:
-            raise CorruptRecord(
-                "redis",
-                key,
-                f"has counters that are not integers (pending {pending!r}, version {version!r})",
-            )
-        return PendingQuery(
-            query_id=query_id,
-            pending=count,
-            # Bookkeeping only: unreadable reads as unknown (the flusher flushes a pending query
-            # of unknown age at once, reading the blob's batch first; the flush rewrites both).
-            first_pending_ms=_counter(first_ms) if first_ms is not None else None,
-            version=_text(version),
-            batch_id=batch_id,
-            checkpoint=checkpoint,
-            flushed_batch_id=_counter(flushed) if flushed is not None else None,
-            snapshot_ms=now_ms,
-        )
 
     async def mark_flushed(self, query: PendingQuery, durable_batch_id: int) -> int:
         """Record that ``durable_batch_id`` is in the blob; clear what the snapshot covered.
@@ -369,48 +330,3 @@ class Outcome(enum.IntEnum):
 
 def _floor_arg(floor: int | None) -> str:
     return "?" if floor is None else str(floor)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-_COUNTER = re.compile(rb"-?[0-9]{1,18}")
-
-
-def _counter(value: bytes) -> int | None:
-    """A stored integer (a counter, a time in ms); None when it is not one."""
-    return int(value) if _COUNTER.fullmatch(value) else None
-
-
-@dataclass(frozen=True, slots=True)
-class PendingQuery:
-    """One query's flush state as read by :meth:`RedisBuffer.snapshot`."""
-
-    query_id: str
-    pending: int
-    first_pending_ms: int | None
-    version: str
-    batch_id: int
-    checkpoint: Checkpoint
-    flushed_batch_id: int | None
-    snapshot_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class PendingEntry:
-    """One query's flush state without its checkpoint (:meth:`RedisBuffer.pending`);
-    ``pending`` is None when the stored counter cannot be read."""
-
-    query_id: str
-    pending: int | None  # None: absent or unreadable (a snapshot of the query tells which)
-    first_pending_ms: int | None
-    flushed_batch_id: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    now_ms: int
-    queries: list[PendingQuery]
-    #: Queries whose record cannot be read, by query id (left as they are in Redis).
-    corrupt: dict[str, CorruptRecord]

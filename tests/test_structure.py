@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 LAYERS: list[set[str]] = [
     {"errors", "keys", "backoff", "confighelp", "framing"},  # vocabulary, byte framing: pure
     {"config", "checkpoint", "lua"},  # settings, records, Redis scripts: pure
-    {"protocol", "offsets", "diagnosis"},  # wire format, offset shapes, doctor's rules: pure
+    # wire format, offset shapes, doctor's rules, Redis rows read: pure
+    {"protocol", "offsets", "diagnosis", "records"},
     {"sparklog"},  # Spark's own checkpoint directory, read: pure
     # metrics; which Redis client (standalone, cluster, sentinel); the Kafka client edge
     {"metrics", "topology", "kafkaclient"},
@@ -51,6 +52,7 @@ PURE = {
     "protocol",
     "offsets",
     "diagnosis",
+    "records",
     "sparklog",
 }
 #: Third-party SDKs and where they may be imported: each edge owns its SDK.
