@@ -26,14 +26,10 @@ blob-mode ack before the blob write.
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
 import platform
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,19 +49,15 @@ from sidecar.config import Config
 from sidecar.keys import Keys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
-from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer, ServiceError
+from bench.common import BenchError, bench_main, environment, redis_version, tool_version
+from tests.services import Azurite, DaemonProcess, RedisServer
 
-RESULTS_PATH = REPO_ROOT / "bench" / "results" / "flush.json"
 CONTAINER, QUERY = "bench-flush", "5f2c9a41-7a0e-4c7b-9d51-0f6a8e2b3c10"
 N, TICK_S = 10_000, 0.05  # updates per writes scenario; SIDECAR_FLUSH_INTERVAL_S
 NEVER_COUNT, NEVER_S = 10_000_000, 86_400.0  # thresholds out of reach
 RATE_HZ, THRESHOLD_S = 1_000, 1.0  # the time scenario
 SAMPLES, WARMUP, POLL_S = 200, 5, 0.002  # the latency scenarios
 Result = dict[str, Any]
-
-
-class BenchError(Exception):
-    """The daemon misbehaved: an update not acknowledged, a bad exit."""
 
 
 class Services(NamedTuple):
@@ -308,41 +300,30 @@ def run() -> Result:
     """Start Redis and Azurite, run every scenario; always stop them and remove temp dirs."""
     tmp = Path(tempfile.mkdtemp(prefix="cps-flush-", dir="/tmp"))  # short: sun_path limit
     services: list[RedisServer | Azurite] = []
-    loadavg = os.getloadavg()[0]
     try:
         services.append(redis_server := RedisServer())
         services.append(azurite := Azurite())
         for service in services:
             service.start()
         scenarios = anyio.run(measure, Services(azurite, redis_server.url, tmp))
-        redis_v, azurite_v = (
-            subprocess.run([s.binary, "--version"], capture_output=True, text=True).stdout
-            for s in services
-        )
+        redis_v = redis_version(redis_server.binary)
+        azurite_v = tool_version([azurite.binary, "--version"])
     finally:
         for service in services:
             service.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return {
-        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "cpu_count": os.cpu_count(), "loadavg_1min_before": round(loadavg, 2),
-        "python": platform.python_version(), "azurite": azurite_v.strip(),
-        "redis_server": redis_v.split("v=")[1].split()[0],
+        "python": platform.python_version(), "azurite": azurite_v, "redis_server": redis_v,
+        **environment(),
         "note": "client, daemon, redis-server and Azurite share the machine's cores; writes "
                 "are the blob's leased PUTs counted in Azurite's request log",
         "scenarios": scenarios,
     }  # fmt: skip
 
 
-def main() -> int:
-    try:
-        report = run()
-    except (BenchError, ServiceError, TimeoutError) as exc:
-        print(f"bench/flush.py: FAILED: {exc!r}", file=sys.stderr)
-        return 1
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(report, indent=2) + "\n")
-    print("flush bench: " + "; ".join(f"{k} {report[k]}" for k in list(report)[1:6]))
+def show(report: Result) -> None:
+    keys = ("cpu_count", "loadavg_1min_before", "python", "azurite", "redis_server")
+    print("flush bench: " + "; ".join(f"{k} {report[k]}" for k in keys))
     for s in report["scenarios"]:
         if "writes" in s:  # a latency scenario
             lat = s.get("seen_in_blob", s["ack"])
@@ -352,8 +333,12 @@ def main() -> int:
             got = (f"{s['writes_during_run']} writes + {s['writes_at_stop']} at stop (expected "
                    f"{want} + {s.get('expected_at_stop', 0)})")  # fmt: skip
         print(f"  {s['scenario']:>20}: {got}; {s.get('anomaly', 'ok')}")
-    print(f"  -> {RESULTS_PATH.relative_to(REPO_ROOT)}")
-    return 0 if all(s["as_expected"] for s in report["scenarios"]) else 1
+
+
+def main() -> int:
+    return bench_main(
+        "flush", run, show, ok=lambda r: all(s["as_expected"] for s in r["scenarios"])
+    )
 
 
 if __name__ == "__main__":

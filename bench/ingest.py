@@ -21,12 +21,9 @@ missed target is reported, not an error.
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import platform
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -45,9 +42,9 @@ from sidecar.client import SidecarClient
 from sidecar.protocol import ClientConnection, Reply, encode_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
-from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer, ServiceError
+from bench.common import BenchError, Pids, Report, bench_main, cpu_seconds, environment
+from tests.services import Azurite, DaemonProcess, RedisServer
 
-RESULTS_PATH = REPO_ROOT / "bench" / "results" / "ingest.json"
 UPDATES_PER_SCENARIO = 40_000
 WARMUP_UPDATES = 4_000  # per scenario, split across its connections, not timed
 WINDOW = 64  # requests in flight per connection
@@ -55,11 +52,7 @@ LATENCY_RATE_HZ = 1_000
 LATENCY_SAMPLES = 5_000
 TARGET_UPDATES_S = 20_000  # with 8 connections
 TARGET_P99_MS = 2.0  # at LATENCY_RATE_HZ
-Pids = dict[str, int | None]  # process name -> pid; None stands for the whole machine
-
-
-class BenchError(Exception):
-    """The daemon misbehaved (wrong reply, wrong stored state, exited)."""
+__all__ = ["BenchError", "measure", "progress_line", "stop_daemon"]  # used by other benchmarks
 
 
 def progress_line(query_id: str, batch_id: int, partitions: int = 3) -> bytes:
@@ -87,17 +80,6 @@ def progress_line(query_id: str, batch_id: int, partitions: int = 3) -> bytes:
         "observedMetrics": {},
     }  # fmt: skip
     return encode_request("progress", batch_id, progress=progress)
-
-
-def cpu_seconds(pid: int | None) -> float:
-    """CPU time (user + system) so far of a process, or of the whole machine for None (Linux)."""
-    if pid is None:
-        ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-        busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
-    else:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        busy = int(fields[11]) + int(fields[12])
-    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_snapshot(pids: Pids) -> tuple[float, dict[str, float]]:
@@ -220,9 +202,8 @@ def stop_daemon(daemon: DaemonProcess) -> None:
         print(f"daemon exited with {code}; log:\n{daemon.log()[-3000:]}", file=sys.stderr)
 
 
-def run() -> dict[str, Any]:
+def run() -> Report:
     """Start the services and the daemon, measure; always stop them all, remove temp dirs."""
-    loadavg = os.getloadavg()[0]
     with ExitStack() as cleanup:  # unwinds in reverse: daemon, Azurite, Redis, temp dir
         tmp = Path(tempfile.mkdtemp(prefix="cps-bench-", dir="/tmp"))  # short: sun_path limit
         cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
@@ -249,9 +230,8 @@ def run() -> dict[str, Any]:
     rate = results["throughput"][1]
     p99 = results["latency"]["p99_ms"]
     return {
-        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "cpu_count": os.cpu_count(), "python": platform.python_version(),
-        "redis_server": info["redis_version"], "loadavg_1min_before": round(loadavg, 2),
+        "python": platform.python_version(), "redis_server": info["redis_version"],
+        **environment(),
         "request_bytes": len(progress_line(str(uuid.uuid4()), 1000)),
         "note": "client (this process), daemon, redis-server and Azurite share the machine's "
                 "cores; cpu_cores_used says how much each used (whole_machine: every process, "
@@ -267,16 +247,8 @@ def run() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def main() -> int:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the cleanup runs on SIGTERM too
-    try:
-        report = run()
-    except (BenchError, ServiceError) as exc:
-        print(f"bench/ingest.py: FAILED: {exc}", file=sys.stderr)
-        return 1
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(report, indent=2) + "\n")
-    lat, r = report["latency"], report
+def show(r: Report) -> None:
+    lat = r["latency"]
     # fmt: off
     print(f"ingest bench: {r['cpu_count']} cores shared by client, daemon, redis, Azurite "
           f"(load avg before: {r['loadavg_1min_before']}); python {r['python']}, "
@@ -290,8 +262,10 @@ def main() -> int:
         print(f"  target {name}: {'met' if t['met'] else 'MISSED'} ({t['measured']} vs "
               f"{t['target']})")
     # fmt: on
-    print(f"  -> {RESULTS_PATH.relative_to(REPO_ROOT)}")
-    return 0
+
+
+def main() -> int:
+    return bench_main("ingest", run, show)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ Exit code 1 when a run failed or a marker bracket was not intact; a missed targe
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -61,9 +60,9 @@ from sidecar.protocol import ClientConnection, encode_request
 
 # tests.services (the local services; not in the wheel) from this checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import bench_main, git_commit, package_versions
 from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer
 
-RESULTS_PATH = REPO_ROOT / "bench" / "results" / "listener.json"
 MARKER_SOURCE = REPO_ROOT / "bench" / "jvm" / "MarkerListener.java"
 BEFORE, AFTER = "bench.MarkerListener$Before", "bench.MarkerListener$After"
 LISTENERS_CONF = "spark.sql.streaming.streamingQueryListeners"
@@ -435,7 +434,30 @@ def main() -> int:
         return 0
     if args.quick:
         args.duration_s, args.rounds = 10.0, 1
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the cleanup runs on SIGTERM too
+    return bench_main("listener", lambda: run(args), show, ok)
+
+
+def failures(report: Result) -> tuple[list[Result], list[str]]:
+    """Runs that failed, and labels of runs whose marker bracket was not intact."""
+    failed = [r for r in report["runs"] if "error" in r]
+    return failed, [r["label"] for r in report["runs"] if r.get("unpaired_events")]
+
+
+def ok(report: Result) -> bool:
+    failed, bad = failures(report)
+    return not failed and not bad
+
+
+def show(report: Result) -> None:
+    print_table(report)
+    failed, bad = failures(report)
+    for r in failed:
+        print(f"run {r['label']} FAILED: {r['error']}", file=sys.stderr)
+    if bad:
+        print(f"unpaired marker events in {bad}: the bracket was not intact", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> Result:
     load_before, started = os.getloadavg(), time.monotonic()
     runs: list[Result] = []
     with ExitStack() as cleanup:  # unwinds in reverse: daemon, Azurite, Redis, temp dir
@@ -473,14 +495,11 @@ def main() -> int:
             for kind in kinds3:
                 runs.append(run_one(base, "many", kind, f"r{rnd}-many-{kind}"))
         daemon.stop()
-    failed = [r for r in runs if "error" in r]
-    bad = [r["label"] for r in runs if r.get("unpaired_events")]
     summary = summarize(runs)
     java = next((r["java"] for r in runs if "java" in r), None)
     import pyspark
 
-    report = {
-        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    return {
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                     "cpu": next((ln.split(":", 1)[1].strip() for ln in
                                  Path("/proc/cpuinfo").read_text().splitlines()
@@ -510,16 +529,9 @@ def main() -> int:
             "shared_machine": "other workers may run tests on the same cores: see loadavg",
         },
         **summary,
+        "git_commit": git_commit(), "packages": package_versions(),
         "runs": [{k: v for k, v in r.items() if k not in RAW} for r in runs],
     }  # fmt: skip
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(report, indent=2) + "\n")
-    print_table(report)
-    for r in failed:
-        print(f"run {r['label']} FAILED: {r['error']}", file=sys.stderr)
-    if bad:
-        print(f"unpaired marker events in {bad}: the bracket was not intact", file=sys.stderr)
-    return 1 if failed or bad else 0
 
 
 def print_table(report: Result) -> None:
@@ -558,7 +570,6 @@ def print_table(report: Result) -> None:
     for name, tg in report["targets"].items():
         print(f"  target {name}: {'met' if tg['met'] else 'MISSED'} ({tg['measured']} vs "
               f"{tg['target']})")
-    print(f"  -> {RESULTS_PATH.relative_to(REPO_ROOT)}")
     # fmt: on
 
 

@@ -17,8 +17,6 @@ Exit code 1 when a correctness check fails (an update not acknowledged, a wrong 
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import shutil
 import sys
@@ -31,13 +29,10 @@ from typing import Any
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ingest import BenchError, measure, stop_daemon
-
+from bench.common import Report, bench_main, environment
+from bench.ingest import measure, stop_daemon
 from tests.redis_topologies import RedisClusterNodes
-from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer, ServiceError
-
-RESULTS_PATH = REPO_ROOT / "bench" / "results" / "redis_topologies.json"
+from tests.services import Azurite, DaemonProcess, RedisServer
 
 
 def standalone(cleanup: ExitStack) -> dict[str, str]:
@@ -112,42 +107,39 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
-def main() -> int:
-    loadavg = os.getloadavg()[0]
+def run() -> Report:
     results: dict[str, dict[str, Any]] = {}
-    try:
-        with ExitStack() as cleanup:
-            tmp = Path(tempfile.mkdtemp(prefix="cps-bench-", dir="/tmp"))
-            cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
-            azurite = Azurite()
-            cleanup.callback(azurite.close)
-            azurite.start()
-            for name in TOPOLOGIES:
-                results[name] = run_one(name, azurite, tmp)
-    except (BenchError, ServiceError) as exc:
-        print(f"bench/redis_topologies.py: FAILED: {exc}", file=sys.stderr)
-        return 1
-    report: dict[str, Any] = {
-        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "cpu_count": os.cpu_count(),
-        "loadavg_1min_before": round(loadavg, 2),
+    with ExitStack() as cleanup:
+        tmp = Path(tempfile.mkdtemp(prefix="cps-bench-", dir="/tmp"))
+        cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
+        azurite = Azurite()
+        cleanup.callback(azurite.close)
+        azurite.start()
+        for name in TOPOLOGIES:
+            results[name] = run_one(name, azurite, tmp)
+    return {
+        **environment(),
         "note": "client, daemon, every redis-server and Azurite share the machine's cores; "
         "ratios are each topology's value divided by standalone's in this run",
         "ratios_to_standalone": ratios(results),
         **results,
     }
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def show(report: Report) -> None:
     cores, load = report["cpu_count"], report["loadavg_1min_before"]
     print(f"redis topologies bench ({cores} cores, load average {load} before)")
-    for name, r in results.items():
+    for name in TOPOLOGIES:
+        r = report[name]
         rate, p99 = r["throughput"][1]["acked_updates_per_s"], r["latency"]["p99_ms"]
         ratio = report["ratios_to_standalone"][name]
         x_rate, x_p99 = ratio["acked_updates_per_s_8_connections"], ratio["p99_ms_at_1k_per_s"]
         print(f"  {name:>15}: {rate:>6} acked/s with 8 connections (x{x_rate}), p99 {p99} ms")
         print(f"  {'':>15}  at 1,000 updates/s (x{x_p99})")
-    print(f"  -> {RESULTS_PATH.relative_to(REPO_ROOT)}")
-    return 0
+
+
+def main() -> int:
+    return bench_main("redis_topologies", run, show)
 
 
 if __name__ == "__main__":

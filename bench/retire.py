@@ -22,13 +22,9 @@ the 100 active queries (``anomaly``).
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
 import platform
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,17 +40,13 @@ from sidecar.client import SidecarClient
 from sidecar.config import Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
-from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer, ServiceError
+from bench.common import BenchError, bench_main, environment, redis_version, tool_version
+from tests.services import Azurite, DaemonProcess, RedisServer
 
-RESULTS_PATH = REPO_ROOT / "bench" / "results" / "retire.json"
 CONTAINER = "bench-retire"
 QUERIES, ACTIVE, UPDATES = 10_000, 100, 3  # distinct queries; active at the end; per query
 IDLE_S, TICK_S, KEEPALIVE_S, SETTLE_ROUNDS = 2, 0.05, 0.5, 10
 Result = dict[str, Any]
-
-
-class BenchError(Exception):
-    """The daemon misbehaved: an update not acknowledged, a bad exit, no steady state."""
 
 
 def query_id(i: int) -> str:
@@ -181,17 +173,14 @@ def run() -> Result:
     """Start Redis and Azurite, run both scenarios; always stop them and remove temp dirs."""
     tmp = Path(tempfile.mkdtemp(prefix="cps-retire-", dir="/tmp"))  # short: sun_path limit
     services: list[RedisServer | Azurite] = []
-    loadavg = os.getloadavg()[0]
     try:
         services.append(redis_server := RedisServer())
         services.append(azurite := Azurite())
         for service in services:
             service.start()
         baseline, churn = anyio.run(measure, azurite, redis_server.url, tmp)
-        redis_v, azurite_v = (
-            subprocess.run([s.binary, "--version"], capture_output=True, text=True).stdout
-            for s in services
-        )
+        redis_v = redis_version(redis_server.binary)
+        azurite_v = tool_version([azurite.binary, "--version"])
     finally:
         for service in services:
             service.close()
@@ -199,10 +188,8 @@ def run() -> Result:
     ratio = round(churn["rss_kib"] / baseline["rss_kib"], 3)
     same = churn["series_with_query_label"] == baseline["series_with_query_label"]
     return {
-        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "cpu_count": os.cpu_count(), "loadavg_1min_before": round(loadavg, 2),
-        "python": platform.python_version(), "azurite": azurite_v.strip(),
-        "redis_server": redis_v.split("v=")[1].split()[0],
+        "python": platform.python_version(), "azurite": azurite_v, "redis_server": redis_v,
+        **environment(),
         "note": "RSS of the daemon process (VmRSS) once it holds the leases of exactly the "
                 "100 active queries; CPython keeps freed memory in its arenas, so RSS is a "
                 "high-water mark, not the live heap",
@@ -214,22 +201,17 @@ def run() -> Result:
     }  # fmt: skip
 
 
-def main() -> int:
-    try:
-        report = run()
-    except (BenchError, ServiceError, TimeoutError) as exc:
-        print(f"bench/retire.py: FAILED: {exc!r}", file=sys.stderr)
-        return 1
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(report, indent=2) + "\n")
+def show(report: Result) -> None:
     for s in report["scenarios"]:
         print(f"  {s['scenario']:>8}: {s['queries_seen']} queries seen, RSS {s['rss_kib']} KiB, "
               f"{s['series_with_query_label']} query series ({s['series_total']} in all), "
               f"{s['retired_in_log']} retired, {s['seconds']} s")  # fmt: skip
     print(f"  RSS ratio churn/baseline: {report['rss_ratio_churn_to_baseline']}; "
           f"{report.get('anomaly', 'series as the baseline')}")  # fmt: skip
-    print(f"  -> {RESULTS_PATH.relative_to(REPO_ROOT)}")
-    return 0 if report["series_as_baseline"] else 1
+
+
+def main() -> int:
+    return bench_main("retire", run, show, ok=lambda r: bool(r["series_as_baseline"]))
 
 
 if __name__ == "__main__":

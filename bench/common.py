@@ -1,0 +1,137 @@
+"""What every benchmark's ``main()`` does the same way: record the machine, the versions and
+the load around the run, write ``bench/results/<name>.json``, print, and exit 0 or 1.
+
+A benchmark gives :func:`bench_main` a ``run`` that measures and returns its report (a
+dict), a ``show`` that prints it, and optionally ``ok`` (exit code 1 when it says False).
+``run`` raising :class:`BenchError` (the system under test misbehaved),
+``tests.services.ServiceError`` (a service did not start) or ``TimeoutError`` fails the run:
+exit code 1, nothing written. Also CPU time from ``/proc`` (Linux).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
+from tests.services import REPO_ROOT, ServiceError
+
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+Report = dict[str, Any]
+Pids = dict[str, int | None]  # process name -> pid; None stands for the whole machine
+#: Python packages whose versions every report records (when installed).
+PACKAGES = ("checkpoint-sidecar", "anyio", "redis", "hiredis", "msgspec", "azure-storage-blob")
+
+
+class BenchError(Exception):
+    """The system under test misbehaved (wrong reply, wrong stored state, exited)."""
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """CPU time (user + system, all threads) so far of a process, or of the whole machine
+    for None (every process: all but idle and iowait)."""
+    if pid is None:
+        ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        busy = sum(ticks) - ticks[3] - ticks[4]
+    else:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        busy = int(fields[11]) + int(fields[12])
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_times(pids: Pids) -> dict[str, float]:
+    return {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+
+def tool_version(cmd: list[str]) -> str | None:
+    """The first line ``cmd`` prints (e.g. ``[binary, "--version"]``), None if it fails."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    except OSError:
+        return None
+    return (out.stdout or out.stderr).strip().split("\n", 1)[0] or None
+
+
+def redis_version(binary: str) -> str | None:
+    """redis-server's version from ``redis-server --version`` (``… v=7.0.15 …``)."""
+    line = tool_version([binary, "--version"]) or ""
+    return next((w[2:] for w in line.split() if w.startswith("v=")), None)
+
+
+def package_versions(extra: Iterable[str] = ()) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in (*PACKAGES, *extra):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_commit() -> str | None:
+    """This checkout's commit, with ``-dirty`` when tracked files differ from it."""
+    rev = tool_version(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"])
+    if rev is None:
+        return None
+    dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "diff", "--quiet", "HEAD"], check=False)
+    return rev + ("-dirty" if dirty.returncode else "")
+
+
+def machine() -> Report:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text()
+                .splitlines() if ln.startswith("model name")), None)  # fmt: skip
+    return {"cpu_count": os.cpu_count(), "cpu": cpu, "platform": platform.platform()}
+
+
+def environment(extra_packages: Iterable[str] = ()) -> Report:
+    """Machine, Python and package versions, git commit: what a report is comparable by."""
+    return {
+        "machine": machine(),
+        "python": platform.python_version(),
+        "packages": package_versions(extra_packages),
+        "git_commit": git_commit(),
+    }
+
+
+def rounded(values: Iterable[float]) -> list[float]:
+    return [round(v, 2) for v in values]
+
+
+def bench_main(
+    name: str,
+    run: Callable[[], Report],
+    show: Callable[[Report], None],
+    ok: Callable[[Report], bool] = lambda _: True,
+) -> int:
+    """Run a benchmark, write its report to ``bench/results/<name>.json``, print it; the
+    process's exit code. Adds ``date_utc``, ``cpu_count``, ``loadavg_1min_before`` and
+    ``loadavg`` (1/5/15-minute, before and after) unless ``run`` set them."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so cleanups run on SIGTERM too
+    before = os.getloadavg()
+    try:
+        report = run()
+    except (BenchError, ServiceError, TimeoutError) as exc:
+        print(f"bench/{name}.py: FAILED: {exc!r}", file=sys.stderr)
+        return 1
+    header = {
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "cpu_count": os.cpu_count(),
+        "loadavg_1min_before": round(before[0], 2),
+        "loadavg": {"before": rounded(before), "after": rounded(os.getloadavg())},
+    }
+    report = {**header, **report}
+    path = RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    show(report)
+    print(f"  -> {path.relative_to(REPO_ROOT)}")
+    return 0 if ok(report) else 1
