@@ -1,0 +1,144 @@
+"""The pure parts of bench/compare.py (bench/tools.py), on made-up numbers and log lines:
+percentiles, the open-loop schedule and its lateness, paired ratios, request lines by
+template, and the count of requests in Azurite's debug log. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from statistics import quantiles
+
+import pytest
+
+from bench.tools import (
+    TEMPLATE_BATCH,
+    AzuriteLogCounter,
+    LineTemplate,
+    OpenLoop,
+    due_count,
+    paired_ratios,
+    per_10k,
+    percentile,
+    rotated,
+    schedule,
+)
+
+
+def test_percentile_interpolates_like_statistics_inclusive() -> None:
+    values = [5.0, 1.0, 4.0, 2.0, 3.0, 10.0, 7.0]
+    pct = quantiles(values, n=100, method="inclusive")
+    assert percentile(values, 50) == pytest.approx(pct[49])
+    assert percentile(values, 99) == pytest.approx(pct[98])
+    assert percentile(values, 0) == 1.0 and percentile(values, 100) == 10.0
+    assert percentile([3.0], 99.9) == 3.0
+    # p99.9 of 1,000 values lies between the two largest
+    assert percentile([float(i) for i in range(1000)], 99.9) == pytest.approx(998.001)
+
+
+@pytest.mark.parametrize("values,q", [([], 50), ([1.0], 101), ([1.0], -1)])
+def test_percentile_refuses_nothing_or_out_of_range(values: list[float], q: float) -> None:
+    with pytest.raises(ValueError):
+        percentile(values, q)
+
+
+def test_schedule_is_absolute_and_due_count_catches_up() -> None:
+    times = schedule(100.0, 1000, 0.01)
+    assert len(times) == 10 and times[0] == 100.0 and times[-1] == pytest.approx(100.009)
+    assert due_count(times, 99.0, 0) == 0  # nothing due yet
+    assert due_count(times, 100.0045, 0) == 5  # woke up late: five due at once
+    assert due_count(times, 100.0045, 5) == 5
+    assert due_count(times, 200.0, 5) == 10
+
+
+def test_open_loop_latency_is_from_the_schedule_and_late_sends_are_counted() -> None:
+    scheduled = schedule(0.0, 10, 2.0)  # 20 requests, 0.1 s apart
+    sent = list(scheduled)
+    sent[3] += 0.5  # the client stalled: this one and the next two went out late
+    sent[4] += 0.4
+    sent[5] += 0.3
+    done: list[float | None] = [t + 0.01 for t in scheduled]
+    done[3] = sent[3] + 0.01  # answered 10 ms after its late send: 510 ms after schedule
+    done[-1] = None  # never answered
+    s = OpenLoop(10, 2.0, scheduled, sent, done).summary()
+    assert s["scheduled"] == 20 and s["completed"] == 19 and s["not_completed"] == 1
+    assert s["sent_late"] == 3
+    assert s["max_send_lateness_ms"] == pytest.approx(500.0)
+    lat = s["latency_from_schedule"]
+    assert isinstance(lat, dict)
+    assert lat["max_ms"] == pytest.approx(510.0) and lat["p50_ms"] == pytest.approx(10.0)
+    # second half (1.0-2.0 s): 9 of the 10 scheduled were answered: 9/s < 95% of 10/s
+    assert s["achieved_rate_per_s"] == pytest.approx(9.0) and s["sustained"] is False
+
+
+def test_open_loop_that_keeps_up_is_sustained() -> None:
+    scheduled = schedule(0.0, 100, 1.0)
+    done: list[float | None] = [t + 0.002 for t in scheduled]
+    s = OpenLoop(100, 1.0, scheduled, list(scheduled), done).summary()
+    assert s["sustained"] is True and s["sent_late"] == 0
+    assert s["achieved_rate_per_s"] == pytest.approx(100.0)
+
+
+def test_paired_ratios_pair_rounds_and_skip_a_zero_reference() -> None:
+    r = paired_ratios([10.0, 30.0, 8.0], [5.0, 10.0, 0.0])
+    assert r["ratio_median"] == 2.5 and r["ratio_min"] == 2.0 and r["ratio_max"] == 3.0
+    assert r["median"] == 10.0 and r["reference_median"] == 5.0
+    assert rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+
+
+def test_line_template_substitutes_every_number_derived_from_the_batch() -> None:
+    def line(batch: int) -> bytes:
+        offsets = {"t": {str(p): batch * 100 + p for p in range(3)}}
+        ends = {"t": {str(p): (batch + 1) * 100 + p for p in range(3)}}
+        doc = {"op": "progress", "id": batch, "progress": {
+            "batchId": batch, "numInputRows": 300, "sources": [
+                {"startOffset": offsets, "endOffset": ends}]}}  # fmt: skip
+        return json.dumps(doc).encode() + b"\n"
+
+    template = LineTemplate(line(TEMPLATE_BATCH))
+    for batch in (1, 9, 10, 99_999, 123_456_789):
+        assert template.line(batch) == line(batch)
+    with pytest.raises(ValueError):
+        template.line(0)
+
+
+RID1, RID2, RID3 = (f"{c * 8}-{c * 4}-{c * 4}-{c * 4}-{c * 12}" for c in "abc")
+LOG = f"""2026-11-21T22:10:47.622Z \t info: Azurite Blob service is starting on 127.0.0.1:59505
+2026-11-21T22:10:47.821Z {RID1} info: BlobStorageContextMiddleware: RequestMethod=PUT RequestURL=http://127.0.0.1/devstoreaccount1/c1/q/x.json RequestHeaders:{{}}
+2026-11-21T22:10:47.821Z {RID1} info: BlobStorageContextMiddleware: Account=devstoreaccount1 Container=c1 Blob=q/x.json
+2026-11-21T22:10:47.821Z {RID2} info: BlobStorageContextMiddleware: Account=devstoreaccount1 Container=c1 Blob=q/x.json
+2026-11-21T22:10:47.822Z {RID1} info: DispatchMiddleware: Operation=BlockBlob_Upload
+2026-11-21T22:10:47.822Z {RID2} info: DispatchMiddleware: Operation=Blob_RenewLease
+2026-11-21T22:10:47.823Z {RID1} info: BlobSharedKeyAuthenticator:validate() Signature 1 matched.
+2026-11-21T22:10:47.830Z {RID1} info: EndMiddleware: End response. TotalTimeInMS=9 StatusCode=201 StatusMessage=undefined
+2026-11-21T22:10:47.831Z {RID2} info: EndMiddleware: End response. TotalTimeInMS=9 StatusCode=412 StatusMessage=undefined
+2026-11-21T22:10:47.832Z {RID3} info: BlobStorageContextMiddleware: Account=devstoreaccount1 Container=c2 Blob=p/0
+2026-11-21T22:10:47.833Z {RID3} info: DispatchMiddleware: Operation=Blob_SetMetadata
+2026-11-21T22:10:47.834Z {RID3} info: EndMiddleware: End response. TotalTimeInMS=2 StatusCode=200 StatusMessage=undefined
+"""  # noqa: E501
+
+
+def test_azurite_log_counter_counts_finished_requests_per_container_and_operation() -> None:
+    whole = AzuriteLogCounter()
+    whole.feed(LOG)
+    assert whole.of(["c1"]) == {"Put Blob": 1, "Lease Blob (renew)": 1}
+    assert whole.failed[("c1", "Lease Blob (renew)")] == 1
+    assert whole.of(["c2"]) == {"Set Blob Metadata": 1}
+    assert whole.of(["c1", "c2"]).total() == 3 and whole.of(["other"]).total() == 0
+    # fed in pieces cut anywhere (mid-line included): the same counts
+    pieces = AzuriteLogCounter()
+    for i in range(0, len(LOG), 37):
+        pieces.feed(LOG[i : i + 37])
+    assert pieces.counts == whole.counts
+
+
+def test_a_request_not_finished_is_not_counted_yet() -> None:
+    counter = AzuriteLogCounter()
+    counter.feed(LOG.split("EndMiddleware")[0])  # cut before the first end line
+    assert counter.counts.total() == 0
+    assert per_10k(whole_counts(), 200) == {"total": 150.0, "Put Blob": 100.0,
+                                            "Set Blob Metadata": 50.0}  # fmt: skip
+    assert per_10k(whole_counts(), 0) == {}
+
+
+def whole_counts() -> Counter[str]:
+    return Counter({"Put Blob": 2, "Set Blob Metadata": 1})
