@@ -34,8 +34,10 @@ run: setup
 demo: setup
 	$(PY) scripts/demo.py
 
-## Benchmarks; results go to bench/results/.
+## Benchmarks; results go to bench/results/. bench/compare.py: the daemon against a direct
+## leased-blob writer and Event Hubs' BlobCheckpointStore (BENCH_ARGS=--quick: ~3 min).
 bench: setup
+	$(PY) -m bench.compare $(BENCH_ARGS)
 	$(PY) bench/ingest.py
 	$(PY) bench/flush.py
 	$(PY) bench/retire.py

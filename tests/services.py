@@ -119,6 +119,11 @@ class _Process(Service):
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The process id while started (e.g. to read its CPU time in /proc)."""
+        return self._proc.pid if self._proc is not None else None
+
     def start(self) -> None:
         """Start (or restart on the same port and data dir) and wait until it accepts."""
         if self.running:
