@@ -69,7 +69,7 @@ class Mode:
 
 
 MODES = {
-    "quick": Mode(rounds=2, seconds=2.0, warmup_s=1.0, latency_s=3.0, transactions_s=20.0),
+    "quick": Mode(rounds=2, seconds=2.0, warmup_s=1.0, latency_s=2.0, transactions_s=15.0),
     "full": Mode(rounds=5, seconds=5.0, warmup_s=2.0, latency_s=10.0, transactions_s=60.0),
 }
 RATES = (100, 1_000, 5_000)
