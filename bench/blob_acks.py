@@ -1,0 +1,233 @@
+"""Blob-mode acknowledgements against a direct leased writer, on this machine.
+
+Starts redis-server and Azurite (``tests.services``), then alternates rounds of:
+
+- ``direct``: one query's blob written straight from this process under a lease held by it
+  (``BlobStore.write``, the daemon's own edge), one write per update, one at a time: the
+  speed of one blob write, the peer an ack in ``ack_mode=blob`` is measured against;
+- ``daemon-1``: the daemon as a process (``SIDECAR_ACK_MODE=blob``, every other setting at
+  its default: flush interval 1 s, thresholds 100 updates / 10 s), one connection, one
+  request in flight;
+- ``daemon-64``: the same, 64 requests in flight on the one connection (a new request is sent
+  as each reply arrives).
+
+Each update is a Spark-shaped Kafka progress (32 partitions, ~1.7 KB) with a strictly
+increasing batch id; only replies with ``ok=true`` count. Ack latency = send to parsed reply.
+Prints one JSON object (medians over the rounds); ``--out`` also writes it to a file. The
+daemon's event loop is its default unless ``--event-loop`` is given (``SIDECAR_EVENT_LOOP``).
+
+    .venv/bin/python bench/blob_acks.py --seconds 5 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from statistics import median, quantiles
+from typing import Any
+
+import anyio
+import msgspec
+from prometheus_client.parser import text_string_to_metric_families
+
+from sidecar.blobstore import BlobStore
+from sidecar.client import SidecarClient
+from sidecar.config import Config
+from sidecar.protocol import encode_request
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
+from tests.services import Azurite, DaemonProcess, RedisServer
+from tests.sparkshapes import kafka_progress
+
+CONTAINER = "bench-acks"
+PARTITIONS = 32
+WINDOW = 64
+Result = dict[str, Any]
+
+
+def request(query_id: str, batch_id: int, rid: int) -> bytes:
+    progress = kafka_progress(query_id, batch_id, partitions=PARTITIONS)
+    return encode_request("progress", rid, progress=progress)
+
+
+def summary(name: str, latencies: list[float], seconds: float) -> Result:
+    pct = quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else latencies * 99
+    return {
+        "scenario": name,
+        "acked": len(latencies),
+        "per_s": round(len(latencies) / seconds, 1),
+        "p50_ms": round(pct[49] * 1000, 2),
+        "p99_ms": round(pct[98] * 1000, 2),
+    }
+
+
+async def direct(azurite: Azurite, seconds: float) -> Result:
+    namespace, query = f"direct-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())
+    store = BlobStore(
+        Config(
+            namespace=namespace,
+            container=CONTAINER,
+            azure_connection_string=azurite.connection_string,
+        )
+    )
+    lease = str(uuid.uuid4())
+    latencies: list[float] = []
+    try:
+        await store.ensure_container()
+        await store.create_if_absent(query)
+        await store.acquire_lease(query, lease, 60)
+        batch, start = 0, time.perf_counter()
+        while (now := time.perf_counter()) - start < seconds:
+            body = msgspec.json.encode(kafka_progress(query, batch, partitions=PARTITIONS))
+            await store.write(query, body, lease_id=lease, query_name="bench")
+            latencies.append(time.perf_counter() - now)
+            batch += 1
+        elapsed = time.perf_counter() - start
+        await store.release_lease(query, lease)
+    finally:
+        await store.aclose()
+    return summary("direct", latencies, elapsed)
+
+
+@contextmanager
+def daemon(
+    redis: RedisServer, azurite: Azurite, tmp: Path, event_loop: str | None, extra: dict[str, str]
+) -> Iterator[DaemonProcess]:
+    name = f"acks-{uuid.uuid4().hex[:8]}"
+    settings = {
+        "SIDECAR_SOCKET_PATH": str(tmp / f"{name}.sock"),
+        "SIDECAR_REDIS_URL": redis.url,
+        "SIDECAR_NAMESPACE": name,
+        "SIDECAR_CONTAINER": CONTAINER,
+        "SIDECAR_METRICS_HOST": "127.0.0.1",
+        "SIDECAR_LOG_LEVEL": "WARNING",
+        "SIDECAR_ACK_MODE": "blob",
+        "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string,
+    }
+    if event_loop:
+        settings["SIDECAR_EVENT_LOOP"] = event_loop
+    settings.update(extra)
+    proc = DaemonProcess(settings, tmp / f"{name}.log")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        code = proc.stop(signal.SIGTERM, 30)
+        if code != 0:
+            raise RuntimeError(f"daemon exited with {code}:\n{proc.log()[-3000:]}")
+
+
+def write_seconds(proc: DaemonProcess) -> tuple[float, float]:
+    """The daemon's blob writes so far: (count, total seconds), from its /metrics."""
+    with urllib.request.urlopen(f"{proc.admin_url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    found = {"count": 0.0, "sum": 0.0}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith("checkpoint_sidecar_flush_seconds_"):
+                found[s.name.rsplit("_", 1)[1]] = s.value
+    return found["count"], found["sum"]
+
+
+async def through_daemon(proc: DaemonProcess, window: int, seconds: float) -> Result:
+    """``window`` requests in flight on one connection for ``seconds``."""
+    writes_before = write_seconds(proc)
+    query = str(uuid.uuid4())
+    client = await SidecarClient.connect(proc.socket_path)
+    sent: dict[int, float] = {}
+    latencies: list[float] = []
+    next_batch = 0
+
+    async def send_one() -> None:
+        nonlocal next_batch
+        rid = next_batch + 1
+        data = request(query, next_batch, rid)
+        sent[rid] = time.perf_counter()
+        next_batch += 1
+        await client.send_raw(data)
+
+    try:
+        start = time.perf_counter()
+        for _ in range(window):
+            await send_one()
+        while sent:
+            (reply,) = await client.receive(1)
+            if not reply.ok:
+                raise RuntimeError(f"not acknowledged: {reply}")
+            latencies.append(time.perf_counter() - sent.pop(int(str(reply.id))))
+            if time.perf_counter() - start < seconds:
+                await send_one()
+        elapsed = time.perf_counter() - start
+    finally:
+        await client.aclose()
+    count, total = (a - b for a, b in zip(write_seconds(proc), writes_before, strict=True))
+    result = summary(f"daemon-{window}", latencies, elapsed)
+    result["blob_writes"] = count
+    result["blob_write_mean_ms"] = round(total / count * 1000, 2) if count else None
+    return result
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="per scenario and round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--event-loop", choices=["auto", "asyncio", "uvloop"])
+    parser.add_argument("--out", type=Path, help="also write the result here (JSON)")
+    parser.add_argument(
+        "--setting", action="append", default=[], help="SIDECAR_X=value for the daemon"
+    )
+    args = parser.parse_args()
+    runs: dict[str, list[Result]] = {}
+    with ExitStack() as stack:
+        tmp = Path(tempfile.mkdtemp(prefix="cps-acks-", dir="/tmp"))
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+        redis = stack.enter_context(RedisServer())
+        azurite = stack.enter_context(Azurite())
+        for _ in range(args.rounds):
+            runs.setdefault("direct", []).append(await direct(azurite, args.seconds))
+            extra = dict(item.split("=", 1) for item in args.setting)
+            with daemon(redis, azurite, tmp, args.event_loop, extra) as proc:
+                for window in (1, WINDOW):
+                    result = await through_daemon(proc, window, args.seconds)
+                    runs.setdefault(result["scenario"], []).append(result)
+    out: Result = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "load_avg": os.getloadavg(),
+        "event_loop": args.event_loop or "default",
+        "seconds": args.seconds,
+        "rounds": args.rounds,
+        "settings": args.setting,
+    }
+    for name, results in runs.items():
+        keys = [k for k in ("per_s", "p50_ms", "p99_ms", "blob_writes", "blob_write_mean_ms")]
+        out[name] = {
+            k: median(r[k] for r in results if r.get(k) is not None)
+            for k in keys
+            if any(r.get(k) is not None for r in results)
+        }
+    direct_s, direct_ms = out["direct"]["per_s"], out["direct"]["p50_ms"]
+    out["ratios"] = {
+        "daemon-1 per_s / direct": round(out["daemon-1"]["per_s"] / direct_s, 2),
+        "daemon-1 p50 / direct write p50": round(out["daemon-1"]["p50_ms"] / direct_ms, 2),
+        f"daemon-{WINDOW} per_s / direct": round(out[f"daemon-{WINDOW}"]["per_s"] / direct_s, 2),
+    }
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    anyio.run(main)
