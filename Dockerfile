@@ -34,7 +34,8 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 
 WORKDIR /src
 
-# /wheels ends up with a wheel for every dependency and checkpoint_sidecar-<version>-py3-none-
+# /wheels ends up with a wheel for every dependency (the daemon's, and uvloop: the image runs
+# the daemon on it, SIDECAR_EVENT_LOOP=auto) and checkpoint_sidecar-<version>-py3-none-
 # any.whl, so the final stage installs offline (--no-index) exactly what was resolved here.
 # First the dependencies (and the build backend), read from pyproject.toml alone: this layer
 # is rebuilt when they change, not at every source change. The optional secret `host-ca` is a
@@ -47,7 +48,8 @@ RUN --mount=type=cache,id=checkpoint-sidecar-pip,target=/root/.cache/pip \
     if [ -s /run/secrets/host-ca ]; then export PIP_CERT=/run/secrets/host-ca; fi \
  && python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
 print(*p["build-system"]["requires"], *p["project"]["dependencies"], \
-      *p["project"]["optional-dependencies"]["daemon"], sep="\n")' > /tmp/requirements.txt \
+      *p["project"]["optional-dependencies"]["daemon"], \
+      *p["project"]["optional-dependencies"]["uvloop"], sep="\n")' > /tmp/requirements.txt \
  && python -m pip wheel --wheel-dir /wheels --requirement /tmp/requirements.txt
 
 # Then the project's own wheel, offline, from what it is built from (the readme is README.md).
@@ -78,7 +80,7 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
  && python -m pip --python /opt/venv/bin/python install \
         --no-cache-dir --disable-pip-version-check --root-user-action=ignore \
         --no-index --find-links=/wheels \
-        "checkpoint-sidecar[daemon]" \
+        "checkpoint-sidecar[daemon,uvloop]" \
  && /opt/venv/bin/checkpoint-sidecar --version
 
 # Only SIDECAR_* names that sidecar/config.py knows may be set: the daemon refuses unknown

@@ -18,6 +18,7 @@ A crashing component brings the whole daemon down rather than leaving it half al
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
@@ -188,8 +189,14 @@ class Daemon:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         cfg = self.config
+        loop = event_loop_name()
+        self.metrics.build_info.info({"version": __version__, "event_loop": loop})
         log.info(
-            "checkpoint-sidecar %s starting (instance %s): %r", __version__, self.instance_id, cfg
+            "checkpoint-sidecar %s starting (instance %s, %s event loop): %r",
+            __version__,
+            self.instance_id,
+            loop,
+            cfg,
         )
         try:
             async with anyio.create_task_group() as tg:
@@ -216,11 +223,12 @@ class Daemon:
                 gc.collect()
                 gc.freeze()
                 log.info(
-                    "ready: namespace=%s socket=%s container=%s ack_mode=%s",
+                    "ready: namespace=%s socket=%s container=%s ack_mode=%s event_loop=%s",
                     cfg.namespace,
                     cfg.socket_path,
                     self.store.where,
                     cfg.ack_mode,
+                    loop,
                 )
                 task_status.started()
                 await self._stop.wait()
@@ -377,3 +385,9 @@ class Daemon:
                 f"for: {', '.join(lost)}"
             )
         return None
+
+
+def event_loop_name() -> str:
+    """``uvloop`` or ``asyncio``: the loop running the daemon (``SIDECAR_EVENT_LOOP``)."""
+    loop = asyncio.get_running_loop()
+    return "uvloop" if type(loop).__module__.split(".")[0] == "uvloop" else "asyncio"

@@ -37,7 +37,8 @@ log = logging.getLogger("sidecar")
 def run_daemon(config: Config) -> int:
     """Run the daemon until SIGTERM/SIGINT; the process's exit code."""
     try:
-        return anyio.run(_run, config)
+        uvloop = use_uvloop(config.event_loop)
+        return anyio.run(_run, config, backend="asyncio", backend_options={"use_uvloop": uvloop})
     except (SidecarError, BaseExceptionGroup) as exc:
         errors = _own_errors(exc)
         if errors is None:
@@ -50,6 +51,29 @@ def run_daemon(config: Config) -> int:
         else:
             log.error("%s", error)
     return EXIT_USAGE if any(isinstance(e, ConfigError) for e in errors) else EXIT_FAILURE
+
+
+def use_uvloop(choice: str) -> bool:
+    """Whether the daemon runs on uvloop (``SIDECAR_EVENT_LOOP``): ``auto`` when it is
+    installed, ``uvloop`` always, ``asyncio`` never. Either way anyio's asyncio backend runs
+    the daemon: uvloop is an asyncio event loop (``docs/architecture.md``, event loop).
+
+    Raises:
+        ConfigError: ``uvloop`` asked for, and the package is not installed.
+    """
+    if choice == "asyncio":
+        return False
+    try:
+        import uvloop  # noqa: F401  # only whether it imports
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigError(
+                "SIDECAR_EVENT_LOOP=uvloop but the uvloop package is not installed: "
+                "pip install 'checkpoint-sidecar[uvloop]', or set SIDECAR_EVENT_LOOP=auto "
+                "(uvloop when installed) or asyncio"
+            ) from None
+        return False
+    return True
 
 
 def _own_errors(exc: BaseException) -> list[SidecarError] | None:

@@ -175,10 +175,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     kafka_ssl_keyfile: str | None = None
     kafka_lag_per_partition: bool = True
     kafka_lag_partition_series_max: Annotated[int, Meta(ge=0, le=10_000_000)] = 10_000
-    # admin endpoint, logging, shutdown
+    # admin endpoint, logging, event loop, shutdown
     metrics_host: str = "0.0.0.0"
     metrics_port: Annotated[int, Meta(ge=0, le=65535)] = 9400
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     shutdown_grace_s: Annotated[float, Meta(ge=0.1, le=3600)] = 20.0
 
     def __post_init__(self) -> None:

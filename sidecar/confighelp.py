@@ -78,10 +78,12 @@ HELP = {
         "beyond it get per-topic series (checkpoint_sidecar_kafka_lag_series_dropped counts "
         "what was left out)",
     },
-    "admin endpoint, logging, shutdown": {
+    "admin endpoint, logging, event loop, shutdown": {
         "metrics_host": "address for /metrics, /healthz, /readyz",
         "metrics_port": "port for /metrics, /healthz, /readyz (0: pick a free one)",
         "log_level": "DEBUG, INFO, WARNING or ERROR",
+        "event_loop": "asyncio, uvloop (faster; needs the uvloop package, which the image "
+        "has) or auto (uvloop when it is installed, else asyncio)",
         "shutdown_grace_s": "time allowed for a graceful stop, seconds",
     },
 }

@@ -182,9 +182,11 @@ class Metrics:
             ["op", "result"],
             registry=r,
         )
-        Info("checkpoint_sidecar_build", "Version of the daemon", registry=r).info(
-            {"version": __version__}
+        #: The version, and the event loop once the daemon runs (``Daemon.run``).
+        self.build_info = Info(
+            "checkpoint_sidecar_build", "Version of the daemon, and its event loop", registry=r
         )
+        self.build_info.info({"version": __version__})
         # Export every known series from the start, so rate() and alerts see a 0, not a gap.
         for result in UPDATE_RESULTS:
             self.updates.labels(result)

@@ -35,6 +35,7 @@ DEFAULTS = {
     "redis_min_replicas": 0,
     "shutdown_grace_s": 20.0,
     "log_level": "INFO",
+    "event_loop": "auto",
     "azure_connection_string": None,
     "account_url": None,
     "container": "spark-checkpoints",
