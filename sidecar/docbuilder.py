@@ -1,6 +1,12 @@
 """The document each flush writes: the new checkpoint, its writer, and the history carried
 from what the blob holds (thinned to ``HISTORY_MAX_BYTES`` when offsets are wide, which is
-logged once per query until it fits again)."""
+logged once per query until it fits again).
+
+The history (at most ``history_size`` earlier flushed checkpoints, newest first) is taken
+from the document the blob holds — the one the flusher read after acquiring the lease, or the
+one it last wrote under it (``QueryLease.blob_document``) — so keeping history costs no extra
+blob read or write.
+"""
 
 from __future__ import annotations
 

@@ -4,8 +4,10 @@ Every ``flush_interval_s`` a check reads the pending queries' flush state from R
 their checkpoints); a query is due with ``count_threshold`` updates pending, when its oldest
 is ``time_threshold_s`` times a factor of its own in [1 - THRESHOLD_JITTER, 1] old (queries
 started together drift apart instead of flushing together every time), or when an ack waits
-on it (``ack_mode=blob``: one write answers every waiting ack of that query — group commit).
-Only due queries' checkpoints are read, :data:`ROWS_PER_READ` at a time, and flushed in the
+on it (``ack_mode=blob``). A new waiting ack does not wait for the interval: it wakes the
+loop at once. Group commit: while a query's write is in flight, later acks of that query wait
+for the next one, which starts as soon as that write ends and answers all of them. Only due
+queries' checkpoints are read, :data:`ROWS_PER_READ` at a time, and flushed in the
 background while checks go on: a query in one flush at a time, ``flush_concurrency`` writes.
 
 A flush writes only under the query's lease (``sidecar.lease``) and never moves a blob
@@ -15,25 +17,17 @@ exponential backoff and jitter (``sidecar.backoff``; errors that are not ``retri
 the full cap and are logged as errors); nothing is dropped, because the pending state in Redis is
 cleared only after the write succeeded, and only as far as the written snapshot covered.
 
-Each document also carries the query's earlier flushed checkpoints (``history``, at most
-``history_size``, newest first), taken from the document the blob holds — the one read after
-acquiring the lease, or the one this daemon last wrote under it (``QueryLease.blob_document``)
-— so keeping history costs no extra blob read or write.
-
 At start the first tick flushes whatever a previous run left pending (crash recovery); at
 stop :meth:`final_flush` flushes everything owned, whatever the thresholds.
 
-A record that cannot be read (:class:`~sidecar.errors.CorruptRecord`: a query's Redis hash or
-its blob, written by another version, cut short, edited by hand) is quarantined: left as it
-is, not flushed, counted once in ``checkpoint_sidecar_bad_records_total{where}`` and logged
-once as an error naming it, until it is readable again; every other query keeps flushing.
+A record that cannot be read is quarantined (``sidecar.quarantine``): every other query
+keeps flushing. The document written carries the history (``sidecar.docbuilder``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
@@ -41,6 +35,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from sidecar import checkpoint as ckpt
+from sidecar.acks import DurableAcks
 from sidecar.backoff import Backoff, spread
 from sidecar.blobstore import BlobStore
 from sidecar.buffer import PendingEntry, PendingQuery, RedisBuffer
@@ -98,8 +93,11 @@ class Flusher:
         #: Labels by query id, learnt from each query's first row read.
         self._labels: dict[str, str] = {}
         self._backoff = Backoff(RETRY_BASE_S, RETRY_CAP_S)
-        self._waiters: dict[str, list[tuple[int, anyio.Event]]] = defaultdict(list)
-        self._durable: dict[str, int] = {}
+        #: Waiting acks (blob mode); a new one wakes the loop unless its write is in flight
+        #: (that write's end wakes it) or the query is backing off after a failure.
+        self._acks = DurableAcks(
+            wake_for=lambda q: q not in self._in_flight and self._backoff.ready(q)
+        )
         self._quarantined = Quarantine(metrics)
         #: Queries a previous run left pending: due whatever the thresholds until flushed
         #: (None until the first snapshot has been read).
@@ -113,38 +111,24 @@ class Flusher:
 
     # --- acknowledgements in blob mode -----------------------------------------------------
 
-    async def wait_durable(self, query_id: str, batch_id: int) -> None:
-        """Return once the query's blob holds ``batch_id`` or a newer batch."""
-        if self._durable.get(query_id, -1) >= batch_id:
-            return
-        entry = (batch_id, anyio.Event())
-        self._waiters[query_id].append(entry)
-        try:
-            await entry[1].wait()
-        finally:
-            waiting = self._waiters.get(query_id)
-            if waiting and entry in waiting:
-                waiting.remove(entry)
-            if not waiting:
-                self._waiters.pop(query_id, None)
-
-    def _durable_now(self, query_id: str, batch_id: int) -> None:
-        if batch_id > self._durable.get(query_id, -1):
-            self._durable[query_id] = batch_id
-        for wanted, event in self._waiters.get(query_id, []):
-            if wanted <= batch_id:
-                event.set()
+    async def wait_durable(
+        self, query_id: str, batch_id: int, timeout_s: float | None = None
+    ) -> bool:
+        """True once the query's blob holds ``batch_id`` or a newer batch; False when
+        ``timeout_s`` passed first. Wakes the flush loop (``sidecar.acks``)."""
+        return await self._acks.wait(query_id, batch_id, timeout_s)
 
     # --- retirement of idle queries (sidecar.retirement) -----------------------------------
 
     def busy(self, query_id: str) -> bool:
         """True while the query must not be retired: updates pending in Redis at the last
         pass, an acknowledgement waiting on its blob, or a quarantined record."""
-        return any(query_id in held for held in (self._pending, self._waiters, self._quarantined))
+        held = (self._pending, self._acks, self._quarantined, self._in_flight)
+        return any(query_id in h for h in held)
 
     def forget(self, query_id: str) -> None:
         """Drop what is kept about a retired query (it is recreated if it comes back)."""
-        self._durable.pop(query_id, None)
+        self._acks.forget(query_id)
         self._labels.pop(query_id, None)
         self._backoff.forget(query_id)
         self._documents.forget(query_id)
@@ -169,7 +153,9 @@ class Flusher:
                     if due:
                         self._in_flight.update(due)
                         tg.start_soon(self._flush_in_background, due)
-                    await anyio.sleep(self._config.flush_interval_s)
+                    with anyio.move_on_after(self._config.flush_interval_s):
+                        await self._acks.wake.wait()
+                    self._acks.wake.clear()  # before the pass: a wake during it starts one more
         self._loop_done.set()
 
     async def stop_loop(self) -> None:
@@ -184,16 +170,27 @@ class Flusher:
         return 1 if due is None else await self._flush_due(due, final=final)
 
     async def _flush_in_background(self, due: list[str]) -> None:
+        """The loop's flush of ``due`` (all in flight): each query leaves the in-flight set
+        when its own write ends, or when it turns out not to need one."""
+        unstarted = set(due)
         try:
-            await self._flush_due(due)
+            await self._flush_due(due, unstarted=unstarted)
         finally:
-            self._in_flight.difference_update(due)
+            self._in_flight.difference_update(unstarted)
+
+    def _write_ended(self, query_id: str, held_before: int) -> None:
+        """A write the loop started has ended: the query may be flushed again, and when it
+        made a batch durable while newer acks wait on the query, the loop wakes for the next
+        write at once (group commit)."""
+        self._in_flight.discard(query_id)
+        if query_id in self._acks and self._acks.held(query_id) > held_before:
+            self._acks.wake.set()
 
     async def _check(self, *, final: bool = False) -> list[str] | None:
         """The due queries, oldest first, from their flush state alone (no checkpoint is
         read); None when Redis could not be read."""
         try:
-            now_ms, entries = await self._buffer.pending(extra=list(self._waiters))
+            now_ms, entries = await self._buffer.pending(extra=list(self._acks))
         except SidecarError as exc:
             log.warning("flush check skipped: %s", exc)
             return None
@@ -226,7 +223,7 @@ class Flusher:
                 m.pending_updates.labels(label).set(count or 0)
                 m.checkpoint_age.labels(label).set(age_s)
             if e.flushed_batch_id is not None:
-                self._durable_now(query_id, e.flushed_batch_id)
+                self._acks.durable(query_id, e.flushed_batch_id)
             if count == 0 or (not final and not self._backoff.ready(query_id)):
                 continue
             # Read the row of an unreadable count (quarantined then), of a query not seen yet
@@ -240,23 +237,31 @@ class Flusher:
         return (
             (q.pending or 0) >= cfg.count_threshold
             or age_s >= cfg.time_threshold_s * factor
-            or q.query_id in self._waiters
+            or q.query_id in self._acks
             or q.query_id in (self._recovering or ())
         )
 
-    async def _flush_due(self, due: list[str], *, final: bool = False) -> int:
+    async def _flush_due(
+        self, due: list[str], *, final: bool = False, unstarted: set[str] | None = None
+    ) -> int:
         """Read the checkpoints of ``due`` :data:`ROWS_PER_READ` at a time (at most
         :data:`ROW_READS` such batches in memory, whatever the passes under way) and flush
-        them; the failures left pending."""
+        them; the failures left pending. ``unstarted``: the loop's in-flight queries whose
+        write has not started (a query found not due leaves it, and the in-flight set)."""
         failed = 0
 
         async def flush(q: PendingQuery, admin_ops: dict[str, int]) -> None:
             nonlocal failed
-            async with self._limiter, self._locks.held(q.query_id):
-                if self._locks.changed_since(q.query_id, admin_ops):
-                    return  # reset or retired since the snapshot: this flush would undo it
-                if not await self._flush(q):
-                    failed += 1
+            held_before = self._acks.held(q.query_id)
+            try:
+                async with self._limiter, self._locks.held(q.query_id):
+                    if self._locks.changed_since(q.query_id, admin_ops):
+                        return  # reset or retired since the snapshot: this flush would undo it
+                    if not await self._flush(q):
+                        failed += 1
+            finally:
+                if unstarted is not None:
+                    self._write_ended(q.query_id, held_before)
 
         for i in range(0, len(due), ROWS_PER_READ):
             async with self._row_reads:
@@ -278,6 +283,11 @@ class Flusher:
                         age_s = (q.snapshot_ms - (q.first_pending_ms or 0)) / 1000
                         if q.pending > 0 and (final or self._due(q, age_s)):
                             tg.start_soon(flush, q, admin_ops)
+                            if unstarted is not None:
+                                unstarted.discard(q.query_id)
+                    if unstarted is not None:  # read, and not due after all
+                        self._in_flight.difference_update(unstarted.intersection(ids))
+                        unstarted.difference_update(ids)
         return failed
 
     async def final_flush(self) -> None:
@@ -332,6 +342,9 @@ class Flusher:
                 durable = checkpoint.batch_id
                 self._blob_holds(lease, q.query_id, durable, doc)
                 result = "ok"
+            # The blob holds `durable` (written or read under the lease): waiting acks are
+            # answered now, not after the bookkeeping below, whose failure retries the flush.
+            self._acks.durable(q.query_id, durable)
             left = await self._buffer.mark_flushed(q, durable)
         except LeaseLost as exc:
             m.flushes.labels("lease_lost").inc()
@@ -372,7 +385,6 @@ class Flusher:
             q.pending,
             left,
         )
-        self._durable_now(q.query_id, durable)
         if self._on_durable is not None:
             # Also for "skipped": the blob holds this batch or newer (e.g. written before a
             # Redis failure prevented mark_flushed), so these offsets are durable; the Kafka

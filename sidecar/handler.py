@@ -17,18 +17,20 @@
 
 The server (``sidecar.server``) calls :meth:`RequestHandler.begin` for every event of one
 read before awaiting any reply, so the updates of a read share a Redis round trip; the
-replies are then awaited and written in request order. What lies beyond Redis — lag, the
-flusher's durability, the blob lookup — reaches this module as callables wired in
-``sidecar.app``, so the flow of imports stays one way.
+replies are then awaited and written in request order. In blob ack mode each update's wait
+for its blob starts at once too (a task per update), so the acks of a read, and of later
+reads, join the same blob write instead of waiting for one write each in turn. What lies
+beyond Redis — lag, the flusher's durability, the blob lookup — reaches this module as
+callables wired in ``sidecar.app``, so the flow of imports stays one way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
-import anyio
 import msgspec
 
 from sidecar import checkpoint as ckpt
@@ -55,10 +57,11 @@ from sidecar.protocol import (
 
 log = logging.getLogger(__name__)
 
-#: The reply of one request, awaited after every request of the same read was begun.
-Reply = Callable[[], Awaitable[bytes]]
-#: Return once the query's blob holds this batch or a newer one (the flusher's).
-WaitDurable = Callable[[str, int], Awaitable[None]]
+#: The reply of one request: ready now (bytes), already running (a future: blob-mode acks),
+#: or to be awaited in its turn, after every request of the same read was begun.
+Reply = bytes | asyncio.Future[bytes] | Callable[[], Awaitable[bytes]]
+#: True once the query's blob holds this batch or a newer one, False after the timeout (s).
+WaitDurable = Callable[[str, int, float], Awaitable[bool]]
 #: A checkpoint read from the blob store, by query id or by name (encoded), or None.
 LookupBlob = Callable[[str | None, str | None], Awaitable[bytes | None]]
 #: Carry out an admin op (``sidecar.adminops``); what was done, for the reply's ``result``.
@@ -109,31 +112,26 @@ class RequestHandler:
             self._heard(event.checkpoint.query_id)
         match event:
             case Progress(id=rid, checkpoint=c) if not ckpt.has_position(c):
-                return self._now(self._no_position(rid, c, started))
+                return self._no_position(rid, c, started)
             case Progress(id=rid, checkpoint=c):
                 slot = await self._coalescer.submit(c, self._floor_of(c.query_id))
+                if self._wait_durable is not None:  # blob mode: wait for the blob from now
+                    return asyncio.ensure_future(self._progress(rid, c, slot, started))
                 return lambda: self._progress(rid, c, slot, started)
             case Get(id=rid, query_id=query_id, name=name):
                 return lambda: self._get(rid, query_id, name)
             case Ping(id=rid):
-                return self._now(encode_ok(rid))
+                return encode_ok(rid)
             case Reset() | Retire():
                 return lambda: self._admin_op(event)
             case BadRequest():
-                return self._now(self._bad(event))
+                return self._bad(event)
         raise AssertionError(f"unhandled event {event!r}")
 
     def _floor_of(self, query_id: str) -> int | None:
         if self._floors is None:
             return NO_BLOB  # no floors kept: Redis' batch alone decides
         return self._floors.known(query_id)
-
-    @staticmethod
-    def _now(reply: bytes) -> Reply:
-        async def ready() -> bytes:
-            return reply
-
-        return ready
 
     def _no_position(self, rid: RequestId, c: ckpt.Checkpoint, started: float) -> bytes:
         # Nothing to resume from (sidecar.checkpoint's position rule): not stored, and
@@ -148,11 +146,11 @@ class RequestHandler:
         self, rid: RequestId, c: ckpt.Checkpoint, slot: PendingWrite, started: float
     ) -> bytes:
         try:
-            outcome = await slot.wait()
+            outcome = await slot
             if outcome is Outcome.NEEDS_FLOOR and self._floors is not None:
                 # Redis does not know the query: read its blob's batch first (once per query).
                 floor = await self._floors.load(c.query_id)
-                outcome = await (await self._coalescer.submit(c, floor)).wait()
+                outcome = await (await self._coalescer.submit(c, floor))
             applied = outcome is Outcome.APPLIED
         except NotReplicated as exc:  # stored on the primary only: not rejected, not acked
             self._metrics.not_durable.labels("replicas").inc()
@@ -173,8 +171,7 @@ class RequestHandler:
             # The deadline counts from when the request was read, not from when its turn in
             # the connection's reply order came: the acks of one read wait concurrently.
             left = self._blob_ack_timeout_s - (time.perf_counter() - started)
-            with anyio.move_on_after(max(0.0, left)):
-                await self._wait_durable(c.query_id, c.batch_id)
+            if await self._wait_durable(c.query_id, c.batch_id, max(0.0, left)):
                 self._metrics.ack_seconds.observe(time.perf_counter() - started)
                 return encode_ok(rid, applied=applied)
             self._metrics.not_durable.labels("blob").inc()

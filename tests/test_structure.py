@@ -27,9 +27,11 @@ LAYERS: list[set[str]] = [
     {"sparklog"},  # Spark's own checkpoint directory, read: pure
     # metrics; which Redis client (standalone, cluster, sentinel); the Kafka client edge
     {"metrics", "topology", "kafkaclient"},
-    {"buffer", "blobstore", "client"},  # the I/O edges (Redis, Azure) and the test client
-    # batches updates for the Redis edge; the blobs' batches; unreadable records set aside
-    {"coalescer", "floor", "quarantine", "querylocks", "docbuilder"},
+    # the I/O edges (Redis, Azure), the test client; one client connection on the loop
+    {"buffer", "blobstore", "client", "connection"},
+    # batches updates for the Redis edge; the blobs' batches; unreadable records set aside;
+    # acks waiting for the blobs
+    {"coalescer", "floor", "quarantine", "querylocks", "docbuilder", "acks"},
     # the components: each one job, wired together by app
     {"lease", "lag", "kafka", "handler", "server", "admin", "report", "durability"}
     | {"retirement", "shutdown", "doctor", "adoption"},
@@ -61,6 +63,7 @@ SDK_OWNERS = {
     "azure": {"blobstore"},
     "aiokafka": {"kafka", "kafkaclient"},
     "aiohttp": {"admin"},
+    "uvloop": {"commands"},  # chosen once, at the start (SIDECAR_EVENT_LOOP)
 }
 IO_LIBRARIES = {"anyio", "asyncio", "socket", "redis", "azure", "aiokafka", "aiohttp"}
 
@@ -105,7 +108,7 @@ def test_sidecar_modules_import_only_lower_layers() -> None:
 
 def test_the_server_knows_nothing_beyond_the_protocol() -> None:
     imported = {m.split(".")[1] for m in sidecar_modules()["server"] if m.startswith("sidecar.")}
-    assert imported <= {"config", "errors", "metrics", "protocol"}
+    assert imported <= {"config", "connection", "errors", "metrics", "protocol"}
 
 
 def test_pure_modules_do_no_io_and_each_sdk_stays_at_its_edge() -> None:

@@ -10,7 +10,7 @@ import fcntl
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ import pytest
 from sidecar.blobstore import BlobStore
 from sidecar.client import SidecarClient
 from sidecar.config import Config
+from sidecar.handler import Reply
 from sidecar.protocol import Event, Ping
 from tests.helpers import running_daemon, sample
 from tests.services import DaemonProcess, ServiceError, free_port
@@ -34,7 +35,7 @@ async def test_an_unexpected_error_answers_internal_is_counted_and_the_connectio
     async with running_daemon(config) as daemon:
         begin = daemon.handler.begin
 
-        async def buggy(event: Event) -> Callable[[], Awaitable[bytes]]:
+        async def buggy(event: Event) -> Reply:
             # A fault injected into the daemon's own code: a bug has no other way in.
             if isinstance(event, Ping) and event.id in (2, 3):
                 raise RuntimeError("a bug in the handler")

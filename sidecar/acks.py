@@ -1,0 +1,82 @@
+"""Blob-mode acknowledgements: who waits for which batch of which query to be in its blob.
+
+``ack_mode=blob`` replies to a ``progress`` only once the query's blob holds that batch or a
+newer one. Each waiting ack is a future here, settled True by :meth:`DurableAcks.durable`
+(the flusher, after a write under the lease succeeded or a snapshot showed the batch already
+flushed) or False when its time runs out. Registering a wait sets :attr:`DurableAcks.wake`
+(unless ``wake_for`` says the query cannot be flushed sooner), so the flusher writes at once
+instead of at its next interval tick.
+
+asyncio futures and a timer, not anyio events and cancel scopes: one of each per update
+costs a library lookup on the hot path, and the daemon always runs on anyio's asyncio
+backend (``docs/architecture.md``, event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+
+
+class DurableAcks:
+    def __init__(self, *, wake_for: Callable[[str], bool] = lambda _: True) -> None:
+        """``wake_for(query_id)``: whether a new waiting ack should wake the flusher (not
+        while the query's write is in flight: its end wakes it)."""
+        self._wake_for = wake_for
+        #: Set when an ack starts waiting; the flusher clears it before each pass.
+        self.wake = asyncio.Event()
+        #: The newest batch known to be in each query's blob.
+        self._durable: dict[str, int] = {}
+        #: Waiting acks by query id: (batch id, future set to True once durable).
+        self._waiters: dict[str, list[tuple[int, asyncio.Future[bool]]]] = {}
+
+    def __contains__(self, query_id: str) -> bool:
+        """Whether an ack waits on the query."""
+        return query_id in self._waiters
+
+    def __iter__(self) -> Iterator[str]:
+        """The queries acks wait on."""
+        return iter(list(self._waiters))
+
+    def held(self, query_id: str) -> int:
+        """The newest batch known to be in the query's blob (-1: none known)."""
+        return self._durable.get(query_id, -1)
+
+    async def wait(self, query_id: str, batch_id: int, timeout_s: float | None = None) -> bool:
+        """True once the query's blob holds ``batch_id`` or a newer batch; False when
+        ``timeout_s`` passed first."""
+        if self._durable.get(query_id, -1) >= batch_id:
+            return True
+        loop = asyncio.get_running_loop()
+        entry: tuple[int, asyncio.Future[bool]] = (batch_id, loop.create_future())
+        self._waiters.setdefault(query_id, []).append(entry)
+        if self._wake_for(query_id):
+            self.wake.set()
+        timer = None if timeout_s is None else loop.call_later(timeout_s, _settle, entry[1], False)
+        try:
+            return await entry[1]
+        finally:
+            if timer is not None:
+                timer.cancel()
+            waiting = self._waiters.get(query_id)
+            if waiting and entry in waiting:
+                waiting.remove(entry)
+            if not waiting:
+                self._waiters.pop(query_id, None)
+
+    def durable(self, query_id: str, batch_id: int) -> None:
+        """The query's blob holds ``batch_id``: answer every ack waiting for it or older."""
+        if batch_id > self._durable.get(query_id, -1):
+            self._durable[query_id] = batch_id
+        for wanted, waiter in self._waiters.get(query_id, ()):
+            if wanted <= batch_id:
+                _settle(waiter, True)
+
+    def forget(self, query_id: str) -> None:
+        """Drop what is known of a retired query's blob (nothing waits on it)."""
+        self._durable.pop(query_id, None)
+
+
+def _settle(waiter: asyncio.Future[bool], durable: bool) -> None:
+    if not waiter.done():
+        waiter.set_result(durable)
