@@ -76,12 +76,14 @@ async def test_a_woken_flush_leaves_updates_nobody_waits_for_to_the_thresholds(
     config = make_config(ack_mode="blob", **NEVER)
     async with blob_reader(config) as store:
         async with running_daemon(config):
-            # Pending in Redis, no ack waiting (as another daemon of the namespace left it).
-            await seed(config.redis_url, config.namespace, OTHER, 4)
             async with await SidecarClient.connect(config.socket_path) as c:
-                with anyio.fail_after(30):
+                with anyio.fail_after(30):  # acked: the start's recovery pass is over
                     assert (await c.progress(kafka_progress(QID, 1))).ok
-            assert writes(azurite, config, QID) == 1
+                # Pending in Redis, no ack waiting (as another daemon of the namespace left it).
+                await seed(config.redis_url, config.namespace, OTHER, 4)
+                with anyio.fail_after(30):
+                    assert (await c.progress(kafka_progress(QID, 2))).ok
+            assert writes(azurite, config, QID) == 2
             assert await store.read(OTHER) is None  # below both thresholds: not due
         # The stop's final flush writes everything pending, thresholds or not.
         other = await store.read(OTHER)
