@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from sidecar.checkpoint import CheckpointDocument
+from sidecar.checkpoint import CheckpointDocument, offset_value
 from sidecar.config import Config
 from sidecar.report import find_checkpoint
 
@@ -153,14 +153,15 @@ def run_spark(daemon: DaemonProcess, work: Path) -> int:
     say(f"the checkpoint read back from the blob (checkpoint-sidecar show {QUERY}):")
     cli(["show", QUERY])
     same_batch = doc.batch_id == last["batchId"]
-    agree = doc.sources[0].end_offset == spark_end
+    end = offset_value(doc.sources[0].end_offset)
+    agree = end == spark_end
     say(
         f"blob batch {doc.batch_id} == Spark's last batch {last['batchId']}: {same_batch}; "
         f"end offsets equal ({json.dumps(spark_end)}): {agree}"
     )
     say(
         f"resume: a replacement query starts at the saved end offset "
-        f"{json.dumps(doc.sources[0].end_offset)}, the next row to read"
+        f"{json.dumps(end)}, the next row to read"
     )
     say(
         "  (rate-micro-batch takes no starting position; for a Kafka source, "

@@ -6,6 +6,14 @@ each source its offsets *as JSON values* (numbers for the rate source, objects s
 ``{"topic": {"0": 42}}`` for Kafka, or null). Spark's ``endOffset`` is the next offset to
 read, so resuming from it neither skips nor repeats the batch.
 
+Offsets as sent: each offset is carried as the JSON text the client sent (:data:`Offset`, a
+``msgspec.Raw``), from the request to Redis to the blob, never decoded and re-encoded on the
+way: the bytes of the value, from its first to its last character, are stored as they are
+(the client's key order, spacing and number spelling included; Spark's own JSON is compact).
+Only the places that need the value decode it (:func:`offset_value`: Kafka commits, lag,
+``starting-offsets``). A value is still checked as a decode into Python values would check it
+(:func:`offsets_error`), so what is stored is always readable by any JSON reader.
+
 Ordering rule: a query's checkpoint only moves forward. Spark keeps a query's ``id`` across
 restarts from the same checkpoint directory (``runId`` changes on every start), and batch
 ids grow by one per finished micro-batch, so "newer" means "greater ``batch_id`` for the same
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -41,13 +50,19 @@ Id = Annotated[
 BatchId = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 
 
+#: A source offset: its JSON text as the client sent it (syntax checked, value not decoded).
+Offset = msgspec.Raw
+#: The offset of a source that reported none (JSON null, or the field absent).
+NULL = msgspec.Raw(b"null")
+
+
 class SparkSourceProgress(msgspec.Struct, rename="camel"):
     """One entry of ``StreamingQueryProgress.sources`` (fields we do not use are ignored)."""
 
     description: str
-    start_offset: Any = None
-    end_offset: Any = None
-    latest_offset: Any = None
+    start_offset: Offset = NULL
+    end_offset: Offset = NULL
+    latest_offset: Offset = NULL
     num_input_rows: int | None = None
 
 
@@ -63,12 +78,13 @@ class SparkProgress(msgspec.Struct, rename="camel"):
 
 
 class SourceOffsets(msgspec.Struct, frozen=True):
-    """A source's offsets after one micro-batch, as the JSON values Spark reported."""
+    """A source's offsets after one micro-batch, as the JSON text Spark reported
+    (:func:`offset_value` decodes one)."""
 
     description: str
-    start_offset: Any
-    end_offset: Any
-    latest_offset: Any
+    start_offset: Offset
+    end_offset: Offset
+    latest_offset: Offset
     num_input_rows: int | None = None
 
 
@@ -105,11 +121,12 @@ def has_position(checkpoint: Checkpoint) -> bool:
     the daemon acknowledges such an update (``applied: false``) and stores nothing. A query
     with several sources, some of which have not produced offsets yet, does have a position.
     """
-    return any(source.end_offset is not None for source in checkpoint.sources)
+    return any(source.end_offset != NULL for source in checkpoint.sources)
 
 
 def from_progress(progress: SparkProgress) -> Checkpoint:
-    """Build the checkpoint record for a validated Spark progress event."""
+    """Build the checkpoint record for a validated Spark progress event (its offsets checked
+    by :func:`offsets_error`)."""
     return Checkpoint(
         query_id=progress.id,
         run_id=progress.run_id,
@@ -118,7 +135,9 @@ def from_progress(progress: SparkProgress) -> Checkpoint:
         timestamp=progress.timestamp,
         sources=[
             SourceOffsets(
-                description=normalize_description(s.description),
+                description=(
+                    normalize_description(s.description) if "@" in s.description else s.description
+                ),
                 start_offset=s.start_offset,
                 end_offset=s.end_offset,
                 latest_offset=s.latest_offset,
@@ -131,6 +150,70 @@ def from_progress(progress: SparkProgress) -> Checkpoint:
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Checkpoint)
+_value_decoder = msgspec.json.Decoder()
+
+
+def offset_value(offset: Offset) -> Any:
+    """The JSON value of an offset (None for null). Offsets passed :func:`offsets_error`, so
+    this does not raise for them."""
+    return _value_decoder.decode(offset)
+
+
+# What msgspec checks when it decodes a JSON value into Python values but not when it keeps
+# the value's text (msgspec.Raw: syntax only): that strings are UTF-8, and that numbers fit
+# (a float within a double's range, an integer of at most 4,300 digits). Only text that could
+# fail those checks is decoded to check it: non-ASCII text, a number with a fraction or an
+# exponent, a digit run that long. Kafka and rate offsets (ASCII names, integers) are none
+# of those, so checking them costs a few scans of their bytes, not a decode.
+_EXPONENT = re.compile(rb"e[-+0-9]")  # separate patterns: a literal first byte scans fastest
+_EXPONENT_UPPER = re.compile(rb"E[-+0-9]")
+_MAX_INT_DIGITS = 4300
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"0" * 9)
+
+
+def _plain(text: bytes) -> bool:
+    """True when ``text`` (JSON) surely passes a decode into values: see above."""
+    return (
+        text.isascii()
+        and b"." not in text
+        and _EXPONENT.search(text) is None
+        and (b"E" not in text or _EXPONENT_UPPER.search(text) is None)
+        and (
+            len(text) <= _MAX_INT_DIGITS
+            or b"0" * (_MAX_INT_DIGITS + 1) not in text.translate(_DIGITS_TO_ZERO)
+        )
+    )
+
+
+def offsets_error(
+    groups: Iterable[Sequence[Offset]],
+) -> msgspec.DecodeError | UnicodeDecodeError | None:
+    """The error decoding these offsets into values would raise (invalid UTF-8 in a string, a
+    number out of range), or None when they decode: their JSON syntax was checked when they
+    were read, this checks the rest, without decoding plain offsets. ``groups``: e.g. each
+    source's (start, end, latest) offsets."""
+    for offsets in groups:
+        if _plain(b"".join(offsets)):
+            continue
+        for offset in offsets:
+            try:
+                _value_decoder.decode(offset)
+            except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+                return exc
+    return None
+
+
+def source_offsets(
+    sources: list[SparkSourceProgress] | list[SourceOffsets],
+) -> Iterator[tuple[Offset, Offset, Offset]]:
+    """Each source's (start, end, latest) offsets, for :func:`offsets_error`."""
+    return ((s.start_offset, s.end_offset, s.latest_offset) for s in sources)
+
+
+def as_builtins(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The checkpoint as ``get`` returns it: dicts, lists and values (offsets decoded)."""
+    value: dict[str, Any] = _value_decoder.decode(_encoder.encode(checkpoint))
+    return value
 
 
 # --- the blob document ----------------------------------------------------------------------
@@ -164,8 +247,9 @@ class HistoryEntry(msgspec.Struct, frozen=True):
     timestamp: str
     #: When that checkpoint was written to the blob (UTC).
     written_at: str
-    #: Each source's ``end_offset``, in the order of the query's sources at the time.
-    end_offsets: tuple[Any, ...]
+    #: Each source's ``end_offset`` (its JSON text), in the order of the query's sources at
+    #: the time.
+    end_offsets: tuple[Offset, ...]
 
 
 class CheckpointDocument(Checkpoint, frozen=True):
@@ -261,7 +345,13 @@ def carry_history(
     that cap (0 when ``size`` alone decided)."""
     if previous is None or size <= 0:
         return (), 0
-    kept = [e for e in previous.retained() if e.batch_id < batch_id][:size]
+    # Copies of the offsets' text: a decoded document's point into the buffer it was read
+    # from, which would otherwise stay alive for as long as the entry is carried.
+    kept = [
+        HistoryEntry(e.batch_id, e.timestamp, e.written_at, tuple(o.copy() for o in e.end_offsets))
+        for e in previous.retained()
+        if e.batch_id < batch_id
+    ][:size]
     used, fits = 2, 0
     for e in kept:
         used += len(_encoder.encode(e)) + 1
@@ -316,7 +406,12 @@ def decode_document(
         return None
     try:
         doc = _doc_decoder.decode(data)
-    except msgspec.DecodeError as exc:
+        bad = offsets_error(source_offsets(doc.sources)) or offsets_error(
+            e.end_offsets for e in doc.history
+        )
+        if bad is not None:
+            raise bad
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise CorruptRecord("blob", blob_name, f"is not a checkpoint document ({exc})") from exc
     if doc.schema_version not in READABLE_VERSIONS:
         raise CorruptRecord(
@@ -348,7 +443,10 @@ def decode(data: bytes, key: str = "checkpoint", query_id: str | None = None) ->
     """
     try:
         checkpoint = _decoder.decode(data)
-    except msgspec.DecodeError as exc:
+        bad = offsets_error(source_offsets(checkpoint.sources))
+        if bad is not None:
+            raise bad
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise CorruptRecord(
             "redis", key, f"has a checkpoint field that is not a checkpoint record ({exc})"
         ) from exc

@@ -15,6 +15,7 @@ import anyio
 import msgspec
 
 from sidecar import adoption, diagnosis, offline, report
+from sidecar import checkpoint as ckpt
 from sidecar import doctor as doctor_checks
 from sidecar.app import Daemon
 from sidecar.config import Config
@@ -113,7 +114,7 @@ def inspect(args: argparse.Namespace, config: Config) -> int:
                 kafka_starting_offsets(
                     rewind(doc, batch=args.batch, before=args.before)
                     if rewound
-                    else msgspec.to_builtins(doc.checkpoint()),
+                    else ckpt.as_builtins(doc.checkpoint()),
                     source=args.source,
                     partitions=partitions,
                     missing=args.missing,

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from sidecar.checkpoint import Checkpoint, CheckpointDocument, HistoryEntry
+from sidecar.checkpoint import Checkpoint, CheckpointDocument, HistoryEntry, offset_value
 from sidecar.errors import SidecarError
 
 Missing = Literal["earliest", "latest", "error"]
@@ -75,9 +75,10 @@ def kafka_offsets(
     opted_in = bool({checkpoint.query_id, checkpoint.name} & extra_queries)
     out: Offsets = {}
     for source in checkpoint.sources:
-        kafka = source.description.startswith(KAFKA_SOURCE_PREFIXES) or opted_in
-        offsets = getattr(source, which)
-        if kafka and is_kafka_offsets(offsets):
+        if not (source.description.startswith(KAFKA_SOURCE_PREFIXES) or opted_in):
+            continue
+        offsets = offset_value(getattr(source, which))  # kept as JSON text until needed
+        if is_kafka_offsets(offsets):
             for topic, parts in offsets.items():
                 for partition, offset in parts.items():
                     out[(topic, int(partition))] = int(offset)
@@ -213,7 +214,7 @@ def rewind(
         {
             "description": doc.sources[i].description if i < len(doc.sources) else f"source {i}",
             "start_offset": None,
-            "end_offset": end,
+            "end_offset": offset_value(end),
             "latest_offset": None,
         }
         for i, end in enumerate(found.end_offsets)

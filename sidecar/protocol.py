@@ -42,7 +42,15 @@ from typing import Any
 
 import msgspec
 
-from sidecar.checkpoint import BatchId, Checkpoint, Id, SparkProgress, from_progress
+from sidecar.checkpoint import (
+    BatchId,
+    Checkpoint,
+    Id,
+    SparkProgress,
+    from_progress,
+    offsets_error,
+    source_offsets,
+)
 from sidecar.framing import MAX_FRAME_BYTES as MAX_FRAME_BYTES
 from sidecar.framing import FrameTooLarge as FrameTooLarge
 from sidecar.framing import LineFramer as LineFramer
@@ -225,6 +233,10 @@ def parse_request(line: bytes, admin_refusal: str | None = None) -> Event:
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         return _diagnose(line, exc)
     if isinstance(msg, _ProgressMsg):
+        # Offsets are kept as their JSON text: check what decoding them would have checked.
+        bad = offsets_error(source_offsets(msg.progress.sources))
+        if bad is not None:
+            return _diagnose(line, bad)
         return Progress(msg.id, from_progress(msg.progress))
     if isinstance(msg, _GetMsg):
         if (msg.query_id is None) == (msg.name is None):

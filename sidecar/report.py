@@ -144,7 +144,10 @@ def print_history(info: BlobInfo, *, as_json: bool, out: TextIO = sys.stdout) ->
     assert doc is not None
     retained = doc.retained()
     if as_json:
-        rows = [{**msgspec.to_builtins(e), "current": i == 0} for i, e in enumerate(retained)]
+        rows = [
+            {**msgspec.json.decode(msgspec.json.encode(e)), "current": i == 0}  # offsets: values
+            for i, e in enumerate(retained)
+        ]
         head = {"query_id": doc.query_id, "name": doc.name, "schema_version": doc.schema_version}
         out.write(msgspec.json.encode({**head, "checkpoints": rows}).decode() + "\n")
         return

@@ -131,10 +131,9 @@ def load_checkpoint(
         found = _get_from_daemon(path, timeout_s, **{field: query})
         if found is not None:
             return found
-    import msgspec
+    from sidecar.checkpoint import as_builtins
 
-    checkpoint: dict[str, Any] = msgspec.to_builtins(_read_blob(query).checkpoint())
-    return checkpoint
+    return as_builtins(_read_blob(query).checkpoint())
 
 
 def _read_blob(query: str) -> CheckpointDocument:

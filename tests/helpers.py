@@ -116,10 +116,16 @@ def wait_blob(
     return wait_for(reached, timeout_s, f"the blob to hold batch {batch}")
 
 
+def checkpoint_from(progress: dict[str, Any]) -> ckpt.Checkpoint:
+    """The checkpoint the daemon stores for the Spark progress ``progress``, read as from the
+    wire (offsets kept as their compact JSON text)."""
+    wire = msgspec.json.decode(msgspec.json.encode(progress), type=ckpt.SparkProgress)
+    return ckpt.from_progress(wire)
+
+
 def checkpoint_of(query_id: str, batch: int, name: str | None = "orders") -> ckpt.Checkpoint:
     """The checkpoint the daemon stores for ``kafka_progress(query_id, batch)``."""
-    progress = msgspec.convert(kafka_progress(query_id, batch, name=name), ckpt.SparkProgress)
-    return ckpt.from_progress(progress)
+    return checkpoint_from(kafka_progress(query_id, batch, name=name))
 
 
 async def seed(

@@ -23,7 +23,7 @@ from sidecar.client import SidecarClient
 from sidecar.config import Config
 from sidecar.errors import CorruptRecord
 from sidecar.offsets import ResumeError
-from tests.helpers import blob_reader, eventually, running_daemon, sample
+from tests.helpers import blob_reader, checkpoint_from, eventually, running_daemon, sample
 from tests.services import REPO_ROOT, Azurite
 from tests.sparkshapes import kafka_progress
 
@@ -31,6 +31,10 @@ ConfigFactory = Callable[..., Config]
 QID = "3a7c5e10-2b4d-4f6a-8c9e-1d2f3a4b5c6d"
 NAME = "orders-to-delta"
 BATCH = "checkpoint_sidecar_checkpoint_batch_id"
+
+
+def values(offsets: tuple[ckpt.Offset, ...]) -> tuple[Any, ...]:
+    return tuple(ckpt.offset_value(o) for o in offsets)
 
 
 def end_of(batch: int, **kw: Any) -> Any:
@@ -77,7 +81,7 @@ def test_history_is_kept_newest_first_bounded_in_the_same_single_write(
     doc = anyio.run(read_doc, config)
     assert doc.schema_version == 2 and doc.batch_id == 11
     assert [h.batch_id for h in doc.history] == [10, 9, 8, 7, 6]  # newest first, 5 kept
-    assert [h.end_offsets for h in doc.history] == [(end_of(b),) for b in range(10, 5, -1)]
+    assert [values(h.end_offsets) for h in doc.history] == [(end_of(b),) for b in range(10, 5, -1)]
     assert [h.timestamp for h in doc.history] == [
         kafka_progress(QID, b)["timestamp"] for b in range(10, 5, -1)
     ]
@@ -89,7 +93,7 @@ def test_history_is_kept_newest_first_bounded_in_the_same_single_write(
     assert azurite.blob_writes(config.container, f"{config.namespace}/{QID}.json") == 12
     assert blob_requests(azurite, config, "GET") == 3
     # What get / starting-offsets return by default is the latest checkpoint, as before.
-    assert "history" not in msgspec.to_builtins(doc.checkpoint())
+    assert "history" not in ckpt.as_builtins(doc.checkpoint())
 
 
 def test_a_new_daemon_carries_the_history_it_reads_and_size_0_drops_it(
@@ -112,7 +116,7 @@ def test_a_history_too_wide_for_the_cap_is_thinned_oldest_first() -> None:
 
     def doc(batch: int, history: tuple[ckpt.HistoryEntry, ...]) -> ckpt.CheckpointDocument:
         progress = kafka_progress(QID, batch, partitions=2000, per_partition=10**9)
-        cp = ckpt.from_progress(msgspec.convert(progress, ckpt.SparkProgress))
+        cp = checkpoint_from(progress)
         return ckpt.CheckpointDocument.of(cp, writer, history)
 
     previous, thinned = doc(0, ()), 0
@@ -149,10 +153,26 @@ V1_DOC: dict[str, Any] = {
 }
 
 
-class V1Document(ckpt.Checkpoint, frozen=True):
+class V1Source(msgspec.Struct, frozen=True):
+    """A source as version 1 declared it: offsets decoded into JSON values."""
+
+    description: str
+    start_offset: Any
+    end_offset: Any
+    latest_offset: Any
+    num_input_rows: int | None = None
+
+
+class V1Document(msgspec.Struct, frozen=True):
     """The document as version 1 of checkpoint-sidecar declared it (its reader, after a
     rollback)."""
 
+    query_id: str
+    run_id: str
+    name: str | None
+    batch_id: int
+    timestamp: str
+    sources: list[V1Source]
     schema_version: int
     checkpoint_id: str
     writer: ckpt.Writer
@@ -211,13 +231,18 @@ def test_version_1_blobs_are_read_and_carried_into_the_history_and_v1_reads_vers
     doc = anyio.run(read_doc, config)
     assert (doc.schema_version, doc.batch_id) == (2, 4)
     assert [h.batch_id for h in doc.history] == [3, 2]
-    assert doc.history[1] == ckpt.HistoryEntry(
-        2, V1_DOC["timestamp"], V1_DOC["written_at"], (end_of(2),)
+    entry = doc.history[1]
+    assert (entry.batch_id, entry.timestamp, entry.written_at) == (
+        2,
+        V1_DOC["timestamp"],
+        V1_DOC["written_at"],
     )
+    assert values(entry.end_offsets) == (end_of(2),)
     # Rolled back, version 1 reads the version 2 document (it ignores the history).
     body = ckpt.encode_document(doc)
     old = msgspec.json.decode(body, type=V1Document)
-    assert (old.batch_id, old.sources) == (4, doc.sources)
+    assert (old.batch_id, old.sources) == (4, [V1Source(**ckpt.as_builtins(doc)["sources"][0])])
+    assert old.sources[0].end_offset == end_of(4)
     # A version this one does not know is refused, never overwritten.
     newer = ckpt.encode_document(msgspec.structs.replace(doc, schema_version=3))
     with pytest.raises(CorruptRecord, match="schema version 3"):

@@ -9,19 +9,27 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
 from sidecar.app import Daemon
-from sidecar.checkpoint import Checkpoint, CheckpointDocument, SourceOffsets
+from sidecar.checkpoint import NULL, Checkpoint, CheckpointDocument, SourceOffsets
 from sidecar.client import SidecarClient
 from sidecar.config import Config
 from sidecar.errors import ConfigError
 from sidecar.kafka import TICK_S as COMMIT_TICK_S
 from sidecar.offsets import group_name, kafka_offsets
-from tests.helpers import eventually, metric_value, running_daemon, sample, scrape
+from tests.helpers import (
+    checkpoint_from,
+    eventually,
+    metric_value,
+    running_daemon,
+    sample,
+    scrape,
+)
 from tests.services import KafkaBroker
 from tests.sparkshapes import kafka_progress, rate_progress
 
@@ -327,7 +335,7 @@ def checkpoint(description: str, end: object, name: str | None = "q") -> Checkpo
         name=name,
         batch_id=1,
         timestamp="t",
-        sources=[SourceOffsets(description, None, end, None)],
+        sources=[SourceOffsets(description, NULL, msgspec.Raw(msgspec.json.encode(end)), NULL)],
     )
 
 
@@ -358,11 +366,7 @@ def test_sasl_without_credentials_is_refused_with_the_configuration() -> None:
 
 
 def test_rate_source_has_no_kafka_offsets() -> None:
-    import msgspec
-
-    from sidecar.checkpoint import SparkProgress, from_progress
-
-    c = from_progress(msgspec.convert(rate_progress("x", 3), SparkProgress))
+    c = checkpoint_from(rate_progress("x", 3))
     assert kafka_offsets(c, frozenset({"x", "rate-demo"})) == {}
 
 

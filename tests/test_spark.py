@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 import spark_bridge
+from sidecar import checkpoint as ckpt
 from tests.helpers import as_json, wait_blob, wait_for
 from tests.services import DaemonProcess
 
@@ -155,11 +156,12 @@ def test_blob_holds_sparks_last_batch_and_end_offsets(
     doc = wait_blob(env, str(q.id), last["batchId"])
     assert doc.batch_id == last["batchId"] >= 4
     assert doc.name == f"bridge_offsets_{kind}"
-    assert doc.sources[0].end_offset == end_offsets(last)
-    assert doc.sources[0].end_offset["offset"] == ROWS_PER_BATCH * (doc.batch_id + 1)
+    end = ckpt.offset_value(doc.sources[0].end_offset)
+    assert end == end_offsets(last)
+    assert end["offset"] == ROWS_PER_BATCH * (doc.batch_id + 1)
     # ... and equal to what Spark itself logged in its checkpoint's offsets/ log
     offsets_log = (short_tmp / "ck" / "offsets" / str(doc.batch_id)).read_text().splitlines()
-    assert json.loads(offsets_log[-1]) == doc.sources[0].end_offset
+    assert json.loads(offsets_log[-1]) == end
     stats = handle.stats()
     assert stats.sent >= 1 and stats.failed == 0 and stats.pending == 0
     # Every progress event was handed over (a listener error would have dropped one).
@@ -241,7 +243,7 @@ def test_daemon_killed_and_restarted_mid_query_the_blob_catches_up(
     assert handle.close()
     doc = wait_blob(env, str(q.id), last["batchId"])  # after the dead daemon's lease expired
     assert doc.batch_id == last["batchId"]
-    assert doc.sources[0].end_offset == end_offsets(last)
+    assert ckpt.offset_value(doc.sources[0].end_offset) == end_offsets(last)
     assert handle.stats().reconnects >= 1
     assert q.exception() is None
 

@@ -37,6 +37,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 import spark_bridge
+from sidecar import checkpoint as ckpt
 from tests.helpers import metric_value, wait_blob, wait_for
 from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer
 
@@ -272,7 +273,7 @@ def assert_checkpointed(env: dict[str, str], last: dict[str, Any], checkpoint_di
     assert (doc.query_id, doc.run_id, doc.name) == (last["id"], last["runId"], last["name"])
     # The Connect client's progress holds offsets as JSON text; the daemon got JSON values.
     end = json.loads(last["sources"][0]["endOffset"])
-    assert doc.sources[0].end_offset == end
+    assert ckpt.offset_value(doc.sources[0].end_offset) == end
     # rate-micro-batch: rowsPerBatch rows and 1 s of event time per batch
     assert end == {"offset": ROWS_PER_BATCH * (batch + 1), "timestamp": 1000 * (batch + 1)}
     # ... and what Spark itself logged in the checkpoint's offsets/ log
