@@ -142,10 +142,12 @@ class RedisBuffer:
             return []
         keys = [self.keys.pending, self.keys.queries, self.keys.names]
         args: list[str | bytes] = []
+        prefix = self.keys.query_prefix
         for i, c in enumerate(checkpoints):
             floor = "" if floors is None else _floor_arg(floors[i])
-            keys.append(self.keys.query(c.query_id))
-            args += (c.query_id, str(c.batch_id), ckpt.encode(c), c.name or "", floor)
+            keys.append(prefix + c.query_id)
+            # The checkpoint's one encode; its offsets are copied as the client sent them.
+            args += (f"{floor} {c.batch_id} {c.query_id} {c.name or ''}".encode(), ckpt.encode(c))
         with self._translate("apply"):
             if self._min_replicas:
                 result = await self._apply_replicated(keys, args)

@@ -23,10 +23,15 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS[1] pending zset, KEYS[2] queries set, KEYS[3] names hash, KEYS[3+i] hash of update i.
-# ARGV[5i-4..5i]: query id, batch id (canonical decimal), checkpoint JSON, name ("" if none),
-# floor: the batch the query's blob holds (sidecar.floor; "" or "-1": none), or "?" when the
-# daemon has not read the blob yet.
+# KEYS[1] pending zset, KEYS[2] queries set, KEYS[3] names hash, KEYS[3+i] hash of update i
+# (declared, unlike SNAPSHOT's reads: during a Cluster slot migration Redis then redirects the
+# call instead of letting it write a hash that has already moved).
+# ARGV[2i-1]: "<floor> <batch id> <query id> <name>", ARGV[2i]: its checkpoint JSON. Floor:
+# the batch the query's blob holds (sidecar.floor; "" or "-1": none), or "?" when the daemon
+# has not read the blob yet; batch id: canonical decimal; query id: no spaces
+# (sidecar.checkpoint.Id); name: the rest ("" if none). One argument for the small fields
+# rather than one each: redis-py packs every argument in Python, which costs the daemon more
+# than the match costs the script.
 # Returns one integer per update: 1 applied, 0 stale (not newer than Redis' batch or the
 # floor), -1 floor needed (Redis holds no batch of the query and the floor is "?": nothing
 # was written; read the blob and call again with its batch).
@@ -43,7 +48,7 @@ end
 local out = {}
 for i = 1, #KEYS - 3 do
   local key = KEYS[i + 3]
-  local qid, id, floor = ARGV[5 * i - 4], ARGV[5 * i - 3], ARGV[5 * i]
+  local floor, id, qid, name = string.match(ARGV[2 * i - 1], '^(%S*) (%S+) (%S+) (.*)$')
   local cur = redis.call('HMGET', key, 'batch_id', 'pending', 'version')
   if floor == '?' and not batch(cur[1]) then
     out[i] = -1
@@ -54,13 +59,13 @@ for i = 1, #KEYS - 3 do
     if cur[3] and not counter(cur[3]) then redis.call('HSET', key, 'version', 0) end
     local pending = redis.call('HINCRBY', key, 'pending', 1)
     redis.call('HINCRBY', key, 'version', 1)
-    redis.call('HSET', key, 'batch_id', id, 'checkpoint', ARGV[5 * i - 2], 'updated_ms', now)
+    redis.call('HSET', key, 'batch_id', id, 'checkpoint', ARGV[2 * i], 'updated_ms', now)
     if pending == 1 then
       redis.call('HSET', key, 'first_pending_ms', now)
       redis.call('ZADD', KEYS[1], now, qid)
     end
     redis.call('SADD', KEYS[2], qid)
-    if ARGV[5 * i - 1] ~= '' then redis.call('HSET', KEYS[3], ARGV[5 * i - 1], qid) end
+    if name ~= '' then redis.call('HSET', KEYS[3], name, qid) end
     out[i] = 1
   end
 end
