@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import msgspec
 
+from sidecar import rawjson
 from sidecar.errors import CorruptRecord
 
 #: Longest accepted query id / run id. Spark uses UUIDs (36 characters).
@@ -151,56 +152,10 @@ def from_progress(progress: SparkProgress) -> Checkpoint:
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Checkpoint)
 _value_decoder = msgspec.json.Decoder()
-
-
-def offset_value(offset: Offset) -> Any:
-    """The JSON value of an offset (None for null). Offsets passed :func:`offsets_error`, so
-    this does not raise for them."""
-    return _value_decoder.decode(offset)
-
-
-# What msgspec checks when it decodes a JSON value into Python values but not when it keeps
-# the value's text (msgspec.Raw: syntax only): that strings are UTF-8, and that numbers fit
-# (a float within a double's range, an integer of at most 4,300 digits). Only text that could
-# fail those checks is decoded to check it: non-ASCII text, a number with a fraction or an
-# exponent, a digit run that long. Kafka and rate offsets (ASCII names, integers) are none
-# of those, so checking them costs a few scans of their bytes, not a decode.
-_EXPONENT = re.compile(rb"e[-+0-9]")  # separate patterns: a literal first byte scans fastest
-_EXPONENT_UPPER = re.compile(rb"E[-+0-9]")
-_MAX_INT_DIGITS = 4300
-_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"0" * 9)
-
-
-def _plain(text: bytes) -> bool:
-    """True when ``text`` (JSON) surely passes a decode into values: see above."""
-    return (
-        text.isascii()
-        and b"." not in text
-        and _EXPONENT.search(text) is None
-        and (b"E" not in text or _EXPONENT_UPPER.search(text) is None)
-        and (
-            len(text) <= _MAX_INT_DIGITS
-            or b"0" * (_MAX_INT_DIGITS + 1) not in text.translate(_DIGITS_TO_ZERO)
-        )
-    )
-
-
-def offsets_error(
-    groups: Iterable[Sequence[Offset]],
-) -> msgspec.DecodeError | UnicodeDecodeError | None:
-    """The error decoding these offsets into values would raise (invalid UTF-8 in a string, a
-    number out of range), or None when they decode: their JSON syntax was checked when they
-    were read, this checks the rest, without decoding plain offsets. ``groups``: e.g. each
-    source's (start, end, latest) offsets."""
-    for offsets in groups:
-        if _plain(b"".join(offsets)):
-            continue
-        for offset in offsets:
-            try:
-                _value_decoder.decode(offset)
-            except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-                return exc
-    return None
+#: The JSON value of an offset (None for null), decoded now (``sidecar.rawjson``).
+offset_value = rawjson.value
+#: The error decoding offsets into values would raise, or None (``sidecar.rawjson``).
+offsets_error = rawjson.first_error
 
 
 def source_offsets(

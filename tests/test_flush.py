@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import cast
 
 import anyio
+import msgspec
 import pytest
 import redis.asyncio as aioredis
 from azure.core.exceptions import HttpResponseError
@@ -401,3 +402,54 @@ async def test_an_error_retrying_cannot_fix_waits_the_full_cap_and_other_queries
     assert record.levelname == "ERROR" and "is not a checkpoint document" in record.message
     assert metric_value(text, "checkpoint_sidecar_flushes_total", result="error") == 1
     assert await redis_field(config, "checkpoint") is not None  # kept in Redis, not dropped
+
+
+#: Offsets as a client may spell them: topics and partitions in no sorted order, spaces, a
+#: number written "2.50". Stored byte for byte: the JSON text of each value, from its first to
+#: its last byte (a decode and re-encode would sort nothing but would drop the spaces and
+#: spell 2.5).
+START = b'{"orders": {"10": 990, "2": 988,"1":987}, "audit":{"0":1}}'
+ENDS = [b'{"orders": {"10": 1000, "2": 998,"1":997}, "audit":{"0":2}}', b'{"orders":{"10":1010}}']
+LATEST = b'{ "orders" : { "10" : 1020 } }'
+RATE = b"2.50"
+
+
+def progress_text(batch: int, end: bytes) -> msgspec.Raw:
+    """A Kafka progress whose offsets are the given JSON texts, plus a source with ``RATE``."""
+    progress = kafka_progress(QID, batch)
+    kafka = progress["sources"][0] | {"startOffset": "@S", "endOffset": "@E", "latestOffset": "@L"}
+    rate = {"description": "RateStreamV2[x]", "endOffset": "@R"}
+    progress["sources"] = [kafka, rate]
+    body = msgspec.json.encode(progress)
+    for mark, text in ((b"@S", START), (b"@E", end), (b"@L", LATEST), (b"@R", RATE)):
+        body = body.replace(b'"' + mark + b'"', text)
+    return msgspec.Raw(body)
+
+
+async def test_offsets_reach_redis_and_the_blob_byte_for_byte_as_the_client_sent_them(
+    make_config: ConfigFactory, azurite: Azurite
+) -> None:
+    config = make_config(count_threshold=1)
+    async with running_daemon(config), blob_reader(config) as store:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            for batch, end in enumerate(ENDS):
+                assert (await c.request("progress", progress=progress_text(batch, end))).applied
+                await wait_blob_batch(store, QID, batch)
+            record = await redis_field(config, "checkpoint")
+            got = await c.get(QID)
+        service = BlobServiceClient.from_connection_string(azurite.connection_string)
+        async with service:
+            blob = service.get_blob_client(config.container, f"{config.namespace}/{QID}.json")
+            body = await (await blob.download_blob()).readall()
+    assert record is not None
+    for stored in (record, body):
+        assert b'"start_offset":' + START + b',"end_offset":' + ENDS[1] in stored
+        assert b'"latest_offset":' + LATEST in stored
+        assert b'"end_offset":' + RATE + b',"latest_offset":null' in stored
+    assert b'"end_offsets":[' + ENDS[0] + b"," + RATE + b"]" in body  # history: as sent too
+    # Readers get the values: the reply to get, the document's offsets decoded on demand.
+    assert got.checkpoint is not None
+    assert got.checkpoint["sources"][0]["end_offset"] == {"orders": {"10": 1010}}
+    assert got.checkpoint["sources"][1]["end_offset"] == 2.5
+    doc = ckpt.decode_document(body)
+    assert doc is not None and ckpt.offset_value(doc.history[0].end_offsets[0])["audit"] == {"0": 2}

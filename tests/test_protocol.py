@@ -683,3 +683,85 @@ def test_query_ids_that_could_escape_the_namespace_are_refused(query_id: str) ->
     progress["id"] = query_id
     event = parse_request(encode_request("progress", 2, progress=progress).rstrip(b"\n"))
     assert isinstance(event, BadRequest) and "$.progress.id" in event.message
+
+
+# --- offsets kept as JSON text: still checked as a decode would check them ----------------------
+
+ACCEPTED_TEXT = [
+    b'{"b": {"10": 5, "2": 4}, "a":{"0":1}}',  # order and spaces: kept as sent
+    b"1.50",
+    b'"e2e-\xc3\xa9v\xc3\xa9nements"',  # UTF-8, and "e2" inside a string: decoded to check
+    b"-0",
+    b"9" * 4300,
+    b"1.5e308",
+]
+
+
+@pytest.mark.parametrize("text", ACCEPTED_TEXT)
+def test_offsets_are_kept_as_the_exact_text_sent(text: bytes) -> None:
+    body = msgspec.json.encode(rate_progress(QID, 1) | {"sources": []})
+    source = b'{"description":"d","startOffset":null,"endOffset": ' + text + b" }"
+    line = body.replace(b'"sources":[]', b'"sources":[' + source + b"]")
+    [event] = ServerConnection().receive_data(
+        encode_request("progress", 1, progress=msgspec.Raw(line))
+    )
+    assert isinstance(event, Progress)
+    assert bytes(memoryview(event.checkpoint.sources[0].end_offset)) == text
+    assert b'"end_offset":' + text + b"," in checkpoint.encode(event.checkpoint)
+    value = checkpoint.offset_value(event.checkpoint.sources[0].end_offset)
+    assert value == msgspec.json.decode(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "message"),
+    [
+        (b'{"t": {"0": 1,}}', ErrorCode.BAD_JSON, "trailing comma"),
+        (b'{"t": {"0": NaN}}', ErrorCode.BAD_JSON, "not valid JSON"),
+        (b'{"t": {"0": 01}}', ErrorCode.BAD_JSON, "invalid number"),
+        (b'{"t": {"0": 1e400}}', ErrorCode.BAD_JSON, "Number out of range"),
+        (b"-1.8E+308", ErrorCode.BAD_JSON, "Number out of range"),
+        (b"1" * 5000, ErrorCode.BAD_JSON, "Integer value out of range"),
+        (b'{"t\xff": {"0": 1}}', ErrorCode.BAD_JSON, "not valid UTF-8"),
+        (b'"\xed\xa0\x80"', ErrorCode.BAD_JSON, "not valid UTF-8"),  # a UTF-8 encoded surrogate
+        (b"[" * 70 + b"]" * 70, ErrorCode.BAD_REQUEST, "nested deeper than"),
+    ],
+    ids=[
+        "comma",
+        "nan",
+        "leading-zero",
+        "1e400",
+        "-1.8E+308",
+        "5000-digits",
+        "ff",
+        "surrogate",
+        "deep",
+    ],
+)
+def test_a_malformed_offset_is_refused_as_a_decode_would_refuse_it(
+    text: bytes, code: ErrorCode, message: str
+) -> None:
+    progress = rate_progress(QID, 1)
+    progress["sources"][0]["latestOffset"] = "@"
+    line = encode_request("progress", 5, progress=progress).replace(b'"@"', text)
+    conn = ServerConnection()
+    bad, after = conn.receive_data(line + encode_request("progress", 6, progress=RATE))
+    assert isinstance(bad, BadRequest) and bad.code is code
+    assert message in bad.message
+    assert after == Progress(6, expected_checkpoint(RATE))  # the connection goes on
+
+
+@pytest.mark.parametrize("offset", [b'"\xff"', b"1e999"])
+def test_a_stored_record_or_document_with_an_unreadable_offset_is_corrupt(offset: bytes) -> None:
+    record = checkpoint.encode(expected_checkpoint(KAFKA)).replace(
+        b'"end_offset":{', b'"end_offset":' + offset + b',"x":{', 1
+    )
+    with pytest.raises(CorruptRecord, match="not a checkpoint record"):
+        checkpoint.decode(record)
+    doc = checkpoint.CheckpointDocument.of(
+        expected_checkpoint(KAFKA), checkpoint.Writer("h", 1, "i")
+    )
+    body = checkpoint.encode_document(doc).replace(
+        b'"end_offset":{', b'"end_offset":' + offset + b',"x":{', 1
+    )
+    with pytest.raises(CorruptRecord, match="not a checkpoint document"):
+        checkpoint.decode_document(body)

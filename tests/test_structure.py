@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: Lowest first. A module may import sidecar modules of lower layers only (the same layer
 #: neither: modules of one layer are peers that know nothing of each other).
 LAYERS: list[set[str]] = [
-    {"errors", "keys", "backoff", "confighelp", "framing"},  # vocabulary, byte framing: pure
+    {"errors", "keys", "backoff", "confighelp", "framing", "rawjson"},  # vocabulary, byte framing: pure
     {"config", "checkpoint", "lua"},  # settings, records, Redis scripts: pure
     # wire format, offset shapes, doctor's rules, Redis rows read: pure
     {"protocol", "offsets", "diagnosis", "records"},
@@ -48,6 +48,7 @@ PURE = {
     "backoff",
     "confighelp",
     "framing",
+    "rawjson",
     "config",
     "checkpoint",
     "lua",
