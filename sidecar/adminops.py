@@ -165,11 +165,11 @@ def target_of(
             "end offset per source, in that order"
         )
     sources = [
-        SourceOffsets(
+        SourceOffsets(  # the request's offsets are values: encoded once, here
             s.description or (known[i].description if known else f"source {i}"),
-            s.start_offset,
-            s.end_offset,
-            s.latest_offset,
+            ckpt.raw_offset(s.start_offset),
+            ckpt.raw_offset(s.end_offset),
+            ckpt.raw_offset(s.latest_offset),
             s.num_input_rows,
         )
         for i, s in enumerate(request.sources)

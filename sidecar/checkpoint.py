@@ -154,6 +154,9 @@ _decoder = msgspec.json.Decoder(Checkpoint)
 _value_decoder = msgspec.json.Decoder()
 #: The JSON value of an offset (None for null), decoded now (``sidecar.rawjson``).
 offset_value = rawjson.value
+#: The offset of a decoded value (None: null), encoded once (``sidecar.rawjson``): for
+#: checkpoints built from values (a reset's offsets, an import), not from a client's text.
+raw_offset = rawjson.raw_of
 #: The error decoding offsets into values would raise, or None (``sidecar.rawjson``).
 offsets_error = rawjson.first_error
 
@@ -263,9 +266,9 @@ class CheckpointDocument(Checkpoint, frozen=True):
         sources = [
             SourceOffsets(
                 self.sources[i].description if i < len(self.sources) else f"source {i}",
-                None,
+                NULL,
                 end,
-                None,
+                NULL,
             )
             for i, end in enumerate(entry.end_offsets)
         ]

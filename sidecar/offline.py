@@ -34,7 +34,7 @@ from sidecar.adminops import (
 )
 from sidecar.blobstore import BlobStore
 from sidecar.buffer import RedisBuffer
-from sidecar.checkpoint import Checkpoint, Writer
+from sidecar.checkpoint import Checkpoint, SourceOffsets, Writer, offset_value
 from sidecar.client import SidecarClient
 from sidecar.config import Config
 from sidecar.errors import (
@@ -77,7 +77,7 @@ async def apply_reset(
         reason=reason,
         query_id=checkpoint.query_id,
         name=checkpoint.name,
-        sources=tuple(SourceSpec(**msgspec.structs.asdict(s)) for s in checkpoint.sources),
+        sources=tuple(_spec(s) for s in checkpoint.sources),
         batch_id=checkpoint.batch_id,
         run_id=checkpoint.run_id,
         timestamp=checkpoint.timestamp,
@@ -85,6 +85,18 @@ async def apply_reset(
         by=who(),
     )
     return await reset(config, request)
+
+
+def _spec(source: SourceOffsets) -> SourceSpec:
+    """A checkpoint's source as a reset request carries it: offsets as values (the request
+    goes to the daemon as JSON; ``adminops`` encodes them back to the same text)."""
+    return SourceSpec(
+        description=source.description,
+        start_offset=offset_value(source.start_offset),
+        end_offset=offset_value(source.end_offset),
+        latest_offset=offset_value(source.latest_offset),
+        num_input_rows=source.num_input_rows,
+    )
 
 
 async def reset(config: Config, request: Reset) -> AdminResult:

@@ -16,12 +16,20 @@ from typing import Any
 import msgspec
 
 _decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
 
 
 def value(text: msgspec.Raw) -> Any:
     """The JSON value of ``text`` (None for null); for text :func:`first_error` passed, this
     does not raise."""
     return _decoder.decode(text)
+
+
+def raw_of(obj: Any) -> msgspec.Raw:
+    """The JSON text of a decoded value ``obj`` (None: ``null``), compact, as msgspec encodes it:
+    for values built or decoded here (an admin's offsets, Spark's offsets log), never for text
+    a client sent, which is kept as sent."""
+    return msgspec.Raw(_encoder.encode(obj))
 
 
 # What msgspec checks when it decodes a JSON value into Python values but not when it keeps

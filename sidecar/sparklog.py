@@ -38,7 +38,7 @@ from typing import Any
 
 import msgspec
 
-from sidecar.checkpoint import Checkpoint, Id, SourceOffsets
+from sidecar.checkpoint import NULL, Checkpoint, Id, SourceOffsets, raw_offset
 from sidecar.errors import SidecarError
 from sidecar.offsets import is_kafka_offsets
 
@@ -232,7 +232,9 @@ def to_checkpoint(batch: SparkBatch, name: str, descriptions: Sequence[str]) -> 
         batch_id=batch.batch_id,
         timestamp=batch.timestamp,
         sources=[
-            SourceOffsets(description=d, start_offset=None, end_offset=o, latest_offset=None)
+            SourceOffsets(
+                description=d, start_offset=NULL, end_offset=raw_offset(o), latest_offset=NULL
+            )
             for d, o in zip(descriptions, batch.end_offsets, strict=True)
         ],
     )

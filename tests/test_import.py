@@ -13,13 +13,20 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
 import pytest
 
 from sidecar import offline
 from sidecar.adoption import read_spark_checkpoint
 from sidecar.blobstore import BlobStore
-from sidecar.checkpoint import Checkpoint, CheckpointDocument, SourceOffsets
+from sidecar.checkpoint import (
+    NULL,
+    Checkpoint,
+    CheckpointDocument,
+    SourceOffsets,
+    as_builtins,
+    offset_value,
+    raw_offset,
+)
 from sidecar.client import SidecarClient
 from sidecar.config import Config
 from sidecar.offsets import kafka_offsets, kafka_starting_offsets
@@ -91,7 +98,7 @@ def test_a_kafka_shaped_source_is_named_kafka_so_commits_and_resume_work() -> No
     checkpoint = to_checkpoint(batch, "orders", names)
     assert checkpoint.run_id == "spark-checkpoint-import"
     assert kafka_offsets(checkpoint) == {("events", 0): 5, ("audit", 0): 1}
-    resume = kafka_starting_offsets(msgspec.to_builtins(checkpoint), source=1)
+    resume = kafka_starting_offsets(as_builtins(checkpoint), source=1)
     assert json.loads(resume) == {"audit": {"0": 1}, "events": {"0": 5}}
     # Known descriptions are taken only when there is one per source.
     assert describe(batch.end_offsets, ["a", "b"]) == ["a", "b"]
@@ -165,8 +172,10 @@ def seed(env: dict[str, str], batch: int, *, query_id: str = QID, name: str = "o
         batch_id=batch,
         timestamp="2026-11-21T10:00:00.000Z",
         sources=[
-            SourceOffsets("RateStreamV2[rowsPerSecond=10]", None, 1, None),
-            SourceOffsets("KafkaV2[Subscribe[events]]", None, {"events": {"0": 1}}, None),
+            SourceOffsets("RateStreamV2[rowsPerSecond=10]", NULL, raw_offset(1), NULL),
+            SourceOffsets(
+                "KafkaV2[Subscribe[events]]", NULL, raw_offset({"events": {"0": 1}}), NULL
+            ),
         ],
     )
     config = Config.from_env(env)  # no daemon on its socket: under a lease of its own
@@ -198,7 +207,7 @@ def test_dry_run_then_import_then_show(daemon_env: dict[str, str], tmp_path: Pat
     assert doc is not None and doc.batch_id == 1 and doc.name == "orders"
     assert doc.reset_from is None
     assert doc.reset_reason == f"imported from Spark checkpoint {root} (last committed batch)"
-    assert [s.end_offset for s in doc.sources] == [1, {"events": {"0": 1, "1": 2}}]
+    assert [offset_value(s.end_offset) for s in doc.sources] == [1, {"events": {"0": 1, "1": 2}}]
     resume = cli(daemon_env, "starting-offsets", "orders")
     assert resume.stdout.strip() == '{"events":{"0":1,"1":2}}'
     shown = cli(daemon_env, "show", QID)
@@ -300,7 +309,7 @@ async def test_through_a_running_daemon_and_refused_while_it_hears_the_query(
         doc = await store.read(QID)
         assert doc is not None and (doc.batch_id, doc.reset_from) == (3, None)
         assert doc.reset_reason == f"imported from Spark checkpoint {first} (last committed batch)"
-        assert doc.sources[0].end_offset == {"events": {"0": 3, "1": 4}}
+        assert offset_value(doc.sources[0].end_offset) == {"events": {"0": 3, "1": 4}}
         assert await store.lease_state(QID) == "leased"  # the daemon's, kept
         assert sample(daemon, ADMIN, op="reset", result="ok") == 1
 
