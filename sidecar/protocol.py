@@ -36,7 +36,6 @@ listener).
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,15 +51,10 @@ from sidecar.checkpoint import (
     source_offsets,
 )
 from sidecar.framing import MAX_FRAME_BYTES as MAX_FRAME_BYTES
+from sidecar.framing import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from sidecar.framing import FrameTooLarge as FrameTooLarge
 from sidecar.framing import LineFramer as LineFramer
-
-#: Deepest JSON nesting accepted in a request. Spark's progress JSON nests about six levels
-#: (request → progress → sources → source → offsets → topic → partition). Without a cap, a
-#: small hostile frame nested ~1,000 levels deep makes the decoder (and any later encode)
-#: hit Python's recursion limit: a RecursionError, not a bad request. 64 leaves room for any
-#: source's offsets and keeps every decode and encode far from that limit.
-MAX_JSON_DEPTH = 64
+from sidecar.framing import nesting_exceeds as nesting_exceeds
 
 RequestId = str | int | None
 
@@ -196,23 +190,6 @@ ADMIN_OPS = frozenset({"reset", "retire"})
 _request_decoder = msgspec.json.Decoder(_PingMsg | _GetMsg | _ProgressMsg | Reset | Retire)
 _any_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
-
-
-# A JSON string literal (escapes included); brackets inside strings are not nesting.
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-
-
-def nesting_exceeds(frame: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
-    """True when the JSON text ``frame`` nests arrays/objects deeper than ``limit``."""
-    if frame.count(b"[") + frame.count(b"{") <= limit:
-        return False  # fewer openers than the limit: cannot be deeper (the common case)
-    depth = 0
-    for b in _JSON_STRING.sub(b'""', frame).translate(None, _NOT_BRACKETS):
-        depth += 1 if b in b"[{" else -1
-        if depth > limit:
-            return True
-    return False
 
 
 def parse_request(line: bytes, admin_refusal: str | None = None) -> Event:
