@@ -22,8 +22,9 @@ from typing import Any
 
 import anyio
 
-from sidecar.checkpoint import CheckpointDocument, offset_value
+from sidecar.checkpoint import offset_value
 from sidecar.config import Config
+from sidecar.document import CheckpointDocument
 from sidecar.report import find_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package

@@ -33,8 +33,9 @@ import msgspec
 from sidecar import checkpoint as ckpt
 from sidecar.blobstore import BlobStore, newest_named
 from sidecar.buffer import RedisBuffer
-from sidecar.checkpoint import Checkpoint, CheckpointDocument, SourceOffsets
+from sidecar.checkpoint import Checkpoint, SourceOffsets
 from sidecar.config import Config
+from sidecar.document import CheckpointDocument, Writer, encode_document, reset_document
 from sidecar.errors import AdminRefused, CorruptRecord, InvalidRequest, NotFound, SidecarError
 from sidecar.floor import BlobFloors
 from sidecar.flusher import Flusher
@@ -198,7 +199,7 @@ async def reset_under_lease(
     target: Checkpoint,
     *,
     lease_id: str,
-    writer: ckpt.Writer,
+    writer: Writer,
 ) -> tuple[CheckpointDocument, int]:
     """Redis, then the blob (the lease ``lease_id`` held); the document written and how many
     unflushed updates Redis dropped.
@@ -206,7 +207,7 @@ async def reset_under_lease(
     Raises:
         AdminRefused: an update was applied within the quiet time (nothing changed).
     """
-    doc = ckpt.reset_document(
+    doc = reset_document(
         current, target, writer, reason=request.reason, history_size=config.history_size
     )
     answer = await buffer.reset(target, quiet_ms(config, request.force))
@@ -215,7 +216,7 @@ async def reset_under_lease(
         raise running(
             label, target.query_id, int(answer[1]) / 1000, config, "Redis applied an update"
         )
-    body = ckpt.encode_document(doc)
+    body = encode_document(doc)
     await store.write(target.query_id, body, lease_id=lease_id, query_name=target.name)
     return doc, int(answer[2])
 
@@ -264,7 +265,7 @@ class DaemonAdmin:
         floors: BlobFloors,
         retirement: Retirement,
         metrics: Metrics,
-        writer: ckpt.Writer,
+        writer: Writer,
     ) -> None:
         self._config = config
         self._buffer, self._store, self._leases = buffer, store, leases

@@ -17,8 +17,9 @@ from typing import Any, TextIO
 import msgspec
 
 from sidecar.blobstore import BlobStore, newest_named
-from sidecar.checkpoint import Checkpoint, CheckpointDocument
+from sidecar.checkpoint import Checkpoint
 from sidecar.config import Config
+from sidecar.document import CheckpointDocument
 from sidecar.errors import AdminRefused
 from sidecar.sparklog import (
     SparkBatch,

@@ -40,6 +40,7 @@ from sidecar.blobstore import BlobStore
 from sidecar.buffer import RedisBuffer
 from sidecar.coalescer import WriteCoalescer
 from sidecar.config import Config
+from sidecar.document import Writer
 from sidecar.durability import DurabilityWatch
 from sidecar.errors import SidecarError
 from sidecar.floor import BlobFloors
@@ -74,7 +75,7 @@ class Daemon:
         """``lease_clock``: the monotonic clock of the lease deadlines (tests inject one)."""
         self.config = config
         self.instance_id = str(uuid.uuid4())
-        self.writer = ckpt.Writer(
+        self.writer = Writer(
             host=socket.gethostname(), pid=os.getpid(), instance_id=self.instance_id
         )
         self.metrics = Metrics(registry)

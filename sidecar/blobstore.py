@@ -2,7 +2,7 @@
 
 Layout: container ``SIDECAR_CONTAINER``, blob ``<namespace>/<query_id>.json``, metadata
 ``query_name`` (so ``list`` can show names without downloading). The document format is
-:class:`sidecar.checkpoint.CheckpointDocument` (``docs/blob-format.md``).
+:class:`sidecar.document.CheckpointDocument` (``docs/blob-format.md``).
 
 Azure SDK errors are translated here, once: a refused lease → :class:`LeaseConflict`
 (acquire) or :class:`LeaseLost` (renew, write); network errors, timeouts, 5xx and 429 →
@@ -33,9 +33,9 @@ from azure.core.exceptions import (
 from azure.storage.blob import ContentSettings
 from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient, ContainerClient
 
-from sidecar.checkpoint import CheckpointDocument, decode_document
 from sidecar.config import Config
 from sidecar.diagnosis import Probe
+from sidecar.document import CheckpointDocument, decode_document
 from sidecar.errors import (
     CorruptRecord,
     LeaseConflict,

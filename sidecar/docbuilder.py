@@ -13,22 +13,23 @@ from __future__ import annotations
 import logging
 
 from sidecar import checkpoint as ckpt
+from sidecar import document
 
 log = logging.getLogger("sidecar.flusher")
 
 
 class DocumentBuilder:
-    def __init__(self, writer: ckpt.Writer, history_size: int) -> None:
+    def __init__(self, writer: document.Writer, history_size: int) -> None:
         self._writer = writer
         self._history_size = history_size
         #: Queries whose history was last thinned (logged once).
         self._thinned: set[str] = set()
 
     def build(
-        self, checkpoint: ckpt.Checkpoint, previous: ckpt.CheckpointDocument | None
-    ) -> ckpt.CheckpointDocument:
+        self, checkpoint: ckpt.Checkpoint, previous: document.CheckpointDocument | None
+    ) -> document.CheckpointDocument:
         """The document replacing ``previous`` (what the blob holds) with ``checkpoint``."""
-        history, thinned = ckpt.carry_history(previous, checkpoint.batch_id, self._history_size)
+        history, thinned = document.carry_history(previous, checkpoint.batch_id, self._history_size)
         query_id = checkpoint.query_id
         if thinned and query_id not in self._thinned:
             self._thinned.add(query_id)
@@ -39,11 +40,11 @@ class DocumentBuilder:
                 checkpoint.batch_id,
                 len(history),
                 len(history) + thinned,
-                ckpt.HISTORY_MAX_BYTES,
+                document.HISTORY_MAX_BYTES,
             )
         elif not thinned:
             self._thinned.discard(query_id)
-        return ckpt.CheckpointDocument.of(checkpoint, self._writer, history, reset_of=previous)
+        return document.CheckpointDocument.of(checkpoint, self._writer, history, reset_of=previous)
 
     def forget(self, query_id: str) -> None:
         self._thinned.discard(query_id)

@@ -35,6 +35,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from sidecar import checkpoint as ckpt
+from sidecar import document
 from sidecar.acks import DurableAcks
 from sidecar.backoff import Backoff, spread
 from sidecar.blobstore import BlobStore
@@ -67,7 +68,7 @@ class Flusher:
         store: BlobStore,
         leases: LeaseManager,
         metrics: Metrics,
-        writer: ckpt.Writer,
+        writer: document.Writer,
         *,
         on_durable: Callable[[ckpt.Checkpoint], None] | None = None,
         floors: BlobFloors | None = None,
@@ -298,7 +299,11 @@ class Flusher:
     # --- one query -------------------------------------------------------------------------
 
     def _blob_holds(
-        self, lease: QueryLease, query_id: str, batch_id: int, doc: ckpt.CheckpointDocument | None
+        self,
+        lease: QueryLease,
+        query_id: str,
+        batch_id: int,
+        doc: document.CheckpointDocument | None,
     ) -> None:
         lease.record_blob(batch_id, doc)
         if self._floors is not None:
@@ -333,7 +338,7 @@ class Flusher:
                 )
             else:
                 doc = self._documents.build(checkpoint, lease.blob_document)
-                body = ckpt.encode_document(doc)
+                body = document.encode_document(doc)
                 started = time.perf_counter()
                 await self._store.write(
                     q.query_id, body, lease_id=self._leases.lease_id, query_name=checkpoint.name

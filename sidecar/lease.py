@@ -46,7 +46,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from sidecar.backoff import Backoff
 from sidecar.blobstore import BlobStore
-from sidecar.checkpoint import CheckpointDocument
+from sidecar.document import CheckpointDocument
 from sidecar.errors import LeaseConflict, LeaseLost, SidecarError
 from sidecar.metrics import Metrics
 

@@ -34,9 +34,10 @@ from sidecar.adminops import (
 )
 from sidecar.blobstore import BlobStore
 from sidecar.buffer import RedisBuffer
-from sidecar.checkpoint import Checkpoint, SourceOffsets, Writer, offset_value
+from sidecar.checkpoint import Checkpoint, SourceOffsets, offset_value
 from sidecar.client import SidecarClient
 from sidecar.config import Config
+from sidecar.document import Writer
 from sidecar.errors import (
     AdminForbidden,
     AdminRefused,

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from sidecar.checkpoint import Checkpoint, CheckpointDocument, HistoryEntry, offset_value
+from sidecar.checkpoint import Checkpoint, offset_value
+from sidecar.document import CheckpointDocument, HistoryEntry
 from sidecar.errors import SidecarError
 
 Missing = Literal["earliest", "latest", "error"]

@@ -15,8 +15,8 @@ from typing import TextIO
 import msgspec
 
 from sidecar.blobstore import BlobInfo, BlobStore, newest_named
-from sidecar.checkpoint import CheckpointDocument
 from sidecar.config import Config
+from sidecar.document import CheckpointDocument
 from sidecar.errors import SidecarError
 
 

@@ -32,7 +32,7 @@ from spark_bridge.jvm import LISTENER_CLASS, configure, listener_jar
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from sidecar.checkpoint import CheckpointDocument
+    from sidecar.document import CheckpointDocument
 
 __all__ = [
     "LISTENER_CLASS",

@@ -22,8 +22,8 @@ from sidecar import checkpoint as ckpt
 from sidecar.app import Daemon
 from sidecar.blobstore import BlobStore
 from sidecar.buffer import Outcome, RedisBuffer
-from sidecar.checkpoint import CheckpointDocument
 from sidecar.config import Config
+from sidecar.document import CheckpointDocument
 from tests.sparkshapes import kafka_progress
 
 

@@ -22,6 +22,7 @@ from sidecar.app import Daemon
 from sidecar.blobstore import BlobStore
 from sidecar.client import SidecarClient
 from sidecar.config import Config
+from sidecar.document import decode_document
 from sidecar.keys import Keys
 from tests.helpers import (
     blob_reader,
@@ -451,5 +452,5 @@ async def test_offsets_reach_redis_and_the_blob_byte_for_byte_as_the_client_sent
     assert got.checkpoint is not None
     assert got.checkpoint["sources"][0]["end_offset"] == {"orders": {"10": 1010}}
     assert got.checkpoint["sources"][1]["end_offset"] == 2.5
-    doc = ckpt.decode_document(body)
+    doc = decode_document(body)
     assert doc is not None and ckpt.offset_value(doc.history[0].end_offsets[0])["audit"] == {"0": 2}

@@ -21,6 +21,15 @@ from sidecar import checkpoint as ckpt
 from sidecar.blobstore import BlobStore
 from sidecar.client import SidecarClient
 from sidecar.config import Config
+from sidecar.document import (
+    HISTORY_MAX_BYTES,
+    CheckpointDocument,
+    HistoryEntry,
+    Writer,
+    carry_history,
+    decode_document,
+    encode_document,
+)
 from sidecar.errors import CorruptRecord
 from sidecar.offsets import ResumeError
 from tests.helpers import blob_reader, checkpoint_from, eventually, running_daemon, sample
@@ -54,7 +63,7 @@ async def flush_each(config: Config, batches: range, **progress: Any) -> None:
             await eventually(lambda b=b: sample(daemon, BATCH, query=NAME) == b)  # type: ignore[misc]
 
 
-async def read_doc(config: Config) -> ckpt.CheckpointDocument:
+async def read_doc(config: Config) -> CheckpointDocument:
     async with blob_reader(config) as store:
         doc = await store.read(QID)
     assert doc is not None
@@ -112,22 +121,22 @@ def test_a_new_daemon_carries_the_history_it_reads_and_size_0_drops_it(
 
 def test_a_history_too_wide_for_the_cap_is_thinned_oldest_first() -> None:
     """Pure: carry_history under HISTORY_MAX_BYTES, for a query of 2000 partitions."""
-    writer = ckpt.Writer("h", 1, "i")
+    writer = Writer("h", 1, "i")
 
-    def doc(batch: int, history: tuple[ckpt.HistoryEntry, ...]) -> ckpt.CheckpointDocument:
+    def doc(batch: int, history: tuple[HistoryEntry, ...]) -> CheckpointDocument:
         progress = kafka_progress(QID, batch, partitions=2000, per_partition=10**9)
         cp = checkpoint_from(progress)
-        return ckpt.CheckpointDocument.of(cp, writer, history)
+        return CheckpointDocument.of(cp, writer, history)
 
     previous, thinned = doc(0, ()), 0
     for batch in range(1, 30):
-        history, thinned = ckpt.carry_history(previous, batch, 20)
+        history, thinned = carry_history(previous, batch, 20)
         previous = doc(batch, history)
     entry = len(msgspec.json.encode(previous.history[0]))
     assert entry > 36_000  # ~18 bytes per partition
-    assert len(previous.history) == ckpt.HISTORY_MAX_BYTES // (entry + 1)
+    assert len(previous.history) == HISTORY_MAX_BYTES // (entry + 1)
     assert thinned == 1  # each write drops the one entry that no longer fits
-    assert len(msgspec.json.encode(previous.history)) <= ckpt.HISTORY_MAX_BYTES
+    assert len(msgspec.json.encode(previous.history)) <= HISTORY_MAX_BYTES
     assert [h.batch_id for h in previous.history] == list(range(28, 28 - len(previous.history), -1))
 
 
@@ -175,7 +184,7 @@ class V1Document(msgspec.Struct, frozen=True):
     sources: list[V1Source]
     schema_version: int
     checkpoint_id: str
-    writer: ckpt.Writer
+    writer: Writer
     written_at: str
 
 
@@ -239,14 +248,14 @@ def test_version_1_blobs_are_read_and_carried_into_the_history_and_v1_reads_vers
     )
     assert values(entry.end_offsets) == (end_of(2),)
     # Rolled back, version 1 reads the version 2 document (it ignores the history).
-    body = ckpt.encode_document(doc)
+    body = encode_document(doc)
     old = msgspec.json.decode(body, type=V1Document)
     assert (old.batch_id, old.sources) == (4, [V1Source(**ckpt.as_builtins(doc)["sources"][0])])
     assert old.sources[0].end_offset == end_of(4)
     # A version this one does not know is refused, never overwritten.
-    newer = ckpt.encode_document(msgspec.structs.replace(doc, schema_version=3))
+    newer = encode_document(msgspec.structs.replace(doc, schema_version=3))
     with pytest.raises(CorruptRecord, match="schema version 3"):
-        ckpt.decode_document(newer)
+        decode_document(newer)
 
 
 def test_rewind_by_batch_and_by_time_through_the_cli_and_the_bridge(

@@ -21,7 +21,6 @@ from sidecar.blobstore import BlobStore
 from sidecar.checkpoint import (
     NULL,
     Checkpoint,
-    CheckpointDocument,
     SourceOffsets,
     as_builtins,
     offset_value,
@@ -29,6 +28,7 @@ from sidecar.checkpoint import (
 )
 from sidecar.client import SidecarClient
 from sidecar.config import Config
+from sidecar.document import CheckpointDocument
 from sidecar.offsets import kafka_offsets, kafka_starting_offsets
 from sidecar.sparklog import SparkBatch, SparkCheckpointError, describe, to_checkpoint
 from tests.helpers import blob_reader, running_daemon, sample, wait_blob_batch

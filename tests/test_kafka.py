@@ -16,9 +16,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
 from sidecar.app import Daemon
-from sidecar.checkpoint import NULL, Checkpoint, CheckpointDocument, SourceOffsets
+from sidecar.checkpoint import NULL, Checkpoint, SourceOffsets
 from sidecar.client import SidecarClient
 from sidecar.config import Config
+from sidecar.document import CheckpointDocument
 from sidecar.errors import ConfigError
 from sidecar.kafka import TICK_S as COMMIT_TICK_S
 from sidecar.offsets import group_name, kafka_offsets

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from sidecar import checkpoint
 from sidecar.checkpoint import Checkpoint, SourceOffsets
+from sidecar.document import CheckpointDocument, Writer, decode_document, encode_document
 from sidecar.errors import CorruptRecord
 from sidecar.protocol import (
     MAX_FRAME_BYTES,
@@ -757,11 +758,7 @@ def test_a_stored_record_or_document_with_an_unreadable_offset_is_corrupt(offset
     )
     with pytest.raises(CorruptRecord, match="not a checkpoint record"):
         checkpoint.decode(record)
-    doc = checkpoint.CheckpointDocument.of(
-        expected_checkpoint(KAFKA), checkpoint.Writer("h", 1, "i")
-    )
-    body = checkpoint.encode_document(doc).replace(
-        b'"end_offset":{', b'"end_offset":' + offset + b',"x":{', 1
-    )
+    doc = CheckpointDocument.of(expected_checkpoint(KAFKA), Writer("h", 1, "i"))
+    body = encode_document(doc).replace(b'"end_offset":{', b'"end_offset":' + offset + b',"x":{', 1)
     with pytest.raises(CorruptRecord, match="not a checkpoint document"):
-        checkpoint.decode_document(body)
+        decode_document(body)

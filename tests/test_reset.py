@@ -22,6 +22,14 @@ from sidecar import offline
 from sidecar.blobstore import BlobStore
 from sidecar.client import SidecarClient
 from sidecar.config import Config
+from sidecar.document import (
+    CheckpointDocument,
+    HistoryEntry,
+    Writer,
+    decode_document,
+    encode_document,
+    reset_document,
+)
 from sidecar.keys import Keys
 from sidecar.protocol import BadRequest, Reply, Reset, parse_request
 from tests.helpers import (
@@ -414,18 +422,18 @@ class V2Reader(ckpt.Checkpoint, frozen=True):
 
     schema_version: int
     checkpoint_id: str
-    writer: ckpt.Writer
+    writer: Writer
     written_at: str
-    history: tuple[ckpt.HistoryEntry, ...] = ()
+    history: tuple[HistoryEntry, ...] = ()
 
 
 def test_documents_without_reset_fields_decode_and_older_readers_read_reset_ones() -> None:
     v1 = {k: v for k, v in V2_WITHOUT_RESET.items() if k != "history"} | {"schema_version": 1}
     for old in (V2_WITHOUT_RESET, v1):
-        doc = ckpt.decode_document(json.dumps(old).encode())
+        doc = decode_document(json.dumps(old).encode())
         assert doc is not None
         assert (doc.reset_from, doc.reset_at, doc.reset_reason) == (None, None, None)
-    previous = ckpt.decode_document(json.dumps(V2_WITHOUT_RESET).encode())
+    previous = decode_document(json.dumps(V2_WITHOUT_RESET).encode())
     assert previous is not None
     target = previous.at_batch(3)
     assert target is not None
@@ -437,16 +445,14 @@ def test_documents_without_reset_fields_decode_and_older_readers_read_reset_ones
         "num_input_rows": None,
     }
     assert previous.at_batch(2) is None and previous.at_batch(4) == previous.checkpoint()
-    reset = ckpt.reset_document(
-        previous, target, ckpt.Writer("h", 2, "j"), reason="why", history_size=20
-    )
+    reset = reset_document(previous, target, Writer("h", 2, "j"), reason="why", history_size=20)
     assert (reset.batch_id, reset.reset_from, reset.reset_reason) == (3, 4, "why")
     assert reset.history == ()  # nothing retained is older than batch 3
-    body = ckpt.encode_document(reset)
+    body = encode_document(reset)
     old_view = msgspec.json.decode(body, type=V2Reader)  # the previous version reads it
     assert (old_view.batch_id, old_view.sources) == (3, reset.sources)
     # A later normal write carries the record of the reset.
-    carried = ckpt.CheckpointDocument.of(previous.checkpoint(), reset.writer, reset_of=reset)
+    carried = CheckpointDocument.of(previous.checkpoint(), reset.writer, reset_of=reset)
     assert (carried.reset_from, carried.reset_at) == (4, reset.reset_at)
 
 

@@ -20,8 +20,10 @@ REPO = Path(__file__).resolve().parent.parent
 #: Lowest first. A module may import sidecar modules of lower layers only (the same layer
 #: neither: modules of one layer are peers that know nothing of each other).
 LAYERS: list[set[str]] = [
-    {"errors", "keys", "backoff", "confighelp", "framing", "rawjson"},  # vocabulary, byte framing: pure
+    # vocabulary, byte framing, JSON kept as text: pure
+    {"errors", "keys", "backoff", "confighelp", "framing", "rawjson"},
     {"config", "checkpoint", "lua"},  # settings, records, Redis scripts: pure
+    {"document"},  # the blob document (checkpoint, writer, history, reset): pure
     # wire format, offset shapes, doctor's rules, Redis rows read: pure
     {"protocol", "offsets", "diagnosis", "records"},
     {"sparklog"},  # Spark's own checkpoint directory, read: pure
@@ -51,6 +53,7 @@ PURE = {
     "rawjson",
     "config",
     "checkpoint",
+    "document",
     "lua",
     "protocol",
     "offsets",

@@ -34,6 +34,7 @@ from sidecar import checkpoint as ckpt
 from sidecar import flusher
 from sidecar.client import SidecarClient
 from sidecar.config import Config
+from sidecar.document import CheckpointDocument, Writer, encode_document
 from sidecar.keys import Keys
 from sidecar.protocol import ClientConnection, Reply, encode_request
 from tests.helpers import (
@@ -61,7 +62,7 @@ FLUSHES = "checkpoint_sidecar_flushes_total"
 CUT_SHORT = b'{"query_id":"c0aa0000-0000-4000-8000-00000000baad","run_id":"r","na'
 #: Not this version's blob document (a future schema, say).
 FOREIGN_DOC = b'{"schema": 9, "position": {"events": {"0": 7}}}'
-WRITER = ckpt.Writer(host="test", pid=1, instance_id="test")
+WRITER = Writer(host="test", pid=1, instance_id="test")
 
 
 async def damage(redis_url: str, key: str, **fields: bytes) -> dict[bytes, bytes]:
@@ -313,12 +314,10 @@ def test_list_show_starting_offsets_and_load_checkpoint_report_an_unreadable_blo
     env = daemon_env
     connection, container = env["AZURE_STORAGE_CONNECTION_STRING"], env["SIDECAR_CONTAINER"]
     namespace = env["SIDECAR_NAMESPACE"]
-    good = ckpt.CheckpointDocument.of(checkpoint_of(GOOD, 5, "good"), WRITER)
+    good = CheckpointDocument.of(checkpoint_of(GOOD, 5, "good"), WRITER)
     bad_blob = f"{namespace}/{BAD}.json"
     anyio.run(
-        lambda: upload(
-            connection, container, f"{namespace}/{GOOD}.json", ckpt.encode_document(good)
-        )
+        lambda: upload(connection, container, f"{namespace}/{GOOD}.json", encode_document(good))
     )
     anyio.run(lambda: upload(connection, container, bad_blob, CUT_SHORT, query_name="bad"))
 
