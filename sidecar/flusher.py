@@ -35,13 +35,13 @@ import anyio
 from anyio.abc import TaskStatus
 
 from sidecar import checkpoint as ckpt
-from sidecar import document
 from sidecar.acks import DurableAcks
 from sidecar.backoff import Backoff, spread
 from sidecar.blobstore import BlobStore
 from sidecar.buffer import PendingEntry, PendingQuery, RedisBuffer
 from sidecar.config import Config
 from sidecar.docbuilder import DocumentBuilder
+from sidecar.document import CheckpointDocument, Writer, encode_document
 from sidecar.errors import CorruptRecord, LeaseLost, SidecarError
 from sidecar.floor import BlobFloors
 from sidecar.lease import LeaseManager, QueryLease
@@ -68,7 +68,7 @@ class Flusher:
         store: BlobStore,
         leases: LeaseManager,
         metrics: Metrics,
-        writer: document.Writer,
+        writer: Writer,
         *,
         on_durable: Callable[[ckpt.Checkpoint], None] | None = None,
         floors: BlobFloors | None = None,
@@ -246,9 +246,8 @@ class Flusher:
         self, due: list[str], *, final: bool = False, unstarted: set[str] | None = None
     ) -> int:
         """Read the checkpoints of ``due`` :data:`ROWS_PER_READ` at a time (at most
-        :data:`ROW_READS` such batches in memory, whatever the passes under way) and flush
-        them; the failures left pending. ``unstarted``: the loop's in-flight queries whose
-        write has not started (a query found not due leaves it, and the in-flight set)."""
+        :data:`ROW_READS` such reads in memory) and flush them; the failures left pending.
+        ``unstarted``: the loop's queries not yet written (one found not due leaves it)."""
         failed = 0
 
         async def flush(q: PendingQuery, admin_ops: dict[str, int]) -> None:
@@ -299,11 +298,7 @@ class Flusher:
     # --- one query -------------------------------------------------------------------------
 
     def _blob_holds(
-        self,
-        lease: QueryLease,
-        query_id: str,
-        batch_id: int,
-        doc: document.CheckpointDocument | None,
+        self, lease: QueryLease, query_id: str, batch_id: int, doc: CheckpointDocument | None
     ) -> None:
         lease.record_blob(batch_id, doc)
         if self._floors is not None:
@@ -338,7 +333,7 @@ class Flusher:
                 )
             else:
                 doc = self._documents.build(checkpoint, lease.blob_document)
-                body = document.encode_document(doc)
+                body = encode_document(doc)
                 started = time.perf_counter()
                 await self._store.write(
                     q.query_id, body, lease_id=self._leases.lease_id, query_name=checkpoint.name
