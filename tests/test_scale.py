@@ -93,7 +93,9 @@ async def test_partition_series_beyond_the_cap_become_per_topic_and_are_counted(
 
 def checkpoint(query_id: str, name: str, topic: str, batch: int = 1) -> ckpt.Checkpoint:
     progress = kafka_progress(query_id, batch, name=name, topic=topic, partitions=2)
-    return ckpt.from_progress(msgspec.convert(progress, ckpt.SparkProgress))
+    return ckpt.from_progress(
+        msgspec.json.decode(msgspec.json.encode(progress), type=ckpt.SparkProgress)
+    )
 
 
 def samples(tracker: LagTracker) -> list[tuple[str, dict[str, str], float]]:
