@@ -4,7 +4,7 @@
 newer one. Each waiting ack is a future here, settled True by :meth:`DurableAcks.durable`
 (the flusher, after a write under the lease succeeded or a snapshot showed the batch already
 flushed) or False when its time runs out. Registering a wait sets :attr:`DurableAcks.wake`
-(unless ``wake_for`` says the query cannot be flushed sooner), so the flusher writes at once
+(unless the query's write is in flight, or it may not be flushed now), so the flusher writes at once
 instead of at its next interval tick.
 
 asyncio futures and a timer, not anyio events and cancel scopes: one of each per update
@@ -19,10 +19,12 @@ from collections.abc import Callable, Iterator
 
 
 class DurableAcks:
-    def __init__(self, *, wake_for: Callable[[str], bool] = lambda _: True) -> None:
-        """``wake_for(query_id)``: whether a new waiting ack should wake the flusher (not
-        while the query's write is in flight: its end wakes it)."""
-        self._wake_for = wake_for
+    def __init__(self, *, ready: Callable[[str], bool] = lambda _: True) -> None:
+        """``ready(query_id)``: whether the query may be flushed now (not backing off)."""
+        self._ready = ready
+        #: Queries whose write the flush loop started and that has not ended: a new ack of
+        #: one does not wake the loop; the write's end does (:meth:`write_ended`).
+        self.in_flight: set[str] = set()
         #: Set when an ack starts waiting; the flusher clears it before each pass.
         self.wake = asyncio.Event()
         #: The newest batch known to be in each query's blob.
@@ -50,7 +52,7 @@ class DurableAcks:
         loop = asyncio.get_running_loop()
         entry: tuple[int, asyncio.Future[bool]] = (batch_id, loop.create_future())
         self._waiters.setdefault(query_id, []).append(entry)
-        if self._wake_for(query_id):
+        if query_id not in self.in_flight and self._ready(query_id):
             self.wake.set()
         timer = None if timeout_s is None else loop.call_later(timeout_s, _settle, entry[1], False)
         try:
@@ -71,6 +73,14 @@ class DurableAcks:
         for wanted, waiter in self._waiters.get(query_id, ()):
             if wanted <= batch_id:
                 _settle(waiter, True)
+
+    def write_ended(self, query_id: str, held_before: int) -> None:
+        """A write the loop started has ended (the blob held ``held_before`` when it began):
+        when it made a batch durable while newer acks wait, wake the loop for the next write
+        at once (group commit)."""
+        self.in_flight.discard(query_id)
+        if query_id in self._waiters and self.held(query_id) > held_before:
+            self.wake.set()
 
     def forget(self, query_id: str) -> None:
         """Drop what is known of a retired query's blob (nothing waits on it)."""
