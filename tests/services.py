@@ -341,6 +341,9 @@ class DaemonProcess(Service):
         self.env["PYTHONPATH"] = str(REPO_ROOT)  # this checkout's sidecar, installed or not
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
+        #: Another checkout whose ``sidecar`` to run (A/B benchmarks): the daemon starts in
+        #: its root, since ``python -m`` puts the working directory first on the path.
+        self.code: Path | None = None
 
     @property
     def admin_url(self) -> str:
@@ -367,11 +370,16 @@ class DaemonProcess(Service):
         """Start the daemon; with ``wait``, return once it is ready (see :meth:`wait_ready`)."""
         cmd = [sys.executable, "-m", "sidecar", "run"]
         if self.log_path is None:
-            self.proc = subprocess.Popen(cmd, env=self.env, start_new_session=True)
+            self.proc = subprocess.Popen(cmd, env=self.env, cwd=self.code, start_new_session=True)
         else:
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(
-                    cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    cmd,
+                    env=self.env,
+                    cwd=self.code,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
         if wait:
             self.wait_ready(timeout_s)
