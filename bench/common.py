@@ -5,7 +5,9 @@ A benchmark gives :func:`bench_main` a ``run`` that measures and returns its rep
 dict), a ``show`` that prints it, and optionally ``ok`` (exit code 1 when it says False).
 ``run`` raising :class:`BenchError` (the system under test misbehaved),
 ``tests.services.ServiceError`` (a service did not start) or ``TimeoutError`` fails the run:
-exit code 1, nothing written. Also CPU time from ``/proc`` (Linux).
+exit code 1, nothing written. Also what several benchmarks share: CPU time and resident
+memory from ``/proc`` (Linux), a temp dir with redis-server and Azurite started, and the
+pipelined ``drive`` loop over a daemon's socket.
 """
 
 from __future__ import annotations
@@ -14,16 +16,24 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from anyio.abc import ByteStream
+
+from sidecar.protocol import ClientConnection, Reply
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
-from tests.services import REPO_ROOT, ServiceError
+from tests.services import REPO_ROOT, Azurite, RedisServer, ServiceError
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 Report = dict[str, Any]
@@ -50,6 +60,46 @@ def cpu_seconds(pid: int | None) -> float:
 
 def cpu_times(pids: Pids) -> dict[str, float]:
     return {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+
+def rss_kib(pid: int) -> int:
+    """A process's resident memory (``VmRSS``), KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise BenchError(f"no VmRSS for pid {pid}: the process exited")
+
+
+def services(cleanup: ExitStack, prefix: str) -> tuple[Path, RedisServer, Azurite]:
+    """A temp dir under /tmp (short: sun_path limit), a redis-server and Azurite, started;
+    ``cleanup`` stops them and removes the dir (in reverse: Azurite, Redis, the dir)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
+    redis_server = cleanup.enter_context(RedisServer())
+    azurite = cleanup.enter_context(Azurite())
+    return tmp, redis_server, azurite
+
+
+def outcome(reply: Reply) -> str:
+    """``acked`` (ok and applied), else the error's code, else ``stale``."""
+    if reply.ok and reply.applied:
+        return "acked"
+    return reply.error.code if reply.error else "stale"
+
+
+async def drive(stream: ByteStream, lines: list[bytes], counts: Counter[str], window: int) -> None:
+    """Send ``lines`` keeping ``window`` in flight; count replies by :func:`outcome`."""
+    conn = ClientConnection()
+    sent = min(window, len(lines))
+    await stream.send(b"".join(lines[:sent]))
+    received = 0
+    while received < len(lines):
+        replies = conn.receive_data(await stream.receive())
+        counts.update(outcome(reply) for reply in replies)
+        received += len(replies)
+        if more := lines[sent : sent + len(replies)]:
+            await stream.send(b"".join(more))
+            sent += len(more)
 
 
 def tool_version(cmd: list[str]) -> str | None:
@@ -111,10 +161,16 @@ def bench_main(
     run: Callable[[], Report],
     show: Callable[[Report], None],
     ok: Callable[[Report], bool] = lambda _: True,
+    *,
+    out: Path | None = None,
+    save: bool = True,
+    label: str | None = None,
 ) -> int:
-    """Run a benchmark, write its report to ``bench/results/<name>.json``, print it; the
-    process's exit code. Adds ``date_utc``, ``cpu_count``, ``loadavg_1min_before`` and
-    ``loadavg`` (1/5/15-minute, before and after) unless ``run`` set them."""
+    """Run a benchmark, write its report to ``out`` (default ``bench/results/<name>.json``;
+    not written when ``save`` is False), print it; the process's exit code. With ``label``
+    the file maps labels to reports: this one is stored under ``label``, the others kept.
+    Adds ``date_utc``, ``cpu_count``, ``loadavg_1min_before`` and ``loadavg`` (1/5/15-minute,
+    before and after) unless ``run`` set them."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so cleanups run on SIGTERM too
     before = os.getloadavg()
     try:
@@ -129,9 +185,17 @@ def bench_main(
         "loadavg": {"before": rounded(before), "after": rounded(os.getloadavg())},
     }
     report = {**header, **report}
-    path = RESULTS_DIR / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    path = out or RESULTS_DIR / f"{name}.json"
+    if save:
+        content: Report = report
+        if label is not None:
+            content = json.loads(path.read_text()) if path.exists() else {}
+            content[label] = report
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(content, indent=2) + "\n")
     show(report)
-    print(f"  -> {path.relative_to(REPO_ROOT)}")
+    if save:
+        shown = path.resolve()
+        shown = shown.relative_to(REPO_ROOT) if shown.is_relative_to(REPO_ROOT) else shown
+        print(f"  -> {shown}" + (f" [{label}]" if label is not None else ""))
     return 0 if ok(report) else 1

@@ -19,15 +19,8 @@ acknowledged or a daemon fails.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -36,12 +29,21 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from anyio.abc import ByteStream
 
-from sidecar.protocol import ClientConnection, encode_request
+from sidecar.protocol import encode_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
-from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer, ServiceError
+from bench.common import (
+    RESULTS_DIR,
+    BenchError,
+    Report,
+    bench_main,
+    cpu_seconds,
+    drive,
+    environment,
+    services,
+)
+from tests.services import REPO_ROOT, DaemonProcess
 from tests.sparkshapes import kafka_progress
 
 QUERIES_PER_CONNECTION = 10
@@ -50,16 +52,6 @@ WINDOW = 64  # requests in flight per connection
 UPDATES_PER_ROUND = 16_000  # per scenario, split across its connections
 WARMUP_UPDATES = 4_000
 CONNECTIONS = (1, 8)
-
-
-class BenchError(Exception):
-    """A daemon misbehaved (an update not acknowledged, a process exited)."""
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) a process used so far (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Workload:
@@ -84,23 +76,6 @@ class Workload:
         ]
 
 
-async def drive(stream: ByteStream, lines: list[bytes], counts: Counter[str]) -> None:
-    """Send ``lines`` keeping WINDOW in flight; count replies by outcome."""
-    conn = ClientConnection()
-    sent = min(WINDOW, len(lines))
-    await stream.send(b"".join(lines[:sent]))
-    received = 0
-    while received < len(lines):
-        replies = conn.receive_data(await stream.receive())
-        for reply in replies:
-            ok = reply.ok and reply.applied
-            counts["acked" if ok else reply.error.code if reply.error else "stale"] += 1
-        received += len(replies)
-        if more := lines[sent : sent + len(replies)]:
-            await stream.send(b"".join(more))
-            sent += len(more)
-
-
 async def one_round(
     socket_path: str, pid: int, batches: list[list[bytes]], *, warmup: bool = False
 ) -> dict[str, Any]:
@@ -110,7 +85,7 @@ async def one_round(
         cpu0, t0 = cpu_seconds(pid), time.perf_counter()
         async with anyio.create_task_group() as tg:
             for stream, lines in zip(streams, batches, strict=True):
-                tg.start_soon(drive, stream, lines, counts)
+                tg.start_soon(drive, stream, lines, counts, WINDOW)
         elapsed, cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
     finally:
         for stream in streams:
@@ -148,17 +123,9 @@ async def measure(daemons: dict[str, DaemonProcess], rounds: int) -> dict[str, A
     return out
 
 
-def run(codes: list[Path], rounds: int) -> dict[str, Any]:
-    loadavg = os.getloadavg()[0]
+def run(codes: list[Path], rounds: int) -> Report:
     with ExitStack() as cleanup:
-        tmp = Path(tempfile.mkdtemp(prefix="cps-hot-", dir="/tmp"))  # short: sun_path limit
-        cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
-        redis_server = RedisServer()
-        cleanup.callback(redis_server.close)
-        redis_server.start()
-        azurite = Azurite()
-        cleanup.callback(azurite.close)
-        azurite.start()
+        tmp, redis_server, azurite = services(cleanup, "cps-hot-")
         daemons: dict[str, DaemonProcess] = {}
         for i, code in enumerate(c.resolve() for c in codes):
             name = f"{i}:{code}"
@@ -176,29 +143,14 @@ def run(codes: list[Path], rounds: int) -> dict[str, Any]:
         results = anyio.run(measure, daemons, rounds)
     sample = encode_request("progress", 1, progress=kafka_progress("q" * 36, 500, partitions=32))
     return {
-        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "cpu_count": os.cpu_count(), "python": platform.python_version(),
-        "loadavg_1min_before": round(loadavg, 2), "request_bytes": len(sample),
+        **environment(), "request_bytes": len(sample),
         "workload": f"{QUERIES_PER_CONNECTION} queries x {PARTITIONS} partitions per connection, "
                     f"{WINDOW} in flight, ack_mode=redis; CPU = daemon process only",
         "daemons": results,
     }  # fmt: skip
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--code", action="append", type=Path, help="a checkout's root")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench/results/hotpath.json")
-    args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the cleanup runs on SIGTERM too
-    try:
-        report = run([c.resolve() for c in args.code or [REPO_ROOT]], args.rounds)
-    except (BenchError, ServiceError) as exc:
-        print(f"bench/hotpath.py: FAILED: {exc}", file=sys.stderr)
-        return 1
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+def show(report: Report) -> None:
     print(f"hotpath: {report['cpu_count']} cores, load avg before {report['loadavg_1min_before']}")
     for name, rows in report["daemons"].items():
         for row in rows:
@@ -207,7 +159,16 @@ def main() -> int:
                 f"us CPU/update (rounds {row['cpu_us_per_update_rounds']}), "
                 f"{row['acked_per_s_median']}/s"
             )
-    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--code", action="append", type=Path, help="a checkout's root")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "hotpath.json")
+    args = parser.parse_args()
+    codes = [c.resolve() for c in args.code or [REPO_ROOT]]
+    return bench_main("hotpath", lambda: run(codes, args.rounds), show, out=args.out)
 
 
 if __name__ == "__main__":

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -36,14 +34,23 @@ from typing import Any
 
 import anyio
 import redis
-from anyio.abc import ByteStream
 
 from sidecar.client import SidecarClient
 from sidecar.protocol import ClientConnection, Reply, encode_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
-from bench.common import BenchError, Pids, Report, bench_main, cpu_seconds, environment
-from tests.services import Azurite, DaemonProcess, RedisServer
+from bench.common import (
+    BenchError,
+    Pids,
+    Report,
+    bench_main,
+    cpu_seconds,
+    cpu_times,
+    drive,
+    environment,
+    services,
+)
+from tests.services import DaemonProcess
 
 UPDATES_PER_SCENARIO = 40_000
 WARMUP_UPDATES = 4_000  # per scenario, split across its connections, not timed
@@ -83,30 +90,13 @@ def progress_line(query_id: str, batch_id: int, partitions: int = 3) -> bytes:
 
 
 def cpu_snapshot(pids: Pids) -> tuple[float, dict[str, float]]:
-    return time.perf_counter(), {name: cpu_seconds(pid) for name, pid in pids.items()}
+    return time.perf_counter(), cpu_times(pids)
 
 
 def cores_used(pids: Pids, since: tuple[float, dict[str, float]]) -> dict[str, float]:
     """Average cores each process used since the snapshot ``since``."""
     secs = time.perf_counter() - since[0]
     return {name: round((cpu_seconds(p) - since[1][name]) / secs, 2) for name, p in pids.items()}
-
-
-async def drive(stream: ByteStream, lines: list[bytes], counts: Counter[str]) -> None:
-    """Send ``lines`` keeping WINDOW in flight; count replies by outcome."""
-    conn = ClientConnection()
-    sent = min(WINDOW, len(lines))
-    await stream.send(b"".join(lines[:sent]))
-    received = 0
-    while received < len(lines):
-        replies = conn.receive_data(await stream.receive())
-        for reply in replies:
-            ok = reply.ok and reply.applied
-            counts["acked" if ok else reply.error.code if reply.error else "stale"] += 1
-        received += len(replies)
-        if more := lines[sent : sent + len(replies)]:
-            await stream.send(b"".join(more))
-            sent += len(more)
 
 
 async def verify(socket_path: str, expected: dict[str, int]) -> None:
@@ -133,7 +123,7 @@ async def throughput(socket_path: str, conns: int, pids: Pids) -> dict[str, Any]
             t0 = time.perf_counter()
             async with anyio.create_task_group() as tg:
                 for stream, lines in zip(streams, batches, strict=True):
-                    tg.start_soon(drive, stream, lines, counts)
+                    tg.start_soon(drive, stream, lines, counts, WINDOW)
             elapsed = time.perf_counter() - t0
             cores = cores_used(pids, cpu0)
     finally:
@@ -155,7 +145,7 @@ async def latency(socket_path: str, pids: Pids) -> dict[str, Any]:
     samples: list[float] = []
     lags: list[float] = []  # how late each send was against its schedule (client-side pacing)
     async with await anyio.connect_unix(socket_path) as stream:
-        await drive(stream, lines[:warm], Counter())
+        await drive(stream, lines[:warm], Counter(), WINDOW)
         conn = ClientConnection()
         cpu0 = cpu_snapshot(pids)
         start = time.perf_counter()
@@ -205,14 +195,7 @@ def stop_daemon(daemon: DaemonProcess) -> None:
 def run() -> Report:
     """Start the services and the daemon, measure; always stop them all, remove temp dirs."""
     with ExitStack() as cleanup:  # unwinds in reverse: daemon, Azurite, Redis, temp dir
-        tmp = Path(tempfile.mkdtemp(prefix="cps-bench-", dir="/tmp"))  # short: sun_path limit
-        cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
-        redis_server = RedisServer()
-        cleanup.callback(redis_server.close)
-        redis_server.start()
-        azurite = Azurite()
-        cleanup.callback(azurite.close)
-        azurite.start()
+        tmp, redis_server, azurite = services(cleanup, "cps-bench-")
         with redis.Redis.from_url(redis_server.url) as r:
             info = r.info("server")
         socket_path = str(tmp / "s.sock")
