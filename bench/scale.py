@@ -32,15 +32,8 @@ stalled loop) are counted, not fatal; exit code 1 when the daemon dies or a serv
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections import Counter, deque
@@ -57,18 +50,26 @@ from anyio.abc import ByteStream
 from sidecar.protocol import ClientConnection, encode_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
-from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer, ServiceError
+from bench.common import (
+    RESULTS_DIR,
+    BenchError,
+    bench_main,
+    cpu_seconds,
+    environment,
+    git_commit,
+    outcome,
+    rounded,
+    rss_kib,
+    services,
+)
+from tests.services import DaemonProcess
 from tests.sparkshapes import kafka_progress
 
-RESULTS_PATH = REPO_ROOT / "bench" / "results" / "scale.json"
+RESULTS_PATH = RESULTS_DIR / "scale.json"
 NAMESPACE = "scale"
 TIME_THRESHOLD_S = 10.0  # the daemon's default, stated here for the target
 TARGETS = {"ack_p99_ms": 10.0, "scrape_s": 0.5, "rss_mib": 150.0}
 Result = dict[str, Any]
-
-
-class BenchError(Exception):
-    """The daemon misbehaved: an update not acknowledged, an exit."""
 
 
 def query_id(i: int) -> str:
@@ -76,15 +77,7 @@ def query_id(i: int) -> str:
 
 
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise BenchError(f"no VmRSS for pid {pid}: the daemon exited")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return rss_kib(pid) / 1024
 
 
 def pct(values: list[float], *ks: float) -> dict[str, float]:
@@ -146,8 +139,7 @@ class Load:
             now = time.perf_counter()
             for reply in replies:
                 scheduled = due.popleft()
-                ok = reply.ok and reply.applied
-                self.outcomes["acked" if ok else reply.error.code if reply.error else "stale"] += 1
+                self.outcomes[outcome(reply)] += 1
                 if scheduled >= self.measure_from:
                     self.latencies_ms.append((now - scheduled) * 1000)
 
@@ -317,14 +309,7 @@ async def measure(args: argparse.Namespace, daemon: DaemonProcess, r: redis.Redi
 def run(args: argparse.Namespace) -> Result:
     load_before = os.getloadavg()
     with ExitStack() as cleanup:  # unwinds in reverse: daemon, Azurite, Redis, temp dir
-        tmp = Path(tempfile.mkdtemp(prefix="cps-scale-", dir="/tmp"))  # short: sun_path limit
-        cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
-        redis_server = RedisServer()
-        cleanup.callback(redis_server.close)
-        redis_server.start()
-        azurite = Azurite()
-        cleanup.callback(azurite.close)
-        azurite.start()
+        tmp, redis_server, azurite = services(cleanup, "cps-scale-")
         r = redis.Redis.from_url(redis_server.url)
         cleanup.callback(r.close)
         info = r.info("server")
@@ -345,14 +330,9 @@ def run(args: argparse.Namespace) -> Result:
             raise BenchError(f"the daemon exited; log:\n{daemon.log()[-3000:]}")
         warnings = [x for x in daemon.log().splitlines() if " WARNING " in x or " ERROR " in x]
     per_10k = 10_000 / result["updates_sent"]
-    return {
-        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "commit": subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
-                                 capture_output=True, text=True).stdout.strip(),
-        "cpu_count": os.cpu_count(), "python": platform.python_version(),
-        "redis_server": info["redis_version"],
-        "loadavg_before": [round(x, 2) for x in load_before],
-        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    report = {
+        **environment(), "commit": git_commit(), "redis_server": info["redis_version"],
+        "loadavg_before": rounded(load_before), "loadavg_after": rounded(os.getloadavg()),
         "workload": {"queries": args.queries, "partitions": args.partitions,
                      "updates_per_s": args.rate, "connections": args.connections,
                      "seconds_measured": args.seconds, "warmup_s": args.warmup_s,
@@ -365,6 +345,33 @@ def run(args: argparse.Namespace) -> Result:
                 "cores with other users (see the load average); latency is measured from each "
                 "update's scheduled send time (open loop)",
     }  # fmt: skip
+    lat, sc, fl, rss = (report[k] for k in ("ack_latency_ms_from_schedule", "scrape", "flush",
+                                            "rss_mib"))  # fmt: skip
+    met = {
+        "ack_p99_ms": lat.get("p99", 1e9) <= TARGETS["ack_p99_ms"],
+        "scrape_s": sc["seconds_max"] <= TARGETS["scrape_s"],
+        "rss_mib": rss["max"] <= TARGETS["rss_mib"],
+        "oldest_unflushed_s": fl["oldest_unflushed_s_max"] <= TIME_THRESHOLD_S + 2,
+    }
+    report["targets"] = {**TARGETS, "oldest_unflushed_s": TIME_THRESHOLD_S + 2, "met": met}
+    return report
+
+
+def show(label: str, report: Result) -> None:
+    lat, sc, fl, rss = (report[k] for k in ("ack_latency_ms_from_schedule", "scrape", "flush",
+                                            "rss_mib"))  # fmt: skip
+    w = report["workload"]
+    # fmt: off
+    print(f"scale bench [{label}]: {w['queries']} queries x {w['partitions']} partitions "
+          f"at {w['updates_per_s']:g}/s on {w['connections']} connections; load avg "
+          f"{report['loadavg_before']} -> {report['loadavg_after']}")
+    print(f"  ack latency from schedule: {lat}")
+    print(f"  /metrics: {sc}")
+    print(f"  flush: {fl}")
+    print(f"  rss MiB: {rss}; daemon cores {report['daemon_cpu_cores']}")
+    print(f"  blob requests per 10k updates: {report['blob_requests_per_10k_updates_whole_run']}")
+    print(f"  targets met: {report['targets']['met']}")
+    # fmt: on
 
 
 def main() -> int:
@@ -381,39 +388,14 @@ def main() -> int:
     parser.add_argument("--setting", action="append", default=[], help="SIDECAR_X=value")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the cleanup runs on SIGTERM too
-    try:
-        report = run(args)
-    except (BenchError, ServiceError) as exc:
-        print(f"bench/scale.py: FAILED: {exc}", file=sys.stderr)
-        return 1
-    lat, sc, fl, rss = (report[k] for k in ("ack_latency_ms_from_schedule", "scrape", "flush",
-                                            "rss_mib"))  # fmt: skip
-    met = {
-        "ack_p99_ms": lat.get("p99", 1e9) <= TARGETS["ack_p99_ms"],
-        "scrape_s": sc["seconds_max"] <= TARGETS["scrape_s"],
-        "rss_mib": rss["max"] <= TARGETS["rss_mib"],
-        "oldest_unflushed_s": fl["oldest_unflushed_s_max"] <= TIME_THRESHOLD_S + 2,
-    }
-    report["targets"] = {**TARGETS, "oldest_unflushed_s": TIME_THRESHOLD_S + 2, "met": met}
-    w = report["workload"]
-    # fmt: off
-    print(f"scale bench [{args.label}]: {w['queries']} queries x {w['partitions']} partitions "
-          f"at {w['updates_per_s']:g}/s on {w['connections']} connections; load avg "
-          f"{report['loadavg_before']} -> {report['loadavg_after']}")
-    print(f"  ack latency from schedule: {lat}")
-    print(f"  /metrics: {sc}")
-    print(f"  flush: {fl}")
-    print(f"  rss MiB: {rss}; daemon cores {report['daemon_cpu_cores']}")
-    print(f"  blob requests per 10k updates: {report['blob_requests_per_10k_updates_whole_run']}")
-    print(f"  targets met: {met}")
-    # fmt: on
-    if not args.no_save:
-        results = json.loads(RESULTS_PATH.read_text()) if RESULTS_PATH.exists() else {}
-        results[args.label] = report
-        RESULTS_PATH.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"  -> {RESULTS_PATH.relative_to(REPO_ROOT)} [{args.label}]")
-    return 0
+    return bench_main(
+        "scale",
+        lambda: run(args),
+        lambda report: show(args.label, report),
+        out=RESULTS_PATH,
+        save=not args.no_save,
+        label=args.label,
+    )
 
 
 if __name__ == "__main__":
