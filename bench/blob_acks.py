@@ -13,8 +13,10 @@ Starts redis-server and Azurite (``tests.services``), then alternates rounds of:
 
 Each update is a Spark-shaped Kafka progress (32 partitions, ~1.7 KB) with a strictly
 increasing batch id; only replies with ``ok=true`` count. Ack latency = send to parsed reply.
-Prints one JSON object (medians over the rounds); ``--out`` also writes it to a file. The
-daemon's event loop is its default unless ``--event-loop`` is given (``SIDECAR_EVENT_LOOP``).
+Prints one JSON object (medians over the rounds, with the machine, the versions and the load
+average); ``--out`` also writes it to a file. Exit code 1 when an update is not acknowledged or
+a service fails. The daemon's event loop is its default unless ``--event-loop`` is given
+(``SIDECAR_EVENT_LOOP``).
 
     .venv/bin/python bench/blob_acks.py --seconds 5 --rounds 2
 """
@@ -25,10 +27,8 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import signal
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -48,6 +48,7 @@ from sidecar.config import Config
 from sidecar.protocol import encode_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
+from bench.common import BenchError, bench_main, git_commit, package_versions, services
 from tests.services import Azurite, DaemonProcess, RedisServer
 from tests.sparkshapes import kafka_progress
 
@@ -126,7 +127,7 @@ def daemon(
     finally:
         code = proc.stop(signal.SIGTERM, 30)
         if code != 0:
-            raise RuntimeError(f"daemon exited with {code}:\n{proc.log()[-3000:]}")
+            raise BenchError(f"daemon exited with {code}:\n{proc.log()[-3000:]}")
 
 
 def write_seconds(proc: DaemonProcess) -> tuple[float, float]:
@@ -165,7 +166,7 @@ async def through_daemon(proc: DaemonProcess, window: int, seconds: float) -> Re
         while sent:
             (reply,) = await client.receive(1)
             if not reply.ok:
-                raise RuntimeError(f"not acknowledged: {reply}")
+                raise BenchError(f"not acknowledged: {reply}")
             latencies.append(time.perf_counter() - sent.pop(int(str(reply.id))))
             if time.perf_counter() - start < seconds:
                 await send_one()
@@ -179,22 +180,10 @@ async def through_daemon(proc: DaemonProcess, window: int, seconds: float) -> Re
     return result
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="per scenario and round")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--event-loop", choices=["auto", "asyncio", "uvloop"])
-    parser.add_argument("--out", type=Path, help="also write the result here (JSON)")
-    parser.add_argument(
-        "--setting", action="append", default=[], help="SIDECAR_X=value for the daemon"
-    )
-    args = parser.parse_args()
+async def measure(args: argparse.Namespace) -> Result:
     runs: dict[str, list[Result]] = {}
     with ExitStack() as stack:
-        tmp = Path(tempfile.mkdtemp(prefix="cps-acks-", dir="/tmp"))
-        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
-        redis = stack.enter_context(RedisServer())
-        azurite = stack.enter_context(Azurite())
+        tmp, redis, azurite = services(stack, "cps-acks-")
         for _ in range(args.rounds):
             runs.setdefault("direct", []).append(await direct(azurite, args.seconds))
             extra = dict(item.split("=", 1) for item in args.setting)
@@ -205,6 +194,8 @@ async def main() -> None:
     out: Result = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "load_avg": os.getloadavg(),
+        "packages": package_versions(),
+        "git_commit": git_commit(),
         "event_loop": args.event_loop or "default",
         "seconds": args.seconds,
         "rounds": args.rounds,
@@ -223,11 +214,27 @@ async def main() -> None:
         "daemon-1 p50 / direct write p50": round(out["daemon-1"]["p50_ms"] / direct_ms, 2),
         f"daemon-{WINDOW} per_s / direct": round(out[f"daemon-{WINDOW}"]["per_s"] / direct_s, 2),
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="per scenario and round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--event-loop", choices=["auto", "asyncio", "uvloop"])
+    parser.add_argument("--out", type=Path, help="also write the result here (JSON)")
+    parser.add_argument(
+        "--setting", action="append", default=[], help="SIDECAR_X=value for the daemon"
+    )
+    args = parser.parse_args()
+    return bench_main(
+        "blob_acks",
+        lambda: anyio.run(measure, args),
+        lambda report: print(json.dumps(report, indent=2)),
+        out=args.out,
+        save=args.out is not None,
+    )
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    raise SystemExit(main())
