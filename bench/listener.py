@@ -44,12 +44,10 @@ import json
 import os
 import platform
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from contextlib import ExitStack
@@ -60,8 +58,8 @@ from sidecar.protocol import ClientConnection, encode_request
 
 # tests.services (the local services; not in the wheel) from this checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import bench_main, git_commit, package_versions
-from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer
+from bench.common import bench_main, git_commit, package_versions, services
+from tests.services import REPO_ROOT, DaemonProcess
 
 MARKER_SOURCE = REPO_ROOT / "bench" / "jvm" / "MarkerListener.java"
 BEFORE, AFTER = "bench.MarkerListener$Before", "bench.MarkerListener$After"
@@ -461,15 +459,8 @@ def run(args: argparse.Namespace) -> Result:
     load_before, started = os.getloadavg(), time.monotonic()
     runs: list[Result] = []
     with ExitStack() as cleanup:  # unwinds in reverse: daemon, Azurite, Redis, temp dir
-        tmp = Path(tempfile.mkdtemp(prefix="cps-bl-", dir="/tmp"))  # short: sun_path limit
-        cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
+        tmp, redis_server, azurite = services(cleanup, "cps-bl-")
         marker_jar = compile_markers(tmp)
-        redis_server = RedisServer()
-        cleanup.callback(redis_server.close)
-        redis_server.start()
-        azurite = Azurite()
-        cleanup.callback(azurite.close)
-        azurite.start()
         env = {
             "SIDECAR_SOCKET_PATH": str(tmp / "s.sock"), "SIDECAR_REDIS_URL": redis_server.url,
             "SIDECAR_NAMESPACE": "bench-listener", "SIDECAR_METRICS_HOST": "127.0.0.1",

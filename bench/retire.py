@@ -40,7 +40,14 @@ from sidecar.client import SidecarClient
 from sidecar.config import Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
-from bench.common import BenchError, bench_main, environment, redis_version, tool_version
+from bench.common import (
+    BenchError,
+    bench_main,
+    environment,
+    redis_version,
+    rss_kib,
+    tool_version,
+)
 from tests.services import Azurite, DaemonProcess, RedisServer
 
 CONTAINER = "bench-retire"
@@ -66,13 +73,6 @@ def progress(i: int, batch: int) -> tuple[str, dict[str, Any]]:
                      "numInputRows": 10, "inputRowsPerSecond": 10.0}],
         "sink": {"description": "ConsoleTable$@5c8a1", "numOutputRows": 10},
     }}  # fmt: skip
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise BenchError(f"no VmRSS for pid {pid}")
 
 
 def series(daemon: DaemonProcess) -> tuple[int, int, int]:
