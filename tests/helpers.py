@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +26,7 @@ from sidecar.blobstore import BlobStore
 from sidecar.buffer import Outcome, RedisBuffer
 from sidecar.config import Config
 from sidecar.document import CheckpointDocument
+from tests.services import REPO_ROOT
 from tests.sparkshapes import kafka_progress
 
 
@@ -89,6 +92,35 @@ def wait_for(
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m sidecar ARGS`` of this checkout with only the settings ``env`` (and a PATH)."""
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        env={"PATH": "/usr/bin:/bin", **env, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def cli_env(config: Config) -> dict[str, str]:
+    """The CLI's settings for the daemon ``config`` describes (its socket, Redis, blobs)."""
+    return {
+        "SIDECAR_SOCKET_PATH": config.socket_path,
+        "SIDECAR_REDIS_URL": config.redis_url,
+        "SIDECAR_NAMESPACE": config.namespace,
+        "AZURE_STORAGE_CONNECTION_STRING": config.azure_connection_string or "",
+        "SIDECAR_CONTAINER": config.container,
+        "SIDECAR_LEASE_DURATION_S": "15",
+    }
+
+
+async def acli(config: Config, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI with ``cli_env(config)`` from an async test (the daemon keeps running in this
+    loop meanwhile)."""
+    return await anyio.to_thread.run_sync(lambda: cli(cli_env(config), *args))
 
 
 def read_blob(env: dict[str, str], query_id: str) -> CheckpointDocument | None:

@@ -6,8 +6,6 @@ hand-written directories (pure), and the command against Redis and Azurite, with
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,11 +26,9 @@ from sidecar.checkpoint import (
 )
 from sidecar.client import SidecarClient
 from sidecar.config import Config
-from sidecar.document import CheckpointDocument
 from sidecar.offsets import kafka_offsets, kafka_starting_offsets
 from sidecar.sparklog import SparkBatch, SparkCheckpointError, describe, to_checkpoint
-from tests.helpers import blob_reader, running_daemon, sample, wait_blob_batch
-from tests.services import REPO_ROOT
+from tests.helpers import acli, blob_reader, cli, read_blob, running_daemon, sample, wait_blob_batch
 from tests.sparkshapes import kafka_progress
 
 QID = "5f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0"
@@ -142,27 +138,6 @@ def test_not_a_directory_or_not_local(tmp_path: Path) -> None:
 # --- the command, against Redis and Azurite ------------------------------------------------
 
 
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar", *args],
-        env={"PATH": "/usr/bin:/bin", **env, "PYTHONPATH": str(REPO_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def read(env: dict[str, str], query_id: str = QID) -> CheckpointDocument | None:
-    async def go() -> CheckpointDocument | None:
-        store = BlobStore(Config.from_env(env))
-        try:
-            return await store.read(query_id)
-        finally:
-            await store.aclose()
-
-    return anyio.run(go)
-
-
 def seed(env: dict[str, str], batch: int, *, query_id: str = QID, name: str = "orders") -> None:
     """A checkpoint written by the sidecar before: Spark's own source descriptions."""
     checkpoint = Checkpoint(
@@ -190,7 +165,7 @@ def test_dry_run_then_import_then_show(daemon_env: dict[str, str], tmp_path: Pat
     assert "last committed    batch 1 " in dry.stdout
     assert "; 2 planned, not committed" in dry.stdout
     assert "dry run: nothing written" in dry.stdout
-    assert read(daemon_env) is None
+    assert read_blob(daemon_env, QID) is None
 
     done = cli(daemon_env, *args, "--json")
     assert done.returncode == 0, done.stderr
@@ -203,7 +178,7 @@ def test_dry_run_then_import_then_show(daemon_env: dict[str, str], tmp_path: Pat
     )
     assert "WARNING sidecar.adminops: admin reset by " in done.stderr
     assert "from batch none to batch 1 under the tool's own lease" in done.stderr
-    doc = read(daemon_env)
+    doc = read_blob(daemon_env, QID)
     assert doc is not None and doc.batch_id == 1 and doc.name == "orders"
     assert doc.reset_from is None
     assert doc.reset_reason == f"imported from Spark checkpoint {root} (last committed batch)"
@@ -227,14 +202,14 @@ def test_descriptions_from_the_blob_a_newer_blob_refused_unless_forced(
     assert refused.returncode == 1
     assert "already holds batch 9, newer than batch 4: nothing written" in refused.stderr
     assert "pass --force to move the query back to batch 4" in refused.stderr
-    doc = read(daemon_env)
+    doc = read_blob(daemon_env, QID)
     assert doc is not None and doc.batch_id == 9
 
     forced = cli(daemon_env, *args, "--force")
     assert forced.returncode == 0, forced.stderr
     assert "described by its blob (batch 9)" in forced.stdout
     assert "as a reset, under the tool's own lease" in forced.stdout
-    doc = read(daemon_env)
+    doc = read_blob(daemon_env, QID)
     assert doc is not None and (doc.batch_id, doc.reset_from) == (4, 9)
     assert [s.description for s in doc.sources] == [
         "RateStreamV2[rowsPerSecond=10]",
@@ -251,7 +226,7 @@ def test_descriptions_from_the_newest_blob_of_that_name(
     done = cli(daemon_env, "import-spark-checkpoint", str(root), "--query-name", "orders")
     assert done.returncode == 0, done.stderr
     assert f"described by the blob of query {other} (batch 30)" in done.stdout
-    doc = read(daemon_env)
+    doc = read_blob(daemon_env, QID)
     assert doc is not None and doc.sources[1].description == "KafkaV2[Subscribe[events]]"
 
 
@@ -274,25 +249,8 @@ def test_refused_while_another_owner_holds_the_lease(
     assert refused.returncode == 1
     assert "another owner holds the lease on" in refused.stderr
     assert "nothing was changed" in refused.stderr
-    doc = read(daemon_env)
+    doc = read_blob(daemon_env, QID)
     assert doc is not None and doc.batch_id == 1
-
-
-def env_of(config: Config) -> dict[str, str]:
-    """The CLI's settings for the daemon ``config`` describes (its socket, Redis, blobs)."""
-    return {
-        "SIDECAR_SOCKET_PATH": config.socket_path,
-        "SIDECAR_REDIS_URL": config.redis_url,
-        "SIDECAR_NAMESPACE": config.namespace,
-        "AZURE_STORAGE_CONNECTION_STRING": config.azure_connection_string or "",
-        "SIDECAR_CONTAINER": config.container,
-        "SIDECAR_LEASE_DURATION_S": "15",
-    }
-
-
-async def acli(config: Config, *args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI from an async test (the daemon keeps running in this loop meanwhile)."""
-    return await anyio.to_thread.run_sync(lambda: cli(env_of(config), *args))
 
 
 async def test_through_a_running_daemon_and_refused_while_it_hears_the_query(

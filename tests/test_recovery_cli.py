@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sidecar.protocol import ClientConnection, Reply, encode_request
-from tests.helpers import read_blob, wait_blob
-from tests.services import REPO_ROOT, DaemonProcess
+from tests.helpers import cli, read_blob, wait_blob
+from tests.services import DaemonProcess
 from tests.sparkshapes import kafka_progress
 
 QID = "9d3e1f20-55aa-4b8e-8f1c-2a3b4c5d6e7f"
@@ -66,16 +64,6 @@ def test_kill_9_with_pending_updates_then_restart_reaches_last_acked_batch(
     assert "another owner holds the lease" in second.log()
     second.signal(signal.SIGTERM)
     assert second.wait() == 0
-
-
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar", *args],
-        env={"PATH": "/usr/bin:/bin", **env, "PYTHONPATH": str(REPO_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_list_and_show_read_the_blobs(

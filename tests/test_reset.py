@@ -7,12 +7,9 @@ the Redis record, the lease state, the metric, the exit code."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
-import anyio
 import msgspec
 import pytest
 import redis.asyncio as aioredis
@@ -33,6 +30,7 @@ from sidecar.document import (
 from sidecar.keys import Keys
 from sidecar.protocol import BadRequest, Reply, Reset, parse_request
 from tests.helpers import (
+    acli,
     blob_reader,
     checkpoint_of,
     eventually,
@@ -40,7 +38,7 @@ from tests.helpers import (
     sample,
     wait_blob_batch,
 )
-from tests.services import REPO_ROOT, free_port
+from tests.services import free_port
 from tests.sparkshapes import kafka_progress
 
 ConfigFactory = Callable[..., Config]
@@ -98,34 +96,6 @@ async def admin(config: Config, op: str, *, tcp_port: int | None = None, **field
     path = None if tcp_port else config.socket_path
     async with await SidecarClient.connect(path, tcp_port=tcp_port) as c:
         return await c.request(op, **fields)
-
-
-def cli_env(config: Config) -> dict[str, str]:
-    return {
-        "PATH": "/usr/bin:/bin",
-        "PYTHONPATH": str(REPO_ROOT),
-        "SIDECAR_SOCKET_PATH": config.socket_path,
-        "SIDECAR_REDIS_URL": config.redis_url,
-        "SIDECAR_NAMESPACE": config.namespace,
-        "AZURE_STORAGE_CONNECTION_STRING": config.azure_connection_string or "",
-        "SIDECAR_CONTAINER": config.container,
-        "SIDECAR_LEASE_DURATION_S": "15",
-    }
-
-
-def cli(config: Config, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar", *args],
-        env=cli_env(config),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-async def acli(config: Config, *args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI from an async test (the daemon keeps running in this loop meanwhile)."""
-    return await anyio.to_thread.run_sync(lambda: cli(config, *args))
 
 
 # --- through the daemon ---------------------------------------------------------------------

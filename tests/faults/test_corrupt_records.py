@@ -16,8 +16,6 @@ import json
 import logging
 import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -40,6 +38,7 @@ from sidecar.protocol import ClientConnection, Reply, encode_request
 from tests.helpers import (
     blob_reader,
     checkpoint_of,
+    cli,
     eventually,
     metric_value,
     running_daemon,
@@ -49,7 +48,7 @@ from tests.helpers import (
     wait_blob_batch,
     wait_for,
 )
-from tests.services import REPO_ROOT, DaemonProcess
+from tests.services import DaemonProcess
 from tests.sparkshapes import kafka_progress
 
 ConfigFactory = Callable[..., Config]
@@ -296,16 +295,6 @@ async def test_get_names_an_unreadable_blob_and_a_stop_does_not_wait_on_it(
     # The final flush does not retry the quarantined blob until the grace period (10 s) ends.
     assert time.monotonic() - stopping < 5
     assert await blob_body(config, blob) == FOREIGN_DOC
-
-
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar", *args],
-        env={"PATH": "/usr/bin:/bin", **env, "PYTHONPATH": str(REPO_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_list_show_starting_offsets_and_load_checkpoint_report_an_unreadable_blob(
