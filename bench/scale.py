@@ -330,7 +330,7 @@ def run(args: argparse.Namespace) -> Result:
             raise BenchError(f"the daemon exited; log:\n{daemon.log()[-3000:]}")
         warnings = [x for x in daemon.log().splitlines() if " WARNING " in x or " ERROR " in x]
     per_10k = 10_000 / result["updates_sent"]
-    report = {
+    report: Result = {
         **environment(), "commit": git_commit(), "redis_server": info["redis_version"],
         "loadavg_before": rounded(load_before), "loadavg_after": rounded(os.getloadavg()),
         "workload": {"queries": args.queries, "partitions": args.partitions,
