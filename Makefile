@@ -43,6 +43,9 @@ bench: setup
 	$(PY) bench/retire.py
 	$(PY) bench/listener.py
 	$(PY) bench/redis_topologies.py
+	$(PY) bench/hotpath.py
+	$(PY) bench/blob_acks.py --rounds 3 --out bench/results/blob_acks.json
+	$(PY) bench/scale.py
 
 ## The container image checkpoint-sidecar:<version>: docker when its daemon answers, else
 ## podman (installed from apt when missing); a local Debian base when no registry answers.
