@@ -97,7 +97,10 @@ async def test_leases_are_renewed_in_the_background_past_their_duration(
     async with running_daemon(config) as daemon:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(rate_progress("q", 1))).applied
-        await anyio.sleep(17)  # longer than the lease: only renewals keep it
+        # Longer than the lease, so only renewals keep it; and longer than three renewal
+        # delays at their jittered longest (3 x 5 s x 1.25 = 18.75 s, each noticed within the
+        # 0.25 s lease loop, after the first flush acquired the lease), so three have run.
+        await anyio.sleep(21)
         assert await daemon.store.lease_state("q") == "leased"
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(rate_progress("q", 2))).applied
