@@ -156,7 +156,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     count_threshold: Annotated[int, Meta(ge=1, le=10_000_000)] = 100
     time_threshold_s: Annotated[float, Meta(ge=0.0, le=86_400)] = 10.0
     flush_interval_s: Annotated[float, Meta(ge=0.01, le=3600)] = 1.0
-    flush_concurrency: Annotated[int, Meta(ge=1, le=256)] = 8
+    flush_concurrency: Annotated[int, Meta(ge=1, le=256)] = 32
     ack_mode: Literal["redis", "blob"] = "redis"
     blob_ack_timeout_s: Annotated[float, Meta(ge=0.1, le=3600)] = 30.0
     query_idle_s: Annotated[float, Meta(ge=1, le=30 * 86_400)] = 3600.0

@@ -43,7 +43,7 @@ DEFAULTS = {
     "count_threshold": 100,
     "time_threshold_s": 10.0,
     "flush_interval_s": 1.0,
-    "flush_concurrency": 8,
+    "flush_concurrency": 32,
     "write_timeout_s": 10.0,
     "history_size": 20,
     "ack_mode": "redis",
