@@ -62,6 +62,9 @@ class BlobFloors:
         self._list = list_blobs
         self._clock = clock
         self._floors: dict[str, int] = {}
+        #: Bumped by every reset and retirement: a blob read begun before one is not kept
+        #: (it could raise a reset floor back), only returned.
+        self._epoch = 0
         #: One blob read per query at a time; concurrent first updates share it.
         self._reading: dict[str, anyio.Lock] = {}
         #: Ids with a blob as last listed, and when (monotonic); None: not listed yet.
@@ -92,7 +95,10 @@ class BlobFloors:
             async with lock:
                 floor = self._floors.get(query_id)
                 if floor is None:
+                    epoch = self._epoch
                     floor = await self._read_floor(query_id)
+                    if self._epoch != epoch:  # a reset or retirement meanwhile
+                        return self._floors.get(query_id, floor)
                     self.raise_to(query_id, floor)
         finally:
             if not lock.statistics().tasks_waiting:
@@ -132,9 +138,11 @@ class BlobFloors:
         """The blob now holds ``batch_id`` after a reset (``sidecar.adminops``): the floor is
         set to it, lower or not, so batches above it are stored again."""
         self._floors[query_id] = batch_id
+        self._epoch += 1
         if self._with_blob is not None:
             self._with_blob.add(query_id)
 
     def forget(self, query_id: str) -> None:
         """Drop what is known of the query (retired): the next update reads the blob again."""
         self._floors.pop(query_id, None)
+        self._epoch += 1

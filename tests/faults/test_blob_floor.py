@@ -169,6 +169,28 @@ async def test_concurrent_first_updates_share_one_blob_read() -> None:
     assert floors.known(QID) is None
 
 
+async def test_a_blob_read_begun_before_a_reset_does_not_raise_its_floor_back() -> None:
+    # The blob still held batch 9 when the read began; a reset to batch 4 lands meanwhile.
+    release = anyio.Event()
+
+    async def read(query_id: str) -> int | None:
+        await release.wait()
+        return 9
+
+    floors = BlobFloors(read)
+    got: list[int] = []
+
+    async def load() -> None:
+        got.append(await floors.load(QID))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(load)
+        await anyio.wait_all_tasks_blocked()
+        floors.reset_to(QID, 4)
+        release.set()
+    assert got == [4] and floors.known(QID) == 4  # batches 5..9 are stored again
+
+
 async def test_no_blob_and_an_unreadable_blob_are_no_floor() -> None:
     async def missing(query_id: str) -> int | None:
         return None
