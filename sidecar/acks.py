@@ -22,9 +22,10 @@ class DurableAcks:
     def __init__(self, *, ready: Callable[[str], bool] = lambda _: True) -> None:
         """``ready(query_id)``: whether the query may be flushed now (not backing off)."""
         self._ready = ready
-        #: Queries whose write the flush loop started and that has not ended: a new ack of
-        #: one does not wake the loop; the write's end does (:meth:`write_ended`).
+        #: Queries in a pass of the flush loop (read, or written): a new ack of one does not
+        #: wake the loop but is deferred; the query's release (:meth:`release`) wakes it.
         self.in_flight: set[str] = set()
+        self._deferred: set[str] = set()
         #: Set when an ack starts waiting; the flusher clears it before each pass.
         self.wake = asyncio.Event()
         #: The newest batch known to be in each query's blob.
@@ -40,10 +41,6 @@ class DurableAcks:
         """The queries acks wait on."""
         return iter(list(self._waiters))
 
-    def held(self, query_id: str) -> int:
-        """The newest batch known to be in the query's blob (-1: none known)."""
-        return self._durable.get(query_id, -1)
-
     async def wait(self, query_id: str, batch_id: int, timeout_s: float | None = None) -> bool:
         """True once the query's blob holds ``batch_id`` or a newer batch; False when
         ``timeout_s`` passed first."""
@@ -52,7 +49,9 @@ class DurableAcks:
         loop = asyncio.get_running_loop()
         entry: tuple[int, asyncio.Future[bool]] = (batch_id, loop.create_future())
         self._waiters.setdefault(query_id, []).append(entry)
-        if query_id not in self.in_flight and self._ready(query_id):
+        if query_id in self.in_flight:
+            self._deferred.add(query_id)
+        elif self._ready(query_id):
             self.wake.set()
         timer = None if timeout_s is None else loop.call_later(timeout_s, _settle, entry[1], False)
         try:
@@ -74,13 +73,17 @@ class DurableAcks:
             if wanted <= batch_id:
                 _settle(waiter, True)
 
-    def write_ended(self, query_id: str, held_before: int) -> None:
-        """A write the loop started has ended (the blob held ``held_before`` when it began):
-        when it made a batch durable while newer acks wait, wake the loop for the next write
-        at once (group commit)."""
+    def release(self, query_id: str) -> None:
+        """The loop's pass is done with the query (its write ended, or it needed none): an
+        ack deferred meanwhile and still waiting wakes the loop for the next write at once
+        (group commit); at most one wake per deferred ack, so nothing spins."""
         self.in_flight.discard(query_id)
-        if query_id in self._waiters and self.held(query_id) > held_before:
-            self.wake.set()
+        if query_id in self._deferred:
+            self._deferred.discard(query_id)
+            if self._ready(query_id) and any(
+                not waiter.done() for _, waiter in self._waiters.get(query_id, ())
+            ):
+                self.wake.set()
 
     def forget(self, query_id: str) -> None:
         """Drop what is known of a retired query's blob (nothing waits on it)."""

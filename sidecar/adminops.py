@@ -323,7 +323,7 @@ class DaemonAdmin:
         query_id, name = await resolve(self._buffer, self._store, request.query_id, request.name)
         label = name or query_id
         self._check_heard(query_id, label, request.force)
-        async with self._flusher.exclusive(query_id):
+        async with self._flusher.locks.exclusive(query_id):
             lease = await self._held(query_id, label)
             current = lease.blob_document
             if lease.blob_batch_id is None:
@@ -359,7 +359,7 @@ class DaemonAdmin:
         label = name or query_id
         self._check_heard(query_id, label, request.force)
         archived = None
-        async with self._flusher.exclusive(query_id):
+        async with self._flusher.locks.exclusive(query_id):
             has_blob = query_id in await self._store.query_ids()
             if has_blob:
                 await self._held(query_id, label)

@@ -145,7 +145,7 @@ class Daemon:
             self.buffer,
             self.metrics,
             observe=self._applied,
-            wait_durable=self.flusher.wait_durable if config.ack_mode == "blob" else None,
+            wait_durable=self.flusher.acks.wait if config.ack_mode == "blob" else None,
             blob_ack_timeout_s=config.blob_ack_timeout_s,
             lookup_blob=self._lookup_blob,
             floors=self.floors,

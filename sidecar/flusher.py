@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 
 import anyio
 from anyio.abc import TaskStatus
@@ -88,13 +87,14 @@ class Flusher:
         self._floors = floors
         self._track = track
         self._limiter = anyio.CapacityLimiter(config.flush_concurrency)
-        self._row_reads = anyio.CapacityLimiter(ROW_READS)
+        #: Checkpoints read and not yet flushed, of every pass (a token each).
+        self._rows = anyio.Semaphore(ROWS_PER_READ * ROW_READS)
         #: Labels by query id, learnt from each query's first row read.
         self._labels: dict[str, str] = {}
         self._backoff = Backoff(RETRY_BASE_S, RETRY_CAP_S)
-        #: Waiting acks (blob mode), and the queries in a background flush pass (never in two
-        #: at once): a new ack wakes the loop unless its write is in flight or backing off.
-        self._acks = DurableAcks(ready=self._backoff.ready)
+        #: Blob-mode acks (``acks.wait``), and the queries in a background flush pass (never
+        #: in two at once): a new ack wakes the loop unless its query is in one or backing off.
+        self.acks = self._acks = DurableAcks(ready=self._backoff.ready)
         self._in_flight = self._acks.in_flight
         self._quarantined = Quarantine(metrics)
         #: Queries a previous run left pending: due whatever the thresholds until flushed
@@ -102,19 +102,10 @@ class Flusher:
         self._recovering: set[str] | None = None
         #: Queries with updates pending (or an unreadable record) at the last snapshot read.
         self._pending: set[str] = set()
-        #: Per query: a lock held by each flush and by an admin op (``sidecar.querylocks``).
-        self._locks = QueryLocks()
+        #: Per query: a lock held by each flush and by an admin op (``locks.exclusive``).
+        self.locks = self._locks = QueryLocks()
         self._loop = anyio.CancelScope()
         self._loop_done = anyio.Event()
-
-    # --- acknowledgements in blob mode -----------------------------------------------------
-
-    async def wait_durable(
-        self, query_id: str, batch_id: int, timeout_s: float | None = None
-    ) -> bool:
-        """True once the query's blob holds ``batch_id`` or a newer batch; False when
-        ``timeout_s`` passed first. Wakes the flush loop (``sidecar.acks``)."""
-        return await self._acks.wait(query_id, batch_id, timeout_s)
 
     # --- retirement of idle queries (sidecar.retirement) -----------------------------------
 
@@ -132,11 +123,6 @@ class Flusher:
         self._documents.forget(query_id)
         if self._recovering:
             self._recovering.discard(query_id)
-
-    def exclusive(self, query_id: str) -> AbstractAsyncContextManager[None]:
-        """No flush of the query runs inside (an admin op: reset, retire), and none of a
-        row read before it runs after (``sidecar.querylocks``)."""
-        return self._locks.exclusive(query_id)
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -176,17 +162,19 @@ class Flusher:
         return 1 if due is None else await self._flush_due(due, final=final)
 
     async def _flush_in_background(self, due: list[str]) -> None:
-        """The loop's flush of ``due`` (all in flight): each query leaves the in-flight set
-        when its own write ends, or when it turns out not to need one."""
+        """The loop's flush of ``due`` (all in flight): each query is released when its own
+        write ends, or when it turns out not to need one."""
         unstarted = set(due)
         try:
             await self._flush_due(due, unstarted=unstarted)
         finally:
-            self._in_flight.difference_update(unstarted)
+            for query_id in unstarted:
+                self._acks.release(query_id)
 
     async def _check(self, *, final: bool = False) -> list[str] | None:
         """The due queries, oldest first, from their flush state alone (no checkpoint is
         read); None when Redis could not be read."""
+        admin_ops = self._locks.generations()  # before the read: an op after it voids it
         try:
             now_ms, entries = await self._buffer.pending(extra=list(self._acks))
         except SidecarError as exc:
@@ -220,7 +208,9 @@ class Flusher:
                     self._track(query_id, label)
                 m.pending_updates.labels(label).set(count or 0)
                 m.checkpoint_age.labels(label).set(age_s)
-            if e.flushed_batch_id is not None:
+            if e.flushed_batch_id is not None and not self._locks.changed_since(
+                query_id, admin_ops
+            ):
                 self._acks.durable(query_id, e.flushed_batch_id)
             if count == 0 or (not final and not self._backoff.ready(query_id)):
                 continue
@@ -243,13 +233,12 @@ class Flusher:
         self, due: list[str], *, final: bool = False, unstarted: set[str] | None = None
     ) -> int:
         """Read the checkpoints of ``due`` :data:`ROWS_PER_READ` at a time (at most
-        :data:`ROW_READS` such reads in memory) and flush them; the failures left pending.
-        ``unstarted``: the loop's queries not yet written (one found not due leaves it)."""
+        ``ROWS_PER_READ * ROW_READS`` rows held, of all passes) and flush them; the failures
+        left pending. ``unstarted``: the loop's queries not yet released."""
         failed = 0
 
         async def flush(q: PendingQuery, admin_ops: dict[str, int]) -> None:
             nonlocal failed
-            held_before = self._acks.held(q.query_id)
             try:
                 async with self._limiter, self._locks.held(q.query_id):
                     if self._locks.changed_since(q.query_id, admin_ops):
@@ -257,36 +246,46 @@ class Flusher:
                     if not await self._flush(q):
                         failed += 1
             finally:
+                self._rows.release()
                 if unstarted is not None:
-                    self._acks.write_ended(q.query_id, held_before)
+                    self._acks.release(q.query_id)
 
-        for i in range(0, len(due), ROWS_PER_READ):
-            async with self._row_reads:
+        async with anyio.create_task_group() as tg:
+            for i in range(0, len(due), ROWS_PER_READ):
                 ids = due[i : i + ROWS_PER_READ]
+                for _ in ids:  # a token per row held: released when its flush ends
+                    await self._rows.acquire()
                 admin_ops = self._locks.generations()  # before the read: an op after it voids it
                 try:
                     rows = await self._buffer.snapshot(ids, only=True)
                 except SidecarError as exc:
-                    log.warning("flush of %d due query(ies) skipped: %s", len(ids), exc)
-                    return failed + len(due) - i
+                    log.warning("flush of %d due query(ies) skipped: %s", len(due) - i, exc)
+                    for _ in ids:
+                        self._rows.release()
+                    failed += len(due) - i
+                    break
                 self._metrics.flush_bodies_read.inc(len(rows.queries) + len(rows.corrupt))
                 for query_id, bad in rows.corrupt.items():
                     if self._quarantined.add(query_id, bad):
                         log.error("flush query=%s skipped, record unreadable: %s", query_id, bad)
-                async with anyio.create_task_group() as tg:
-                    for q in rows.queries:
-                        self._quarantined.readable(q.query_id, "redis")
-                        self._labels[q.query_id] = q.checkpoint.label  # tracked from the next check
-                        if q.flushed_batch_id is not None:
-                            self._acks.durable(q.query_id, q.flushed_batch_id)
-                        age_s = (q.snapshot_ms - (q.first_pending_ms or 0)) / 1000
-                        if q.pending > 0 and (final or self._due(q, age_s)):
-                            tg.start_soon(flush, q, admin_ops)
-                            if unstarted is not None:
-                                unstarted.discard(q.query_id)
-                    if unstarted is not None:  # read, and not due after all
-                        self._in_flight.difference_update(unstarted.intersection(ids))
-                        unstarted.difference_update(ids)
+                started = set()
+                for q in rows.queries:
+                    self._quarantined.readable(q.query_id, "redis")
+                    self._labels[q.query_id] = q.checkpoint.label  # tracked from the next check
+                    changed = self._locks.changed_since(q.query_id, admin_ops)
+                    if q.flushed_batch_id is not None and not changed:
+                        self._acks.durable(q.query_id, q.flushed_batch_id)
+                    age_s = (q.snapshot_ms - (q.first_pending_ms or 0)) / 1000
+                    if q.pending > 0 and (final or self._due(q, age_s)):
+                        started.add(q.query_id)
+                        tg.start_soon(flush, q, admin_ops)
+                for query_id in set(ids) - started:  # read, and not due after all
+                    self._rows.release()
+                    if unstarted is not None:
+                        unstarted.discard(query_id)
+                        self._acks.release(query_id)
+                if unstarted is not None:
+                    unstarted.difference_update(started)
         return failed
 
     async def final_flush(self) -> None:
