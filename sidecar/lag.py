@@ -87,6 +87,9 @@ class LagTracker(Collector):
         self._history: dict[str, deque[tuple[float, int]]] = {}  # the collections' own
         self._history_lock = threading.Lock()
         self._failed: set[str] = set()
+        #: Per query: its newest progress and that progress's end and latest Kafka offsets,
+        #: decoded from the raw JSON once, not at every scrape (scrape threads only).
+        self._decoded: dict[str, tuple[Checkpoint, Offsets, Offsets]] = {}
 
     # --- the loop's side: references only ---------------------------------------------------
 
@@ -153,11 +156,19 @@ class LagTracker(Collector):
                 return lag
         if checkpoint is None:
             return None
-        ends = kafka_offsets(checkpoint, self._extra, "end_offset")
-        latest = kafka_offsets(checkpoint, self._extra, "latest_offset")
+        ends, latest = self._offsets(label, checkpoint)
         if not ends or not latest:
             return None
         return {key: max(0, latest[key] - ends[key]) for key in ends if key in latest}
+
+    def _offsets(self, label: str, checkpoint: Checkpoint) -> tuple[Offsets, Offsets]:
+        """The checkpoint's end and latest Kafka offsets, decoded once per checkpoint."""
+        cached = self._decoded.get(label)
+        if cached is None or cached[0] is not checkpoint:
+            ends = kafka_offsets(checkpoint, self._extra, "end_offset")
+            latest = kafka_offsets(checkpoint, self._extra, "latest_offset")
+            cached = self._decoded[label] = (checkpoint, ends, latest)
+        return cached[1], cached[2]
 
     def collect(self, now: float | None = None) -> Iterator[Metric]:
         now = time.monotonic() if now is None else now
@@ -169,6 +180,8 @@ class LagTracker(Collector):
         with self._history_lock:
             for label in self._history.keys() - observed.keys() - durable.keys():
                 del self._history[label]  # retired
+            for label in self._decoded.keys() - observed.keys():
+                del self._decoded[label]
             for label in {**observed, **durable}:  # first seen first: they keep the cap
                 try:
                     lag = self._lag(label, observed.get(label), durable.get(label))
@@ -208,7 +221,8 @@ class LagTracker(Collector):
             history = self._history[label] = deque()
             if (first := self._first.pop(label, None)) is not None and first[0] < now:
                 history.append((first[0], self._position(first[1])))
-        history.append((now, self._position(checkpoint) if checkpoint else 0))
+        position = sum(self._offsets(label, checkpoint)[0].values()) if checkpoint else 0
+        history.append((now, position))
         while len(history) > 2 and now - history[0][0] > RATE_WINDOW_S:
             history.popleft()
         (t0, p0), (t1, p1) = history[0], history[-1]

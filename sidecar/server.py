@@ -339,9 +339,7 @@ class SocketServer:
                 if not isinstance(exc, _BeginFailed):
                     f.log(event)
                 self._internal.inc()
-                out = encode_error(
-                    event.id, ErrorCode.INTERNAL, "internal error; see the daemon log"
-                )
+                out = encode_error(event.id, ErrorCode.INTERNAL, _INTERNAL)
             owed.popleft()
             if len(owed) < MAX_OWED_REPLIES:
                 turn.room.set()
