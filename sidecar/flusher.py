@@ -87,8 +87,7 @@ class Flusher:
         self._floors = floors
         self._track = track
         self._limiter = anyio.CapacityLimiter(config.flush_concurrency)
-        #: Checkpoints read and not yet flushed, of every pass (a token each).
-        self._rows = anyio.Semaphore(ROWS_PER_READ * ROW_READS)
+        self._row_reads = anyio.CapacityLimiter(ROW_READS)
         #: Labels by query id, learnt from each query's first row read.
         self._labels: dict[str, str] = {}
         self._backoff = Backoff(RETRY_BASE_S, RETRY_CAP_S)
@@ -233,8 +232,8 @@ class Flusher:
         self, due: list[str], *, final: bool = False, unstarted: set[str] | None = None
     ) -> int:
         """Read the checkpoints of ``due`` :data:`ROWS_PER_READ` at a time (at most
-        ``ROWS_PER_READ * ROW_READS`` rows held, of all passes) and flush them; the failures
-        left pending. ``unstarted``: the loop's queries not yet released."""
+        :data:`ROW_READS` such reads in memory) and flush them; the failures left pending.
+        ``unstarted``: the loop's queries not yet released."""
         failed = 0
 
         async def flush(q: PendingQuery, admin_ops: dict[str, int]) -> None:
@@ -246,46 +245,38 @@ class Flusher:
                     if not await self._flush(q):
                         failed += 1
             finally:
-                self._rows.release()
                 if unstarted is not None:
                     self._acks.release(q.query_id)
 
-        async with anyio.create_task_group() as tg:
-            for i in range(0, len(due), ROWS_PER_READ):
+        for i in range(0, len(due), ROWS_PER_READ):
+            async with self._row_reads:
                 ids = due[i : i + ROWS_PER_READ]
-                for _ in ids:  # a token per row held: released when its flush ends
-                    await self._rows.acquire()
                 admin_ops = self._locks.generations()  # before the read: an op after it voids it
                 try:
                     rows = await self._buffer.snapshot(ids, only=True)
                 except SidecarError as exc:
-                    log.warning("flush of %d due query(ies) skipped: %s", len(due) - i, exc)
-                    for _ in ids:
-                        self._rows.release()
-                    failed += len(due) - i
-                    break
+                    log.warning("flush of %d due query(ies) skipped: %s", len(ids), exc)
+                    return failed + len(due) - i
                 self._metrics.flush_bodies_read.inc(len(rows.queries) + len(rows.corrupt))
                 for query_id, bad in rows.corrupt.items():
                     if self._quarantined.add(query_id, bad):
                         log.error("flush query=%s skipped, record unreadable: %s", query_id, bad)
                 started = set()
-                for q in rows.queries:
-                    self._quarantined.readable(q.query_id, "redis")
-                    self._labels[q.query_id] = q.checkpoint.label  # tracked from the next check
-                    changed = self._locks.changed_since(q.query_id, admin_ops)
-                    if q.flushed_batch_id is not None and not changed:
-                        self._acks.durable(q.query_id, q.flushed_batch_id)
-                    age_s = (q.snapshot_ms - (q.first_pending_ms or 0)) / 1000
-                    if q.pending > 0 and (final or self._due(q, age_s)):
-                        started.add(q.query_id)
-                        tg.start_soon(flush, q, admin_ops)
-                for query_id in set(ids) - started:  # read, and not due after all
-                    self._rows.release()
-                    if unstarted is not None:
-                        unstarted.discard(query_id)
-                        self._acks.release(query_id)
-                if unstarted is not None:
-                    unstarted.difference_update(started)
+                async with anyio.create_task_group() as tg:
+                    for q in rows.queries:
+                        self._quarantined.readable(q.query_id, "redis")
+                        self._labels[q.query_id] = q.checkpoint.label  # tracked from the next check
+                        changed = self._locks.changed_since(q.query_id, admin_ops)
+                        if q.flushed_batch_id is not None and not changed:
+                            self._acks.durable(q.query_id, q.flushed_batch_id)
+                        age_s = (q.snapshot_ms - (q.first_pending_ms or 0)) / 1000
+                        if q.pending > 0 and (final or self._due(q, age_s)):
+                            started.add(q.query_id)
+                            tg.start_soon(flush, q, admin_ops)
+                    if unstarted is not None:  # read, and not due after all
+                        for query_id in unstarted.intersection(ids) - started:
+                            self._acks.release(query_id)
+                        unstarted.difference_update(ids)
         return failed
 
     async def final_flush(self) -> None:
