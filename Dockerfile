@@ -83,7 +83,7 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
         "checkpoint-sidecar[daemon,uvloop]" \
  && /opt/venv/bin/checkpoint-sidecar --version
 
-# Only SIDECAR_* names that sidecar/config.py knows may be set: the daemon refuses unknown
+# Only SIDECAR_* names that sidecar/config/settings.py knows may be set: the daemon refuses unknown
 # SIDECAR_* variables at start (exit code 2).
 ENV PATH="/opt/venv/bin:${PATH}" \
     PYTHONUNBUFFERED=1 \

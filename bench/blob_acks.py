@@ -42,10 +42,10 @@ import anyio
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.blobstore import BlobStore
-from sidecar.client import SidecarClient
 from sidecar.config import Config
-from sidecar.protocol import encode_request
+from sidecar.ops.client import SidecarClient
+from sidecar.store.blobs import BlobStore
+from sidecar.wire.protocol import encode_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
 from bench.common import BenchError, bench_main, git_commit, package_versions, services

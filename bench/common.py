@@ -30,7 +30,7 @@ from typing import Any
 
 from anyio.abc import ByteStream
 
-from sidecar.protocol import ClientConnection, Reply
+from sidecar.wire.protocol import ClientConnection, Reply
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
 from tests.services import REPO_ROOT, Azurite, RedisServer, ServiceError

@@ -43,10 +43,10 @@ from typing import Any, NamedTuple
 import anyio
 import redis.asyncio as aioredis
 
-from sidecar.blobstore import BlobStore
-from sidecar.client import SidecarClient
+from sidecar.buffer.keys import Keys
 from sidecar.config import Config
-from sidecar.keys import Keys
+from sidecar.ops.client import SidecarClient
+from sidecar.store.blobs import BlobStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
 from bench.common import BenchError, bench_main, environment, redis_version, tool_version

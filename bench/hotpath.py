@@ -30,7 +30,7 @@ from typing import Any
 
 import anyio
 
-from sidecar.protocol import encode_request
+from sidecar.wire.protocol import encode_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
 from bench.common import (

@@ -35,8 +35,8 @@ from typing import Any
 import anyio
 import redis
 
-from sidecar.client import SidecarClient
-from sidecar.protocol import ClientConnection, Reply, encode_request
+from sidecar.ops.client import SidecarClient
+from sidecar.wire.protocol import ClientConnection, Reply, encode_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
 from bench.common import (

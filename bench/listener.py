@@ -54,7 +54,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from sidecar.protocol import ClientConnection, encode_request
+from sidecar.wire.protocol import ClientConnection, encode_request
 
 # tests.services (the local services; not in the wheel) from this checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

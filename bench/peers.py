@@ -40,11 +40,11 @@ from azure.storage.blob.aio import BlobClient, BlobLeaseClient, BlobServiceClien
 from bench.common import BenchError
 from bench.ingest import progress_line
 from bench.tools import TEMPLATE_BATCH, LineTemplate, OpenLoop, due_count, schedule
-from sidecar.protocol import ClientConnection
+from sidecar.wire.protocol import ClientConnection
 
 QUERIES, PARTITIONS = 10, 32
 LEASE_S = 30  # the daemon's default lease_duration_s
-RENEW_EVERY_S = LEASE_S / 3  # sidecar.lease renews a third of the duration after the last
+RENEW_EVERY_S = LEASE_S / 3  # sidecar.flush.lease renews a third of the duration after the last
 OWNERSHIP_EVERY_S = 30.0  # azure-eventhub's default load_balancing_interval
 #: How long after its window an open-loop run still waits for answers.
 GRACE_S = 2.0

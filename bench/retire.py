@@ -35,9 +35,9 @@ from typing import Any
 
 import anyio
 
-from sidecar.blobstore import BlobStore
-from sidecar.client import SidecarClient
 from sidecar.config import Config
+from sidecar.ops.client import SidecarClient
+from sidecar.store.blobs import BlobStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
 from bench.common import (

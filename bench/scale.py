@@ -47,7 +47,7 @@ import msgspec
 import redis
 from anyio.abc import ByteStream
 
-from sidecar.protocol import ClientConnection, encode_request
+from sidecar.wire.protocol import ClientConnection, encode_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
 from bench.common import (

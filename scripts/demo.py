@@ -22,10 +22,10 @@ from typing import Any
 
 import anyio
 
-from sidecar.checkpoint import offset_value
 from sidecar.config import Config
-from sidecar.document import CheckpointDocument
-from sidecar.report import find_checkpoint
+from sidecar.model.checkpoint import offset_value
+from sidecar.model.document import CheckpointDocument
+from sidecar.ops.inspection import find_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
 from tests.services import Azurite, DaemonProcess, RedisServer
@@ -148,7 +148,7 @@ def run_spark(daemon: DaemonProcess, work: Path) -> int:
     delivered = handle.close(timeout_s=10)
     say(f"query stopped after batch {last['batchId']}; all offsets delivered: {delivered}")
 
-    from sidecar.cli import main as cli
+    from sidecar.cli.main import main as cli
 
     doc = read_blob(QUERY, last["batchId"])
     say(f"the checkpoint read back from the blob (checkpoint-sidecar show {QUERY}):")

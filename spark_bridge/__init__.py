@@ -25,14 +25,14 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from sidecar.offsets import Missing, ResumeError, kafka_starting_offsets, rewind
+from sidecar.model.offsets import Missing, ResumeError, kafka_starting_offsets, rewind
 from spark_bridge.handle import BridgeError, BridgeHandle, SenderStats
 from spark_bridge.jvm import LISTENER_CLASS, configure, listener_jar
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from sidecar.document import CheckpointDocument
+    from sidecar.model.document import CheckpointDocument
 
 __all__ = [
     "LISTENER_CLASS",
@@ -131,7 +131,7 @@ def load_checkpoint(
         found = _get_from_daemon(path, timeout_s, **{field: query})
         if found is not None:
             return found
-    from sidecar.checkpoint import as_builtins
+    from sidecar.model.checkpoint import as_builtins
 
     return as_builtins(_read_blob(query).checkpoint())
 
@@ -147,7 +147,7 @@ def _read_blob(query: str) -> CheckpointDocument:
 
     from sidecar.config import Config
     from sidecar.errors import SidecarError
-    from sidecar.report import find_checkpoint
+    from sidecar.ops.inspection import find_checkpoint
 
     try:
         info = anyio.run(find_checkpoint, Config.from_env(os.environ), query)
@@ -164,7 +164,7 @@ def _get_from_daemon(path: str, timeout_s: float, **lookup: str) -> dict[str, An
         ResumeError: the daemon found the query's record but could not read it (``internal``;
             other errors, such as Redis being down, leave the answer to the blobs).
     """
-    from sidecar.protocol import ClientConnection, ErrorCode, encode_request
+    from sidecar.wire.protocol import ClientConnection, ErrorCode, encode_request
 
     conn = ClientConnection()
     deadline = time.monotonic() + timeout_s
@@ -207,7 +207,7 @@ def starting_offsets(
     Uses each partition's saved ``endOffset`` (the next offset to read: no gap, no overlap).
     Partitions absent from the checkpoint (see ``partitions``) start at ``missing``:
     "earliest" (default; nothing skipped), "latest", or "error".
-    See :func:`sidecar.offsets.kafka_starting_offsets`.
+    See :func:`sidecar.model.offsets.kafka_starting_offsets`.
 
     Rewind: ``batch=N`` resumes after batch N, ``before=TIME`` (ISO 8601 text, no zone
     meaning UTC, or a datetime) after the newest batch whose Spark timestamp is earlier, each
@@ -217,7 +217,7 @@ def starting_offsets(
 
     Raises:
         ResumeError: no checkpoint; the batch or time asked for is not retained (the message
-            says what is); or see :func:`sidecar.offsets.kafka_starting_offsets`.
+            says what is); or see :func:`sidecar.model.offsets.kafka_starting_offsets`.
     """
     if batch is None and before is None:
         checkpoint = load_checkpoint(query, socket_path)

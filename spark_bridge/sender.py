@@ -5,7 +5,7 @@ dict keyed by query id and wakes the sender thread: no I/O, no parsing, O(1). Of
 cumulative, so a newer progress of the same query supersedes an unsent older one
 (conflation): memory is bounded by the number of queries, never by the event rate.
 
-The sender thread speaks the daemon's protocol through :mod:`sidecar.protocol` (the same
+The sender thread speaks the daemon's protocol through :mod:`sidecar.wire.protocol` (the same
 module the daemon uses), pipelines everything pending in one write, reads the replies in
 order, and on a broken connection or a retriable error reply puts the updates back (unless
 superseded meanwhile) and reconnects with capped exponential backoff.
@@ -27,7 +27,7 @@ import time
 import msgspec
 
 from sidecar.backoff import Backoff
-from sidecar.protocol import (
+from sidecar.wire.protocol import (
     CLOSING_CODES,
     RETRIABLE_CODES,
     ClientConnection,

@@ -20,12 +20,12 @@ import anyio
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar import checkpoint as ckpt
-from sidecar.app import Daemon
-from sidecar.blobstore import BlobStore
-from sidecar.buffer import Outcome, RedisBuffer
+from sidecar.buffer.redis_buffer import Outcome, RedisBuffer
 from sidecar.config import Config
-from sidecar.document import CheckpointDocument
+from sidecar.daemon.app import Daemon
+from sidecar.model import checkpoint as ckpt
+from sidecar.model.document import CheckpointDocument
+from sidecar.store.blobs import BlobStore
 from tests.services import REPO_ROOT
 from tests.sparkshapes import kafka_progress
 

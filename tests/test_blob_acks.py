@@ -18,11 +18,11 @@ import anyio
 import pytest
 
 from sidecar import __version__
-from sidecar.acks import DurableAcks
-from sidecar.client import SidecarClient
-from sidecar.commands import use_uvloop
+from sidecar.cli.commands import use_uvloop
 from sidecar.config import Config
 from sidecar.errors import ConfigError
+from sidecar.flush.acks import DurableAcks
+from sidecar.ops.client import SidecarClient
 from tests.helpers import blob_reader, metric_value, running_daemon, seed
 from tests.services import Azurite, DaemonProcess
 from tests.sparkshapes import kafka_progress
@@ -128,7 +128,7 @@ def test_uvloop_asked_for_but_not_installed_is_a_config_error(
 
 
 async def test_an_ack_deferred_while_its_query_is_in_a_pass_wakes_the_loop_once_released() -> None:
-    # Pure logic of sidecar.acks (the same path runs against real services above): an ack that
+    # Pure logic of sidecar.flush.acks (the same path runs against real services above): an ack that
     # arrives while its query is in a flush pass must not be forgotten when the pass ends
     # without making it durable (a row found not due, a write skipped, not owned or failed).
     acks = DurableAcks()

@@ -1,4 +1,4 @@
-"""Unit tests of the daemon's configuration (``sidecar.config``) and Redis key names.
+"""Unit tests of the daemon's configuration (``sidecar.config.settings``) and Redis key names.
 
 Pure logic: every test passes its own environment mapping, never ``os.environ``.
 """
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from sidecar.buffer.keys import Keys
 from sidecar.config import Config, redact_url
 from sidecar.errors import ConfigError
-from sidecar.keys import Keys
 
 DEFAULTS = {
     "socket_path": "/tmp/checkpoint-sidecar.sock",

@@ -31,8 +31,8 @@ import anyio
 import pytest
 import yaml
 
-from sidecar.blobstore import BlobStore
 from sidecar.config import Config
+from sidecar.store.blobs import BlobStore
 from tests.helpers import read_blob, wait_blob, wait_for
 from tests.services import REPO_ROOT, Azurite, RedisServer, free_port
 from tests.sparkshapes import kafka_progress

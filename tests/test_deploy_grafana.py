@@ -23,7 +23,7 @@ import anyio
 import pytest
 import yaml
 
-from sidecar.client import SidecarClient
+from sidecar.ops.client import SidecarClient
 from tests.helpers import wait_blob, wait_for
 from tests.prometheus_server import PrometheusServer
 from tests.services import DaemonProcess

@@ -37,8 +37,8 @@ from kubeflow_spark_api.models.spark_v1beta2_spark_application import (
     SparkV1beta2SparkApplication,
 )
 
-from sidecar.client import SidecarClient
 from sidecar.config import Config
+from sidecar.ops.client import SidecarClient
 from tests.helpers import wait_blob, wait_for
 from tests.services import REPO_ROOT, DaemonProcess
 from tests.sparkshapes import kafka_progress

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from sidecar.config import _K8S_SERVICE_ENV, Config, Setting
+from sidecar.config.settings import _K8S_SERVICE_ENV, Config, Setting
 from tests.services import REPO_ROOT
 
 README = REPO_ROOT / "README.md"

@@ -21,7 +21,7 @@ from azure.storage.blob import (
 )
 
 from sidecar.config import Config
-from sidecar.diagnosis import Check, kafka_checks, redis_checks
+from sidecar.ops.diagnosis import Check, kafka_checks, redis_checks
 from tests.helpers import eventually, running_daemon, sample, seed
 from tests.services import (
     AZURITE_ACCOUNT,

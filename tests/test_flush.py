@@ -17,13 +17,13 @@ import redis.asyncio as aioredis
 from azure.core.exceptions import HttpResponseError
 from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
-from sidecar import checkpoint as ckpt
-from sidecar.app import Daemon
-from sidecar.blobstore import BlobStore
-from sidecar.client import SidecarClient
+from sidecar.buffer.keys import Keys
 from sidecar.config import Config
-from sidecar.document import decode_document
-from sidecar.keys import Keys
+from sidecar.daemon.app import Daemon
+from sidecar.model import checkpoint as ckpt
+from sidecar.model.document import decode_document
+from sidecar.ops.client import SidecarClient
+from sidecar.store.blobs import BlobStore
 from tests.helpers import (
     blob_reader,
     eventually,

@@ -17,11 +17,10 @@ import msgspec
 import pytest
 
 import spark_bridge
-from sidecar import checkpoint as ckpt
-from sidecar.blobstore import BlobStore
-from sidecar.client import SidecarClient
 from sidecar.config import Config
-from sidecar.document import (
+from sidecar.errors import CorruptRecord
+from sidecar.model import checkpoint as ckpt
+from sidecar.model.document import (
     HISTORY_MAX_BYTES,
     CheckpointDocument,
     HistoryEntry,
@@ -30,8 +29,9 @@ from sidecar.document import (
     decode_document,
     encode_document,
 )
-from sidecar.errors import CorruptRecord
-from sidecar.offsets import ResumeError
+from sidecar.model.offsets import ResumeError
+from sidecar.ops.client import SidecarClient
+from sidecar.store.blobs import BlobStore
 from tests.helpers import blob_reader, checkpoint_from, eventually, running_daemon, sample
 from tests.services import REPO_ROOT, Azurite
 from tests.sparkshapes import kafka_progress

@@ -13,10 +13,8 @@ from typing import Any
 import anyio
 import pytest
 
-from sidecar import offline
-from sidecar.adoption import read_spark_checkpoint
-from sidecar.blobstore import BlobStore
-from sidecar.checkpoint import (
+from sidecar.config import Config
+from sidecar.model.checkpoint import (
     NULL,
     Checkpoint,
     SourceOffsets,
@@ -24,10 +22,12 @@ from sidecar.checkpoint import (
     offset_value,
     raw_offset,
 )
-from sidecar.client import SidecarClient
-from sidecar.config import Config
-from sidecar.offsets import kafka_offsets, kafka_starting_offsets
-from sidecar.sparklog import SparkBatch, SparkCheckpointError, describe, to_checkpoint
+from sidecar.model.offsets import kafka_offsets, kafka_starting_offsets
+from sidecar.model.spark_dir import SparkBatch, SparkCheckpointError, describe, to_checkpoint
+from sidecar.ops import admin_tool
+from sidecar.ops.client import SidecarClient
+from sidecar.ops.spark_import import read_spark_checkpoint
+from sidecar.store.blobs import BlobStore
 from tests.helpers import acli, blob_reader, cli, read_blob, running_daemon, sample, wait_blob_batch
 from tests.sparkshapes import kafka_progress
 
@@ -154,7 +154,7 @@ def seed(env: dict[str, str], batch: int, *, query_id: str = QID, name: str = "o
         ],
     )
     config = Config.from_env(env)  # no daemon on its socket: under a lease of its own
-    anyio.run(lambda: offline.apply_reset(config, checkpoint, reason="seed", force=True))
+    anyio.run(lambda: admin_tool.apply_reset(config, checkpoint, reason="seed", force=True))
 
 
 def test_dry_run_then_import_then_show(daemon_env: dict[str, str], tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_dry_run_then_import_then_show(daemon_env: dict[str, str], tmp_path: Pat
         1,
         None,
     )
-    assert "WARNING sidecar.adminops: admin reset by " in done.stderr
+    assert "WARNING sidecar.ops.admin_steps: admin reset by " in done.stderr
     assert "from batch none to batch 1 under the tool's own lease" in done.stderr
     doc = read_blob(daemon_env, QID)
     assert doc is not None and doc.batch_id == 1 and doc.name == "orders"

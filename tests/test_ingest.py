@@ -12,10 +12,10 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from sidecar.client import SidecarClient
+from sidecar.buffer.keys import Keys
 from sidecar.config import Config
-from sidecar.keys import Keys
-from sidecar.protocol import encode_request
+from sidecar.ops.client import SidecarClient
+from sidecar.wire.protocol import encode_request
 from tests.helpers import eventually, metric_value, running_daemon, sample, scrape
 from tests.services import RedisServer, free_port
 from tests.sparkshapes import idle_progress_spark34, kafka_progress, rate_progress

@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 import spark_bridge
-from sidecar import checkpoint as ckpt
+from sidecar.model import checkpoint as ckpt
 from spark_bridge.handle import BridgeError
 from spark_bridge.jvm import JvmHandle, attach_jvm
 from tests.helpers import as_json, wait_blob, wait_for

@@ -15,14 +15,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
-from sidecar.app import Daemon
-from sidecar.checkpoint import NULL, Checkpoint, SourceOffsets
-from sidecar.client import SidecarClient
 from sidecar.config import Config
-from sidecar.document import CheckpointDocument
+from sidecar.daemon.app import Daemon
 from sidecar.errors import ConfigError
-from sidecar.kafka import TICK_S as COMMIT_TICK_S
-from sidecar.offsets import group_name, kafka_offsets
+from sidecar.kafka.committer import TICK_S as COMMIT_TICK_S
+from sidecar.model.checkpoint import NULL, Checkpoint, SourceOffsets
+from sidecar.model.document import CheckpointDocument
+from sidecar.model.offsets import group_name, kafka_offsets
+from sidecar.ops.client import SidecarClient
 from tests.helpers import (
     checkpoint_from,
     eventually,
@@ -440,7 +440,7 @@ def test_kafka_errors_are_translated_into_ours() -> None:
     from aiokafka import errors as ke
 
     from sidecar.errors import KafkaRefused, KafkaUnavailable
-    from sidecar.kafkaclient import translate
+    from sidecar.kafka.client import translate
 
     for refused in (
         ke.GroupAuthorizationFailedError(),
@@ -558,7 +558,7 @@ async def test_a_refused_commit_waits_the_cap_and_is_logged_as_an_error(
     # Tansu enforces no ACLs: the refusal is injected where the client raises it.
     from aiokafka.errors import GroupAuthorizationFailedError
 
-    from sidecar.kafka import RETRY_CAP_S
+    from sidecar.kafka.committer import RETRY_CAP_S
 
     await create_topic_with_records(broker.bootstrap)
     commit = AIOKafkaConsumer.commit

@@ -7,11 +7,11 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from sidecar.blobstore import BlobStore
-from sidecar.client import SidecarClient
 from sidecar.config import Config
-from sidecar.lease import IllegalTransition, LeaseManager, LeaseState, QueryLease
-from sidecar.metrics import Metrics
+from sidecar.flush.lease import IllegalTransition, LeaseManager, LeaseState, QueryLease
+from sidecar.ops.client import SidecarClient
+from sidecar.store.blobs import BlobStore
+from sidecar.telemetry.metrics import Metrics
 from tests.helpers import metric_value, running_daemon, scrape
 from tests.sparkshapes import rate_progress
 

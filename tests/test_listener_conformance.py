@@ -27,7 +27,7 @@ import pytest
 
 import spark_bridge
 import spark_bridge.sender as python_sender
-from sidecar.protocol import CLOSING_CODES, RETRIABLE_CODES
+from sidecar.wire.protocol import CLOSING_CODES, RETRIABLE_CODES
 from spark_bridge.handle import SenderStats
 from tests.helpers import wait_for
 from tests.services import REPO_ROOT, DaemonProcess, free_port

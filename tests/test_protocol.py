@@ -1,4 +1,4 @@
-"""Unit tests of the sans-IO wire protocol (``sidecar.protocol``) and the checkpoint record.
+"""Unit tests of the sans-IO wire protocol (``sidecar.wire.protocol``) and the checkpoint record.
 
 Pure logic: bytes in, events out. No socket, no Redis, no event loop.
 Decoder tests run three ways, as h11's ``test_io.py`` does: the whole buffer at once, one
@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar import checkpoint
-from sidecar.checkpoint import Checkpoint, SourceOffsets
-from sidecar.document import CheckpointDocument, Writer, decode_document, encode_document
 from sidecar.errors import CorruptRecord
-from sidecar.protocol import (
+from sidecar.model import checkpoint
+from sidecar.model.checkpoint import Checkpoint, SourceOffsets
+from sidecar.model.document import CheckpointDocument, Writer, decode_document, encode_document
+from sidecar.wire.protocol import (
     MAX_FRAME_BYTES,
     BadRequest,
     ClientConnection,

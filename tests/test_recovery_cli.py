@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.protocol import ClientConnection, Reply, encode_request
+from sidecar.wire.protocol import ClientConnection, Reply, encode_request
 from tests.helpers import cli, read_blob, wait_blob
 from tests.services import DaemonProcess
 from tests.sparkshapes import kafka_progress

@@ -21,11 +21,11 @@ import anyio
 import pytest
 import redis.asyncio as aioredis
 
-from sidecar.app import Daemon
-from sidecar.client import SidecarClient
+from sidecar.buffer.keys import Keys
 from sidecar.config import Config
-from sidecar.keys import Keys
-from sidecar.protocol import RETRIABLE_CODES
+from sidecar.daemon.app import Daemon
+from sidecar.ops.client import SidecarClient
+from sidecar.wire.protocol import RETRIABLE_CODES
 from tests.helpers import (
     blob_reader,
     eventually,

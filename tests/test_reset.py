@@ -14,12 +14,10 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from sidecar import checkpoint as ckpt
-from sidecar import offline
-from sidecar.blobstore import BlobStore
-from sidecar.client import SidecarClient
+from sidecar.buffer.keys import Keys
 from sidecar.config import Config
-from sidecar.document import (
+from sidecar.model import checkpoint as ckpt
+from sidecar.model.document import (
     CheckpointDocument,
     HistoryEntry,
     Writer,
@@ -27,8 +25,10 @@ from sidecar.document import (
     encode_document,
     reset_document,
 )
-from sidecar.keys import Keys
-from sidecar.protocol import BadRequest, Reply, Reset, parse_request
+from sidecar.ops import admin_tool
+from sidecar.ops.client import SidecarClient
+from sidecar.store.blobs import BlobStore
+from sidecar.wire.protocol import BadRequest, Reply, Reset, parse_request
 from tests.helpers import (
     acli,
     blob_reader,
@@ -269,7 +269,7 @@ async def test_with_no_daemon_the_cli_resets_and_retires_under_its_own_lease(
         f"reset {NAME} ({QID}) from batch 5 to batch 3 under the tool's own lease: "
         f"{config.namespace}/{QID}.json written, Redis set; later batches must exceed 3\n"
     )
-    assert "WARNING sidecar.adminops: admin reset (forced) by " in done.stderr
+    assert "WARNING sidecar.ops.admin_steps: admin reset (forced) by " in done.stderr
     async with blob_reader(config) as store:
         doc = await store.read(QID)
         assert doc is not None
@@ -335,11 +335,11 @@ async def test_with_no_daemon_the_cli_is_refused_while_another_owner_holds_the_l
 async def test_apply_reset_writes_a_whole_checkpoint_by_either_path(
     make_config: ConfigFactory,
 ) -> None:
-    """``offline.apply_reset``, as ``import-spark-checkpoint`` calls it: a query the sidecar
+    """``admin_tool.apply_reset``, as ``import-spark-checkpoint`` calls it: a query the sidecar
     never saw, with no daemon; then, a daemon running, a newer checkpoint through it."""
     config = make_config(admin_ops="true", count_threshold=1)
     first = checkpoint_of(QID, 41)
-    done = await offline.apply_reset(config, first, reason="imported from Spark")
+    done = await admin_tool.apply_reset(config, first, reason="imported from Spark")
     assert (done.via, done.batch_id, done.reset_from) == ("lease", 41, None)
     async with blob_reader(config) as store:
         doc = await store.read(QID)
@@ -348,7 +348,7 @@ async def test_apply_reset_writes_a_whole_checkpoint_by_either_path(
         assert await store.lease_state(QID) == "available"
         assert (await record(config, QID))[b"batch_id"] == b"41"
         async with running_daemon(config):
-            later = await offline.apply_reset(config, checkpoint_of(QID, 50), reason="again")
+            later = await admin_tool.apply_reset(config, checkpoint_of(QID, 50), reason="again")
             assert (later.via, later.batch_id, later.reset_from) == ("daemon", 50, 41)
             doc = await store.read(QID)
             assert doc is not None and doc.sources == checkpoint_of(QID, 50).sources

@@ -1,4 +1,5 @@
-"""Unit tests of sidecar.offsets: Kafka ``startingOffsets`` JSON from a saved checkpoint. Pure."""
+"""Unit tests of sidecar.model.offsets: Kafka ``startingOffsets`` JSON from a saved checkpoint.
+Pure."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.offsets import ResumeError, is_kafka_offsets, kafka_starting_offsets
+from sidecar.model.offsets import ResumeError, is_kafka_offsets, kafka_starting_offsets
 
 KAFKA = "KafkaV2[Subscribe[events]]"
 RATE = "RateStreamV2[rowsPerSecond=10, rampUpTimeSeconds=0, numPartitions=default"

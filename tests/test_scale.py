@@ -12,13 +12,13 @@ from typing import Any
 import anyio
 import msgspec
 
-from sidecar import checkpoint as ckpt
 from sidecar.backoff import spread
-from sidecar.client import SidecarClient
 from sidecar.config import Config
-from sidecar.lag import LagTracker
-from sidecar.lease import EXPIRY_MARGIN_S, RENEW_JITTER, RENEW_RETRY_S, renew_delay
-from sidecar.metrics import FLUSH_RESULTS
+from sidecar.flush.lease import EXPIRY_MARGIN_S, RENEW_JITTER, RENEW_RETRY_S, renew_delay
+from sidecar.kafka.lag import LagTracker
+from sidecar.model import checkpoint as ckpt
+from sidecar.ops.client import SidecarClient
+from sidecar.telemetry.metrics import FLUSH_RESULTS
 from tests.helpers import blob_reader, eventually, metric_value, running_daemon, sample, scrape
 from tests.sparkshapes import kafka_progress
 

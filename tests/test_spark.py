@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 import spark_bridge
-from sidecar import checkpoint as ckpt
+from sidecar.model import checkpoint as ckpt
 from tests.helpers import as_json, wait_blob, wait_for
 from tests.services import DaemonProcess
 

@@ -37,7 +37,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 import spark_bridge
-from sidecar import checkpoint as ckpt
+from sidecar.model import checkpoint as ckpt
 from tests.helpers import metric_value, wait_blob, wait_for
 from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer
 

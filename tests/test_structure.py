@@ -16,58 +16,47 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+SIDECAR = REPO / "sidecar"
 
-#: Lowest first. A module may import sidecar modules of lower layers only (the same layer
-#: neither: modules of one layer are peers that know nothing of each other).
-LAYERS: list[set[str]] = [
-    # vocabulary, byte framing, JSON kept as text: pure
-    {"errors", "keys", "backoff", "confighelp", "framing", "rawjson"},
-    {"config", "checkpoint", "lua"},  # settings, records, Redis scripts: pure
-    {"document"},  # the blob document (checkpoint, writer, history, reset): pure
-    # wire format, offset shapes, doctor's rules, Redis rows read: pure
-    {"protocol", "offsets", "diagnosis", "records"},
-    {"sparklog"},  # Spark's own checkpoint directory, read: pure
-    # metrics; which Redis client (standalone, cluster, sentinel); the Kafka client edge
-    {"metrics", "topology", "kafkaclient"},
-    # the I/O edges (Redis, Azure), the test client; one client connection on the loop
-    {"buffer", "blobstore", "client", "connection"},
-    # batches updates for the Redis edge; the blobs' batches; unreadable records set aside;
-    # acks waiting for the blobs
-    {"coalescer", "floor", "quarantine", "querylocks", "docbuilder", "acks"},
-    # the components: each one job, wired together by app
-    {"lease", "lag", "kafka", "handler", "server", "admin", "report", "durability"}
-    | {"retirement", "shutdown", "doctor", "adoption"},
-    {"flusher"},
-    {"adminops"},  # reset and retire: as the lease owner (tells the flusher, floor, retirement)
-    {"app", "offline"},  # wiring; reset and retire through the daemon or under a lease of its own
-    {"commands"},
-    {"cli"},
-    {"__main__"},
-]
-PURE = {
-    "errors",
-    "keys",
-    "backoff",
-    "confighelp",
-    "framing",
-    "rawjson",
-    "config",
-    "checkpoint",
-    "document",
-    "lua",
-    "protocol",
-    "offsets",
-    "diagnosis",
-    "records",
-    "sparklog",
+#: The base, at the bottom: every package may import these modules (``config`` is a package
+#: of two modules; ``sidecar`` itself holds only ``__version__``).
+BASE = {"errors", "backoff", "config"}
+#: The packages of ``sidecar`` in the order data flows, each with the packages it may import
+#: besides the base and itself. Written once here and in docs/architecture.md.
+PACKAGES: dict[str, set[str]] = {
+    "model": set(),
+    "wire": {"model"},
+    "telemetry": {"wire"},
+    "buffer": {"model"},
+    "store": {"model"},
+    "ingest": {"wire", "model", "buffer", "telemetry"},
+    "flush": {"model", "buffer", "store", "telemetry"},
+    "kafka": {"model", "telemetry"},
+    "ops": {"wire", "model", "buffer", "store", "kafka"},
+    "daemon": {"ingest", "flush", "kafka", "ops", "buffer", "store", "telemetry", "wire", "model"},
+    "cli": {"daemon", "ops", "kafka", "flush", "ingest", "store", "buffer", "telemetry"}
+    | {"wire", "model"},
 }
-#: Third-party SDKs and where they may be imported: each edge owns its SDK.
+#: Packages that are pure as a whole, and pure modules of the others: no event loop, no
+#: socket, no SDK (the wire format, the records, the rules).
+PURE_PACKAGES = {"model", "wire", "config"}
+PURE_MODULES = {
+    "errors",
+    "backoff",
+    "buffer.keys",
+    "buffer.lua",
+    "buffer.rows",
+    "store.probe",
+    "ops.diagnosis",
+}
+#: Third-party SDKs and the modules that may import them: each edge owns its SDK.
 SDK_OWNERS = {
-    "redis": {"buffer", "topology"},
-    "azure": {"blobstore"},
-    "aiokafka": {"kafka", "kafkaclient"},
-    "aiohttp": {"admin"},
-    "uvloop": {"commands"},  # chosen once, at the start (SIDECAR_EVENT_LOOP)
+    "redis": {"buffer.redis_buffer", "buffer.topology"},
+    "azure": {"store.blobs"},
+    "aiokafka": {"kafka.client", "kafka.committer"},
+    "aiohttp": {"daemon.http"},
+    "prometheus_client": {"telemetry.metrics", "kafka.lag", "daemon.http", "daemon.app"},
+    "uvloop": {"cli.commands"},  # chosen once, at the start (SIDECAR_EVENT_LOOP)
 }
 IO_LIBRARIES = {"anyio", "asyncio", "socket", "redis", "azure", "aiokafka", "aiohttp"}
 
@@ -80,46 +69,120 @@ def imports_of(path: Path) -> set[str]:
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
-            if node.module == "sidecar":  # from sidecar import checkpoint as ckpt
-                found.update(f"sidecar.{alias.name}" for alias in node.names)
+            # from sidecar.model import checkpoint as ckpt: a module of the package
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
     return found
 
 
-def sidecar_modules() -> dict[str, set[str]]:
-    return {
-        path.stem: imports_of(path)
-        for path in sorted((REPO / "sidecar").glob("*.py"))
-        if path.stem != "__init__"
-    }
+def modules() -> dict[str, set[str]]:
+    """Every module of ``sidecar`` by dotted name below it (``flush.lease``, ``errors``), with
+    the sidecar modules and packages it imports (same form) and the other roots it imports."""
+    out: dict[str, set[str]] = {}
+    for path in sorted(SIDECAR.rglob("*.py")):
+        rel = path.relative_to(SIDECAR).with_suffix("")
+        name = ".".join(rel.parts)
+        out[name] = imports_of(path)
+    return out
 
 
-def test_every_sidecar_module_has_a_layer() -> None:
-    placed = set().union(*LAYERS)
-    assert set(sidecar_modules()) == placed
+def sidecar_target(module: str) -> str | None:
+    """``sidecar.flush.lease`` -> ``flush``; ``sidecar.errors`` -> ``errors``; the package (or
+    base module) a sidecar import lands in; None for other roots and ``sidecar`` itself."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "sidecar" and len(parts) > 1 else None
 
 
-def test_sidecar_modules_import_only_lower_layers() -> None:
-    layer = {name: i for i, names in enumerate(LAYERS) for name in names}
+def package_of(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_the_tree_is_packages_by_concern() -> None:
+    top = sorted(p.stem for p in SIDECAR.glob("*.py"))
+    assert top == ["__init__", "__main__", "backoff", "errors"]
+    packages = sorted(p.name for p in SIDECAR.iterdir() if (p / "__init__.py").is_file())
+    assert set(packages) == set(PACKAGES) | {"config"}
+    for package in packages:
+        doc = ast.get_docstring(ast.parse((SIDECAR / package / "__init__.py").read_text()))
+        assert doc and "May import" in doc, (
+            f"sidecar/{package}/__init__.py must say what it may import"
+        )
+
+
+def test_the_package_rules_form_a_dag() -> None:
+    order: list[str] = []
+    visiting: set[str] = set()
+
+    def visit(package: str) -> None:
+        assert package not in visiting, f"the package rules have a cycle through {package}"
+        if package in order:
+            return
+        visiting.add(package)
+        for lower in PACKAGES[package]:
+            visit(lower)
+        visiting.discard(package)
+        order.append(package)
+
+    for package in PACKAGES:
+        visit(package)
+    assert len(order) == len(PACKAGES)
+
+
+def test_each_module_imports_only_what_its_package_may() -> None:
     wrong = []
-    for name, imported in sidecar_modules().items():
+    for name, imported in modules().items():
+        own = package_of(name)
         for module in imported:
-            parts = module.split(".")
-            inner = parts[1] if parts[0] == "sidecar" and len(parts) > 1 else None
-            if inner in layer and layer[inner] >= layer[name]:
-                wrong.append(f"{name} (layer {layer[name]}) imports {inner}")
+            target = sidecar_target(module)
+            if target in (None, own, "__version__"):  # sidecar.__version__: the root's one name
+                continue
+            if own == "__main__":
+                allowed = {"cli"}
+            elif own in BASE:
+                allowed = {"errors"} if own == "config" else set()
+            else:
+                allowed = BASE | PACKAGES.get(own, set())
+            if target not in allowed:
+                wrong.append(f"{name} imports {module}")
     assert wrong == []
 
 
+def test_no_cycle_between_modules() -> None:
+    graph = {
+        name: {".".join(m.split(".")[1:]) for m in imported if m.split(".")[0] == "sidecar"}
+        for name, imported in modules().items()
+    }
+    graph = {
+        name: {m for m in targets if m in graph and m != name} for name, targets in graph.items()
+    }
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        assert name not in path, f"import cycle: {' -> '.join([*path, name])}"
+        if name in done:
+            return
+        for target in graph[name]:
+            if not target.endswith("__init__"):
+                visit(target, [*path, name])
+        done.add(name)
+
+    for name in graph:
+        visit(name, [])
+
+
 def test_the_server_knows_nothing_beyond_the_protocol() -> None:
-    imported = {m.split(".")[1] for m in sidecar_modules()["server"] if m.startswith("sidecar.")}
-    assert imported <= {"config", "connection", "errors", "metrics", "protocol"}
+    allowed = ("config", "errors", "ingest.connection", "telemetry.metrics", "wire.protocol")
+    inner = [
+        m.removeprefix("sidecar.") for m in modules()["ingest.server"] if m.startswith("sidecar.")
+    ]
+    assert [m for m in inner if not any(m == a or m.startswith(f"{a}.") for a in allowed)] == []
 
 
 def test_pure_modules_do_no_io_and_each_sdk_stays_at_its_edge() -> None:
     wrong = []
-    for name, imported in sidecar_modules().items():
+    for name, imported in modules().items():
         roots = {m.split(".")[0] for m in imported}
-        if name in PURE and roots & IO_LIBRARIES:
+        pure = package_of(name) in PURE_PACKAGES or name in PURE_MODULES
+        if pure and roots & IO_LIBRARIES:
             wrong.append(f"pure {name} imports {sorted(roots & IO_LIBRARIES)}")
         for sdk, owners in SDK_OWNERS.items():
             if sdk in roots and name not in owners:
@@ -127,12 +190,9 @@ def test_pure_modules_do_no_io_and_each_sdk_stays_at_its_edge() -> None:
     assert wrong == []
 
 
-def test_no_product_module_is_a_test_service_or_larger_than_400_lines() -> None:
-    for package in ("sidecar", "spark_bridge"):
-        for path in (REPO / package).glob("*.py"):
-            lines = len(path.read_text().splitlines())
-            assert lines <= 400, f"{path.relative_to(REPO)} has {lines} lines"
-    assert not (REPO / "sidecar" / "devservices.py").exists()
+def test_no_product_module_is_a_test_service() -> None:
+    assert not list(SIDECAR.rglob("devservices.py"))
+    assert not list(SIDECAR.rglob("services.py"))
 
 
 # --- the Spark side without the daemon's dependencies -----------------------------------------

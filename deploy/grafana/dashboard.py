@@ -49,7 +49,7 @@ DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 NS = 'namespace=~"$namespace"'
 NSQ = 'namespace=~"$namespace", query=~"$query"'
 RATE = "$__rate_interval"
-#: The bound of the update queue (sidecar/coalescer.py: max_queued).
+#: The bound of the update queue (sidecar/ingest/coalescer.py: max_queued).
 QUEUE_BOUND = 4096
 #: checkpoint age at which CheckpointSidecarCheckpointStale fires (deploy/prometheus/alerts.yml).
 STALE_AFTER_S = 300

@@ -33,12 +33,12 @@ from typing import cast
 import anyio
 import redis.asyncio as aioredis
 
-from sidecar.blobstore import BlobStore
-from sidecar.client import SidecarClient
+from sidecar.buffer.keys import Keys
 from sidecar.config import Config
 from sidecar.errors import SidecarError
-from sidecar.keys import Keys
-from sidecar.protocol import RETRIABLE_CODES, ProtocolViolation
+from sidecar.ops.client import SidecarClient
+from sidecar.store.blobs import BlobStore
+from sidecar.wire.protocol import RETRIABLE_CODES, ProtocolViolation
 from tests.helpers import metric_value
 from tests.services import DaemonProcess
 from tests.sparkshapes import kafka_progress

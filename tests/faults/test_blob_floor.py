@@ -12,11 +12,12 @@ import anyio
 import pytest
 import redis.asyncio as aioredis
 
-from sidecar.client import SidecarClient
+from sidecar.buffer.keys import Keys
+from sidecar.buffer.redis_buffer import NO_BLOB
 from sidecar.config import Config
 from sidecar.errors import CorruptRecord
-from sidecar.floor import LISTING_MAX_AGE_S, NO_BLOB, BlobFloors
-from sidecar.keys import Keys
+from sidecar.flush.floor import LISTING_MAX_AGE_S, BlobFloors
+from sidecar.ops.client import SidecarClient
 from tests.helpers import blob_reader, running_daemon, seed, wait_blob_batch
 from tests.services import Azurite, RedisServer
 from tests.sparkshapes import kafka_progress

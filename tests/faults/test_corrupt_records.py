@@ -28,13 +28,13 @@ import redis.asyncio as aioredis
 from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
 import spark_bridge
-from sidecar import checkpoint as ckpt
-from sidecar import flusher
-from sidecar.client import SidecarClient
+from sidecar.buffer.keys import Keys
 from sidecar.config import Config
-from sidecar.document import CheckpointDocument, Writer, encode_document
-from sidecar.keys import Keys
-from sidecar.protocol import ClientConnection, Reply, encode_request
+from sidecar.flush import flusher
+from sidecar.model import checkpoint as ckpt
+from sidecar.model.document import CheckpointDocument, Writer, encode_document
+from sidecar.ops.client import SidecarClient
+from sidecar.wire.protocol import ClientConnection, Reply, encode_request
 from tests.helpers import (
     blob_reader,
     checkpoint_of,
@@ -106,8 +106,8 @@ def errors_naming(caplog: pytest.LogCaptureFixture, key: str) -> list[logging.Lo
 async def test_an_unreadable_checkpoint_is_quarantined_and_a_newer_batch_replaces_it(
     make_config: ConfigFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, "sidecar.flusher")
-    caplog.set_level(logging.INFO, "sidecar.quarantine")  # "... is no longer unreadable"
+    caplog.set_level(logging.INFO, "sidecar.flush.flusher")
+    caplog.set_level(logging.INFO, "sidecar.flush.quarantine")  # "... is no longer unreadable"
     config = make_config(count_threshold=1)
     key = await seed(config.redis_url, config.namespace, BAD, 3, "bad")
     damaged = await damage(config.redis_url, key, checkpoint=CUT_SHORT)
@@ -234,8 +234,8 @@ async def test_an_unreadable_blob_is_counted_and_logged_once_and_deleting_it_let
     # Retry a failed flush within 0.2 s (not 30 s), so many retries meet the blob.
     monkeypatch.setattr(flusher, "RETRY_BASE_S", 0.1)
     monkeypatch.setattr(flusher, "RETRY_CAP_S", 0.2)
-    caplog.set_level(logging.INFO, "sidecar.flusher")
-    caplog.set_level(logging.INFO, "sidecar.quarantine")  # "... is no longer unreadable"
+    caplog.set_level(logging.INFO, "sidecar.flush.flusher")
+    caplog.set_level(logging.INFO, "sidecar.flush.quarantine")  # "... is no longer unreadable"
     config = make_config(count_threshold=1)
     assert config.azure_connection_string is not None
     blob = f"{config.namespace}/{BAD}.json"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import spark_bridge
-from sidecar.protocol import MAX_JSON_DEPTH, ClientConnection, Reply
+from sidecar.wire.protocol import MAX_JSON_DEPTH, ClientConnection, Reply
 from tests.services import DaemonProcess
 from tests.sparkshapes import kafka_progress
 

@@ -13,10 +13,10 @@ import anyio
 import pytest
 from anyio.abc import ByteStream, SocketAttribute, SocketStream, TaskStatus
 
-from sidecar.app import Daemon
-from sidecar.client import SidecarClient
 from sidecar.config import Config
-from sidecar.lease import EXPIRY_MARGIN_S, RENEW_JITTER, LeaseState
+from sidecar.daemon.app import Daemon
+from sidecar.flush.lease import EXPIRY_MARGIN_S, RENEW_JITTER, LeaseState
+from sidecar.ops.client import SidecarClient
 from tests.helpers import eventually, sample, scrape
 from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, Azurite
 from tests.sparkshapes import kafka_progress

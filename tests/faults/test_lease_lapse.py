@@ -8,12 +8,12 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from sidecar.blobstore import BlobStore
-from sidecar.client import SidecarClient
 from sidecar.config import Config
 from sidecar.errors import StoreUnavailable
-from sidecar.lease import LeaseManager, LeaseState
-from sidecar.metrics import Metrics
+from sidecar.flush.lease import LeaseManager, LeaseState
+from sidecar.ops.client import SidecarClient
+from sidecar.store.blobs import BlobStore
+from sidecar.telemetry.metrics import Metrics
 from tests.helpers import eventually, running_daemon, sample, scrape
 from tests.sparkshapes import kafka_progress
 

@@ -10,8 +10,8 @@ import anyio
 import pytest
 import redis.asyncio as aioredis
 
-from sidecar.client import SidecarClient
 from sidecar.config import Config
+from sidecar.ops.client import SidecarClient
 from tests.helpers import eventually, running_daemon, sample
 from tests.services import DaemonProcess, RedisServer, ServiceError
 from tests.sparkshapes import kafka_progress

@@ -1,4 +1,4 @@
-"""Idle queries are retired from memory (``sidecar.retirement``), against real redis-server,
+"""Idle queries are retired from memory (``sidecar.daemon.retirement``), against real redis-server,
 Azurite and a Kafka-protocol broker.
 
 Over weeks a daemon sees thousands of query ids (a new checkpoint directory is a new id); one
@@ -20,12 +20,12 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 
-from sidecar.app import Daemon
-from sidecar.blobstore import BlobStore
-from sidecar.client import SidecarClient
+from sidecar.buffer.keys import Keys
 from sidecar.config import Config
-from sidecar.keys import Keys
-from sidecar.retirement import Retirement
+from sidecar.daemon.app import Daemon
+from sidecar.daemon.retirement import Retirement
+from sidecar.ops.client import SidecarClient
+from sidecar.store.blobs import BlobStore
 from tests.helpers import eventually, running_daemon, sample, scrape
 from tests.services import KafkaBroker
 from tests.sparkshapes import kafka_progress
@@ -120,7 +120,7 @@ async def test_an_idle_query_is_retired_and_comes_back_under_a_new_lease(
 async def test_a_query_with_updates_pending_and_an_ack_waiting_is_kept(
     make_config: ConfigFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, "sidecar.retirement")
+    caplog.set_level(logging.INFO, "sidecar.daemon.retirement")
     config = make_config(query_idle_s=1, count_threshold=1, ack_mode="blob", blob_ack_timeout_s=30)
     other = BlobStore(config)  # another daemon holding the waiting query's blob
     await other.ensure_container()
@@ -160,7 +160,7 @@ async def test_an_old_id_of_a_name_is_retired_without_the_series_of_the_new_id(
 ) -> None:
     # A query restarted from a new checkpoint directory: same name, new id. Series and lag
     # are kept by name, so retiring the old id must leave them to the new one.
-    caplog.set_level(logging.INFO, "sidecar.retirement")
+    caplog.set_level(logging.INFO, "sidecar.daemon.retirement")
     config = make_config(query_idle_s=1, count_threshold=1)
     name = "orders-to-delta"
     async with running_daemon(config) as daemon:
@@ -187,7 +187,7 @@ async def test_a_retired_querys_kafka_consumer_is_closed_and_comes_back(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    caplog.set_level(logging.INFO, "sidecar.retirement")
+    caplog.set_level(logging.INFO, "sidecar.daemon.retirement")
     await create_topic_with_records(broker.bootstrap)
     stopped: list[AIOKafkaConsumer] = []
     original_stop = AIOKafkaConsumer.stop

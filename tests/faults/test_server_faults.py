@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.blobstore import BlobStore
-from sidecar.client import SidecarClient
 from sidecar.config import Config
-from sidecar.handler import Reply
-from sidecar.protocol import Event, Ping
+from sidecar.ingest.handler import Reply
+from sidecar.ops.client import SidecarClient
+from sidecar.store.blobs import BlobStore
+from sidecar.wire.protocol import Event, Ping
 from tests.helpers import running_daemon, sample
 from tests.services import DaemonProcess, ServiceError, free_port
 from tests.sparkshapes import kafka_progress

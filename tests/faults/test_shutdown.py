@@ -21,12 +21,12 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 
-from sidecar.app import Daemon
-from sidecar.blobstore import BlobStore
-from sidecar.client import SidecarClient
+from sidecar.buffer.keys import Keys
 from sidecar.config import Config
-from sidecar.keys import Keys
-from sidecar.protocol import ClientConnection, encode_request
+from sidecar.daemon.app import Daemon
+from sidecar.ops.client import SidecarClient
+from sidecar.store.blobs import BlobStore
+from sidecar.wire.protocol import ClientConnection, encode_request
 from tests.faults.test_hostile_clients import Client
 from tests.helpers import eventually, read_blob, running_daemon, wait_blob, wait_for
 from tests.services import Azurite, DaemonProcess, KafkaBroker

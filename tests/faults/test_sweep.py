@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
-from sidecar.keys import Keys
+from sidecar.buffer.keys import Keys
 from tests.faults.load import Load, metric, readyz, run_load
 from tests.services import Azurite, DaemonProcess, RedisServer
 

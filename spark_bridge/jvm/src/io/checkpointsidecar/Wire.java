@@ -11,7 +11,7 @@ import java.util.Set;
 
 /**
  * The daemon's NDJSON protocol as the listener speaks it. Sans-IO: bytes in, replies out; no
- * sockets, no threads (the same split as {@code sidecar/protocol.py}, which is the reference;
+ * sockets, no threads (the same split as {@code sidecar/wire/protocol.py}, which is the reference;
  * see docs/protocol.md).
  */
 final class Wire {
@@ -19,13 +19,13 @@ final class Wire {
 
   /**
    * Error codes after which resending the same update can succeed. Must equal {@code
-   * sidecar.protocol.RETRIABLE_CODES}; a conformance test compares the two.
+   * sidecar.wire.protocol.RETRIABLE_CODES}; a conformance test compares the two.
    */
   static final Set<String> RETRIABLE =
       Collections.unmodifiableSet(
           new HashSet<>(Arrays.asList("unavailable", "not_durable", "shutting_down", "internal")));
 
-  /** Error codes after which the daemon closes the connection ({@code sidecar.protocol.CLOSING_CODES}). */
+  /** Error codes after which the daemon closes the connection ({@code sidecar.wire.protocol.CLOSING_CODES}). */
   static final Set<String> CLOSING = Collections.singleton("frame_too_large");
 
   /**

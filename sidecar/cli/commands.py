@@ -1,0 +1,239 @@
+"""The commands that need the daemon's dependencies: ``run``, ``list``, ``show``,
+``history``, ``starting-offsets``, ``doctor``, ``reset``, ``retire``,
+``import-spark-checkpoint`` (imported by
+``sidecar.cli.main`` when one of them is asked for)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import signal
+import sys
+
+import anyio
+import msgspec
+
+from sidecar.config import Config
+from sidecar.daemon.app import Daemon
+from sidecar.errors import (
+    EXIT_FAILURE,
+    EXIT_FORCED,
+    EXIT_OK,
+    EXIT_USAGE,
+    AdminForbidden,
+    ConfigError,
+    InvalidRequest,
+    SidecarError,
+)
+from sidecar.model import checkpoint as ckpt
+from sidecar.model.offsets import kafka_starting_offsets, rewind
+from sidecar.ops import admin_tool, diagnosis, inspection, spark_import
+from sidecar.ops import doctor as doctor_checks
+from sidecar.wire.protocol import Reset, Retire, SourceSpec
+
+log = logging.getLogger("sidecar")
+
+
+def run_daemon(config: Config) -> int:
+    """Run the daemon until SIGTERM/SIGINT; the process's exit code."""
+    try:
+        uvloop = use_uvloop(config.event_loop)
+        return anyio.run(_run, config, backend="asyncio", backend_options={"use_uvloop": uvloop})
+    except (SidecarError, BaseExceptionGroup) as exc:
+        errors = _own_errors(exc)
+        if errors is None:
+            raise  # a bug: let the traceback show
+    # Start-up refusals (socket in use, TCP port taken, bad configuration) arrive from
+    # inside the daemon's task group, wrapped in exception groups: one clear line each.
+    for error in errors:
+        if isinstance(error, ConfigError):
+            print(f"checkpoint-sidecar: {error}", file=sys.stderr)
+        else:
+            log.error("%s", error)
+    return EXIT_USAGE if any(isinstance(e, ConfigError) for e in errors) else EXIT_FAILURE
+
+
+def use_uvloop(choice: str) -> bool:
+    """Whether the daemon runs on uvloop (``SIDECAR_EVENT_LOOP``): ``auto`` when it is
+    installed, ``uvloop`` always, ``asyncio`` never. Either way anyio's asyncio backend runs
+    the daemon: uvloop is an asyncio event loop (``docs/architecture.md``, event loop).
+
+    Raises:
+        ConfigError: ``uvloop`` asked for, and the package is not installed.
+    """
+    if choice == "asyncio":
+        return False
+    try:
+        import uvloop  # noqa: F401  # only whether it imports
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigError(
+                "SIDECAR_EVENT_LOOP=uvloop but the uvloop package is not installed: "
+                "pip install 'checkpoint-sidecar[uvloop]', or set SIDECAR_EVENT_LOOP=auto "
+                "(uvloop when installed) or asyncio"
+            ) from None
+        return False
+    return True
+
+
+def _own_errors(exc: BaseException) -> list[SidecarError] | None:
+    """The SidecarErrors inside ``exc`` (nested groups flattened); None if anything else."""
+    if isinstance(exc, SidecarError):
+        return [exc]
+    if isinstance(exc, BaseExceptionGroup):
+        found: list[SidecarError] = []
+        for inner in exc.exceptions:
+            errors = _own_errors(inner)
+            if errors is None:
+                return None
+            found += errors
+        return found
+    return None
+
+
+def inspect(args: argparse.Namespace, config: Config) -> int:
+    """``list``, ``show``, ``history``, ``starting-offsets``: read the checkpoints from the
+    blobs."""
+    try:
+        if args.command == "list":
+            infos = anyio.run(inspection.list_checkpoints, config)
+            inspection.print_list(infos, as_json=args.json)
+        elif args.command == "starting-offsets":
+            partitions = {}
+            for item in args.partitions:
+                topic, _, count = item.rpartition("=")
+                if not topic or not count.isdigit():
+                    raise ConfigError(f"--partitions {item!r}: expected TOPIC=N, e.g. events=12")
+                partitions[topic] = int(count)
+            info = anyio.run(inspection.find_checkpoint, config, args.query)
+            doc = info.document
+            assert doc is not None
+            rewound = args.batch is not None or args.before is not None
+            print(
+                kafka_starting_offsets(
+                    rewind(doc, batch=args.batch, before=args.before)
+                    if rewound
+                    else ckpt.as_builtins(doc.checkpoint()),
+                    source=args.source,
+                    partitions=partitions,
+                    missing=args.missing,
+                )
+            )
+        elif args.command == "history":
+            info = anyio.run(inspection.find_checkpoint, config, args.query)
+            inspection.print_history(info, as_json=args.json)
+        else:
+            info = anyio.run(inspection.find_checkpoint, config, args.query)
+            inspection.print_show(info, as_json=args.json)
+    except SidecarError as exc:
+        print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE
+    return EXIT_OK
+
+
+def admin(args: argparse.Namespace, config: Config) -> int:
+    """``reset`` / ``retire``: through the daemon, else under a lease of this process's own;
+    one line saying what was done. 0 done, 1 refused or failed, 2 bad usage or forbidden."""
+    by = admin_tool.who()
+    try:
+        if args.command == "retire":
+            retire = Retire(
+                name=args.query, archive=args.archive, force=args.force, reason=args.reason, by=by
+            )
+            result = anyio.run(admin_tool.retire, config, retire)
+        else:
+            sources = None
+            if args.offsets is not None:
+                try:
+                    ends = msgspec.json.decode(args.offsets)
+                except msgspec.DecodeError as exc:
+                    raise InvalidRequest(f"--offsets is not JSON: {exc}") from None
+                if not isinstance(ends, list) or not ends:
+                    raise InvalidRequest("--offsets: a JSON array, one end offset per source")
+                sources = tuple(SourceSpec(end_offset=end) for end in ends)
+            elif args.batch_id is not None:
+                raise InvalidRequest("--batch-id goes with --offsets")
+            reason = args.reason or f"checkpoint-sidecar reset by {by}"
+            reset = Reset(
+                reason=reason,
+                name=args.query,
+                to_batch=args.to_batch,
+                sources=sources,
+                batch_id=args.batch_id,
+                force=args.force,
+                by=by,
+            )
+            result = anyio.run(admin_tool.reset, config, reset)
+    except SidecarError as exc:
+        print(f"checkpoint-sidecar: {args.command}: {exc}", file=sys.stderr)
+        usage = (ConfigError, AdminForbidden, InvalidRequest)
+        return EXIT_USAGE if isinstance(exc, usage) else EXIT_FAILURE
+    print(result.summary())
+    return EXIT_OK
+
+
+def doctor(config: Config, *, as_json: bool) -> int:
+    """``doctor``: run every check, print them; 0 all ok, 1 a warning, 2 a failure."""
+    checks = anyio.run(doctor_checks.run_checks, config)
+    if as_json:
+        print(diagnosis.to_json(checks).decode())
+    else:
+        print(diagnosis.render(checks))
+    return diagnosis.exit_code(checks)
+
+
+def import_spark(args: argparse.Namespace, config: Config) -> int:
+    """``import-spark-checkpoint PATH --query-name NAME``: write the last committed batch of
+    a Spark checkpoint directory as the query's sidecar checkpoint, as a reset
+    (``admin_tool.apply_reset``: through the running daemon, else under a lease of its own;
+    ``--dry-run``: print it only). 0 written (or dry run), 1 refused or failed, 2 bad settings
+    (the daemon's included: admin ops off)."""
+    try:
+        batch = spark_import.read_spark_checkpoint(args.path)
+        found = anyio.run(spark_import.plan, config, args.path, batch, args.query_name)
+        result = None
+        if not args.dry_run:
+            spark_import.check_write(found, force=args.force)
+            reason = f"imported from Spark checkpoint {args.path} (last committed batch)"
+            write = functools.partial(
+                admin_tool.apply_reset, config, found.checkpoint, reason=reason, force=args.force
+            )
+            result = anyio.run(write)
+    except SidecarError as exc:
+        print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
+        usage = (ConfigError, AdminForbidden)
+        return EXIT_USAGE if isinstance(exc, usage) else EXIT_FAILURE
+    via = result.via if result is not None else None
+    spark_import.print_adoption(found, via=via, as_json=args.json, force=args.force)
+    return EXIT_OK
+
+
+async def _run(config: Config) -> int:
+    daemon = Daemon(config)
+    forced = False
+
+    async def watch_signals(scope: anyio.CancelScope) -> None:
+        nonlocal forced
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if not daemon_stopping.is_set():
+                    log.info(
+                        "received %s: stopping gracefully (send it again to force)",
+                        signal.Signals(signum).name,
+                    )
+                    daemon_stopping.set()
+                    daemon.request_stop()
+                else:
+                    log.warning("received %s again: forcing exit", signal.Signals(signum).name)
+                    forced = True
+                    daemon.force_stop()  # its finalizers are shielded from the cancel below
+                    scope.cancel()
+                    return
+
+    daemon_stopping = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch_signals, tg.cancel_scope)
+        await daemon.run()
+        tg.cancel_scope.cancel()
+    return EXIT_FORCED if forced else EXIT_OK

@@ -1,0 +1,321 @@
+"""Command line: ``checkpoint-sidecar run`` (the daemon) and helpers.
+
+Parsing, ``config`` and ``listener-jar`` need only the base install (what a Spark driver has);
+the commands that run the daemon or read the blobs live in ``sidecar.cli.commands`` and are
+imported when used, so a driver without the ``daemon`` extra still gets a working
+``checkpoint-sidecar listener-jar`` and a clear message for the rest.
+
+Exit codes: 0 clean stop, 1 runtime failure, 2 bad configuration or usage, 130 forced stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from sidecar import __version__
+from sidecar.config import Config
+from sidecar.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
+from spark_bridge.handle import BridgeError
+from spark_bridge.jvm import listener_jar
+
+log = logging.getLogger("sidecar")
+
+
+def _commands() -> ModuleType | None:
+    """``sidecar.cli.commands``, or None (with a message) when the daemon extra is missing."""
+    try:
+        from sidecar.cli import commands
+    except ModuleNotFoundError as exc:
+        print(
+            f"checkpoint-sidecar: this command needs the daemon's dependencies ({exc.name} is "
+            "not installed): pip install 'checkpoint-sidecar[daemon]'",
+            file=sys.stderr,
+        )
+        return None
+    return commands
+
+
+def _add_settings(parser: argparse.ArgumentParser) -> None:
+    """One argument group per component, in declaration order (``Config.settings()``)."""
+    groups: dict[str, Any] = {}
+    for f in Config.settings():
+        if f.group not in groups:
+            note = None if groups else "each flag overrides its environment variable"
+            groups[f.group] = parser.add_argument_group(f"settings: {f.group}", note)
+        groups[f.group].add_argument(
+            f"--{f.name.replace('_', '-')}",
+            dest=f.name,
+            metavar=f.metadata["env"],
+            help=f"{f.metadata['help']} (default: {f.show(f.default) or 'unset'})",
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="checkpoint-sidecar",
+        description="Sidecar daemon beside a Spark driver: receives each finished micro-batch's "
+        "offsets on a local socket, buffers them in Redis and flushes them to Azure blobs "
+        "under leases.",
+        epilog="Configuration comes from SIDECAR_* environment variables; "
+        "'checkpoint-sidecar run --help' lists them.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser(
+        "run",
+        help="run the daemon until SIGTERM/SIGINT",
+        description="Run the daemon. SIGTERM or SIGINT stops it gracefully (stop accepting, "
+        "answer what was read, flush everything pending to the blobs, release leases), "
+        "within SIDECAR_SHUTDOWN_GRACE_S; a second signal forces exit.",
+    )
+    _add_settings(run)
+    sub.add_parser(
+        "listener-jar",
+        help="print the path of the bundled Spark listener jar",
+        description="Print the path of the JVM listener jar shipped with this package, for "
+        'spark-submit --jars "$(checkpoint-sidecar listener-jar)" --conf '
+        "spark.sql.streaming.streamingQueryListeners="
+        "io.checkpointsidecar.SidecarStreamingListener. Exit code 1 when it was not built "
+        "(a source checkout without `make setup`).",
+    )
+    show = sub.add_parser("config", help="print the effective configuration (secrets redacted)")
+    _add_settings(show)
+    lister = sub.add_parser(
+        "list",
+        help="list the namespace's checkpoints, read from the blobs",
+        description="List every query checkpoint of the namespace, read directly from the "
+        "blob store (the daemon need not run).",
+    )
+    lister.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(lister)
+    shower = sub.add_parser(
+        "show",
+        help="show one query's checkpoint, read from its blob",
+        description="Show the saved checkpoint of one query (by name or id), read directly "
+        "from the blob store.",
+    )
+    shower.add_argument("query", metavar="QUERY", help="query name or query id")
+    shower.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(shower)
+    history = sub.add_parser(
+        "history",
+        help="list the checkpoints a query's blob retains, to rewind to one of them",
+        description="List the checkpoints one query's blob retains (by name or id), newest "
+        "first: the current one, then up to SIDECAR_HISTORY_SIZE earlier flushed ones (batch "
+        "id, Spark timestamp, when written, each source's end offset). `starting-offsets "
+        "QUERY --batch N` or `--before TIME` resumes from one of them. Reads the blobs "
+        "directly.",
+    )
+    history.add_argument("query", metavar="QUERY", help="query name or query id")
+    history.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(history)
+    resume = sub.add_parser(
+        "starting-offsets",
+        help="print the Kafka startingOffsets JSON to resume a query from its saved position",
+        description="Print the startingOffsets JSON for a query's Kafka source, built from "
+        "the saved end offsets (the next offsets to read: no gap, no overlap); with --batch "
+        "or --before, those of an earlier checkpoint the blob retains (see `history`). Reads "
+        "the blobs directly.",
+    )
+    resume.add_argument("query", metavar="QUERY", help="query name or query id")
+    when = resume.add_mutually_exclusive_group()
+    when.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="rewind: the retained checkpoint of batch N",
+    )
+    when.add_argument(
+        "--before",
+        default=None,
+        metavar="TIME",
+        help="rewind: the newest retained checkpoint whose Spark timestamp is before TIME "
+        "(ISO 8601, e.g. 2026-11-21T10:00:00Z; no zone means UTC)",
+    )
+    resume.add_argument(
+        "--source",
+        type=int,
+        default=None,
+        help="index of the Kafka source when the query has several",
+    )
+    resume.add_argument(
+        "--partitions",
+        action="append",
+        default=[],
+        metavar="TOPIC=N",
+        help="current partition count of a topic, so partitions absent from "
+        "the checkpoint are named too (repeatable)",
+    )
+    resume.add_argument(
+        "--missing",
+        choices=("earliest", "latest", "error"),
+        default="earliest",
+        help="where absent partitions start (default: earliest)",
+    )
+    _add_settings(resume)
+    doctor = sub.add_parser(
+        "doctor",
+        help="check that Redis, the storage account and Kafka can keep checkpoints",
+        description="Check the setup the daemon would run with, one line per check (ok, warn "
+        "or fail, with what to do). Redis: reachable, writable (not a replica), appendonly, "
+        "maxmemory-policy noeviction (any eviction policy can drop buffered checkpoints: "
+        "fail), maxmemory headroom, version. Storage: the container exists and can be listed; "
+        "a probe blob under the namespace is created, leased, written, read and deleted (a "
+        "SAS without w or d fails here); blob soft delete and versioning as far as the account "
+        "reports them. Kafka (when SIDECAR_KAFKA_BOOTSTRAP_SERVERS is set): brokers reachable, "
+        "the groups of the queries Redis knows describable, READ on them where the broker "
+        "reports authorized operations (nothing is committed). The daemon runs the same "
+        "checks at start. Exit code: 0 all ok, 1 a warning, 2 a failure (or bad settings).",
+    )
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(doctor)
+    adopt = sub.add_parser(
+        "import-spark-checkpoint",
+        help="adopt a running query: write its Spark checkpoint's last committed batch",
+        description="Read a Spark checkpoint directory (the query's checkpointLocation, a "
+        "local copy: metadata, offsets/, commits/) and write its last committed batch — the "
+        "highest batch in commits/, with the end offsets of offsets/<that batch>, where "
+        "Spark's own restart resumes — as the sidecar checkpoint of that query id, named "
+        "NAME. Spark's log names no source: descriptions come from the query's existing "
+        "sidecar checkpoint when it has as many sources, else placeholders (source[i], or "
+        "KafkaV2[topics] for a Kafka-shaped offset). Written as a reset, like `reset`: "
+        "through the daemon on SIDECAR_SOCKET_PATH when one runs (it needs "
+        "SIDECAR_ADMIN_OPS=true), else under a lease of its own (Redis, then the blob; "
+        "refused while another owner holds the lease). Refused unless --force when the blob "
+        "holds a newer batch, or when the query was heard from within SIDECAR_ADMIN_QUIET_S "
+        "(the sidecar already tracks it). Exit code 0 written (or --dry-run), 1 refused, "
+        "2 bad settings (admin ops off on the daemon).",
+    )
+    adopt.add_argument("path", metavar="PATH", help="the Spark checkpoint directory (local)")
+    adopt.add_argument(
+        "--query-name", required=True, metavar="NAME", help="the query's name (queryName)"
+    )
+    adopt.add_argument("--dry-run", action="store_true", help="print what would be written")
+    adopt.add_argument(
+        "--force",
+        action="store_true",
+        help="write even if the blob holds a newer batch or the sidecar heard from the query",
+    )
+    adopt.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(adopt)
+    _add_admin_commands(sub)
+    return parser
+
+
+def _add_admin_commands(sub: Any) -> None:
+    how = (
+        "Through the daemon running on SIDECAR_SOCKET_PATH when there is one (it needs "
+        "SIDECAR_ADMIN_OPS=true; the lease owner performs it), else under a lease this command "
+        "takes on the query's blob and releases (refused while another owner holds it). Refused "
+        "for a query heard from or updated within SIDECAR_ADMIN_QUIET_S (it may still run: "
+        "stop it first) unless --force. Logged at WARNING; exit code 0 done, 1 refused or "
+        "failed (nothing changed unless the message says so), 2 bad usage or admin ops off."
+    )
+    reset = sub.add_parser(
+        "reset",
+        help="set a query's checkpoint to an earlier retained batch or to explicit offsets",
+        description="Make a retained checkpoint (--to-batch N, see `history`) or explicit end "
+        "offsets (--offsets) the query's position: Redis and the blob are set to it, the blob "
+        "records reset_from / reset_at / reset_reason, and later batches must exceed the new "
+        "batch id. Restart the query from it with `starting-offsets` (a new Spark checkpoint "
+        "directory). " + how,
+    )
+    reset.add_argument("query", metavar="QUERY", help="query name or query id")
+    to = reset.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-batch", type=int, metavar="N", help="the retained checkpoint of batch N")
+    to.add_argument(
+        "--offsets",
+        metavar="JSON",
+        help="each source's end offset, a JSON array in the order of the query's sources, e.g. "
+        '\'[{"events":{"0":4200,"1":4100}}]\' (as `history --json` shows end_offsets)',
+    )
+    reset.add_argument(
+        "--batch-id",
+        type=int,
+        metavar="N",
+        help="with --offsets: the batch id to record them as (default: the blob's batch)",
+    )
+    reset.add_argument("--reason", metavar="TEXT", help="why (logged and kept in the blob)")
+    reset.add_argument("--force", action="store_true", help="even if the query may be running")
+    _add_settings(reset)
+    retire = sub.add_parser(
+        "retire",
+        help="stop tracking a query: its Redis keys removed, its blob kept or archived",
+        description="Remove the query's Redis record (its hash, its entries in the pending and "
+        "queries sets, the names pointing at it) and drop it from the daemon's memory, lease "
+        "released. The blob stays, or with --archive moves to <namespace>/archive/ (copied, "
+        "then deleted under the lease). " + how,
+    )
+    retire.add_argument("query", metavar="QUERY", help="query name or query id")
+    retire.add_argument("--archive", action="store_true", help="move the blob to archive/")
+    retire.add_argument("--reason", metavar="TEXT", help="why (logged)")
+    retire.add_argument("--force", action="store_true", help="even if the query may be running")
+    _add_settings(retire)
+
+
+def _config_from(args: argparse.Namespace) -> Config:
+    overrides = {f.name: getattr(args, f.name) for f in Config.settings()}
+    return Config.from_env(os.environ, overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "listener-jar":
+        return _listener_jar()
+    try:
+        config = _config_from(args)
+    except ConfigError as exc:
+        print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=config.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # The Azure SDK logs every HTTP request at INFO; keep the daemon's own lines readable.
+    logging.getLogger("azure").setLevel(
+        max(logging.WARNING, logging.getLevelName(config.log_level))
+    )
+    if args.command == "config":
+        for f in Config.settings():
+            print(f"{f.metadata['env']}={config.redacted(f.name)}")
+        return EXIT_OK
+    commands = _commands()
+    if commands is None:
+        return EXIT_USAGE
+    if args.command == "doctor":
+        code: int = commands.doctor(config, as_json=args.json)
+        return code
+    if args.command == "import-spark-checkpoint":
+        imported: int = commands.import_spark(args, config)
+        return imported
+    if args.command in ("reset", "retire"):
+        done: int = commands.admin(args, config)
+        return done
+    if args.command in ("list", "show", "history", "starting-offsets"):
+        result: int = commands.inspect(args, config)
+        return result
+    if "SIDECAR_NAMESPACE" not in os.environ and args.namespace is None:
+        log.warning(
+            "SIDECAR_NAMESPACE is not set; using %r. Set one per Spark application "
+            "when several share a Redis",
+            config.namespace,
+        )
+    result = commands.run_daemon(config)
+    return result
+
+
+def _listener_jar() -> int:
+    try:
+        print(listener_jar())
+    except BridgeError as exc:
+        print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK

@@ -1,0 +1,168 @@
+"""The daemon's side of ``reset`` and ``retire``: requests from its socket, performed as the
+lease owner, with every component told (floor, flusher, retirement). The steps themselves
+are ``sidecar.ops.admin_steps``, which the CLI runs under a lease of its own when no daemon
+is running, so both paths write the same bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+import msgspec
+
+from sidecar.buffer.redis_buffer import RedisBuffer
+from sidecar.config import Config
+from sidecar.daemon.retirement import Retirement
+from sidecar.errors import AdminRefused, InvalidRequest, NotFound, SidecarError
+from sidecar.flush.floor import BlobFloors
+from sidecar.flush.flusher import Flusher
+from sidecar.flush.lease import LeaseManager
+from sidecar.model.document import Writer
+from sidecar.ops.admin_steps import (
+    AdminResult,
+    archive_stamp,
+    log_done,
+    reset_under_lease,
+    resolve,
+    retire_in_redis,
+    running,
+    target_of,
+)
+from sidecar.store.blobs import BlobStore
+from sidecar.telemetry.metrics import Metrics
+from sidecar.wire.protocol import AdminRequest, Reset, Retire
+
+log = logging.getLogger(__name__)
+
+
+class DaemonAdmin:
+    """The daemon's side: admin ops from its socket, performed under its own leases, with
+    every component told (floor, flusher, retirement). ``app`` wires it into the handler."""
+
+    def __init__(
+        self,
+        config: Config,
+        buffer: RedisBuffer,
+        store: BlobStore,
+        leases: LeaseManager,
+        flusher: Flusher,
+        floors: BlobFloors,
+        retirement: Retirement,
+        metrics: Metrics,
+        writer: Writer,
+    ) -> None:
+        self._config = config
+        self._buffer, self._store, self._leases = buffer, store, leases
+        self._flusher, self._floors, self._retirement = flusher, floors, retirement
+        self._metrics = metrics
+        self._writer = writer
+        #: When each query's last progress arrived (monotonic), oldest first; only those of
+        #: the last quiet time are kept.
+        self._heard: OrderedDict[str, float] = OrderedDict()
+
+    def heard(self, query_id: str) -> None:
+        """A progress of the query arrived (stored or not: an idle query still reports)."""
+        now = time.monotonic()
+        self._heard[query_id] = now
+        self._heard.move_to_end(query_id)
+        while self._heard and next(iter(self._heard.values())) < now - self._config.admin_quiet_s:
+            self._heard.popitem(last=False)
+
+    async def __call__(self, request: AdminRequest) -> dict[str, Any]:
+        op = "reset" if isinstance(request, Reset) else "retire"
+        try:
+            if isinstance(request, Reset):
+                result = await self._reset(request)
+            else:
+                result = await self._retire(request)
+        except SidecarError as exc:
+            refused = isinstance(exc, AdminRefused | NotFound | InvalidRequest)
+            self._metrics.admin_ops.labels(op, "refused" if refused else "error").inc()
+            query = request.query_id or request.name
+            by = request.by or "a client that did not say"
+            log.warning("admin %s of query %s by %s not done: %s", op, query, by, exc)
+            raise
+        self._metrics.admin_ops.labels(op, "ok").inc()
+        log_done(result, request)
+        return msgspec.to_builtins(result)  # type: ignore[no-any-return]
+
+    def _check_heard(self, query_id: str, label: str, force: bool) -> None:
+        at = self._heard.get(query_id)
+        if not force and at is not None and time.monotonic() - at < self._config.admin_quiet_s:
+            since = time.monotonic() - at
+            raise running(label, query_id, since, self._config, "this daemon received a progress")
+
+    async def _held(self, query_id: str, label: str) -> Any:
+        lease = await self._leases.ensure_held(query_id, label)
+        if lease is None:
+            state = self._leases.state(query_id)
+            raise AdminRefused(
+                f"this daemon does not hold the lease on {self._store.blob_name(query_id)} now "
+                f"({state.name if state else 'unknown'}): another owner holds it or the store "
+                "refused (see /readyz and the log); run the command where that owner runs"
+            )
+        return lease
+
+    async def _reset(self, request: Reset) -> AdminResult:
+        query_id, name = await resolve(self._buffer, self._store, request.query_id, request.name)
+        label = name or query_id
+        self._check_heard(query_id, label, request.force)
+        async with self._flusher.locks.exclusive(query_id):
+            lease = await self._held(query_id, label)
+            current = lease.blob_document
+            if lease.blob_batch_id is None:
+                current = await self._store.read(query_id)
+            target = target_of(request, query_id, name, current)
+            doc, dropped = await reset_under_lease(
+                self._buffer,
+                self._store,
+                self._config,
+                request,
+                current,
+                target,
+                lease_id=self._leases.lease_id,
+                writer=self._writer,
+            )
+            lease.record_blob(doc.batch_id, doc)
+            self._floors.reset_to(query_id, doc.batch_id)
+            self._flusher.forget(query_id)  # what it knew durable is the replaced batch's
+        self._metrics.checkpoint_batch_id.labels(label).set(doc.batch_id)
+        return AdminResult(
+            "reset",
+            query_id,
+            doc.name,
+            "daemon",
+            self._store.blob_name(query_id),
+            batch_id=doc.batch_id,
+            reset_from=doc.reset_from,
+            dropped=dropped,
+        )
+
+    async def _retire(self, request: Retire) -> AdminResult:
+        query_id, name = await resolve(self._buffer, self._store, request.query_id, request.name)
+        label = name or query_id
+        self._check_heard(query_id, label, request.force)
+        archived = None
+        async with self._flusher.locks.exclusive(query_id):
+            has_blob = query_id in await self._store.query_ids()
+            if has_blob:
+                await self._held(query_id, label)
+            removed = await retire_in_redis(self._buffer, self._config, request, query_id, label)
+            if has_blob and request.archive:
+                archived = await self._store.archive(
+                    query_id, self._leases.lease_id, archive_stamp()
+                )
+            await self._retirement.drop(query_id, label)
+            self._heard.pop(query_id, None)
+        return AdminResult(
+            "retire",
+            query_id,
+            name,
+            "daemon",
+            self._store.blob_name(query_id),
+            removed=removed,
+            archived_to=archived,
+        )

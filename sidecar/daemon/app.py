@@ -1,0 +1,395 @@
+"""Wiring: one task group runs the daemon's components; stopping follows a fixed order.
+
+Start:  admin endpoint (so /healthz answers at once) → wait for Redis → wait for the blob
+        container → write coalescer → lease renewer → Kafka committer → config checks
+        (``sidecar.ops.doctor``, once, in the background: logged and exported, never fatal) →
+        flusher (its first tick recovers what a previous run left pending) → idle-query
+        retirement → socket server. ``task_status.started()`` fires only when the socket is
+        bound and Redis and the blob store answered.
+Stop:   stop accepting → answer requests already read (drain) → stop the flush and Kafka
+        commit loops, final flush of everything pending → final Kafka commit → release
+        leases → close Redis, the store and Kafka. Each phase has its own deadline within
+        ``shutdown_grace_s`` (``sidecar.daemon.shutdown``: the drain ends by 40 %, the final flush
+        keeps at least 40 %, commit and release 10 % each); the last three are shielded
+        finalizers. A cut phase logs what it left undone (what is unflushed stays in Redis
+        for the next start); one line sums up the stop.
+A crashing component brings the whole daemon down rather than leaving it half alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import anyio
+from anyio.abc import TaskStatus
+from prometheus_client import CollectorRegistry
+
+from sidecar import __version__
+from sidecar.backoff import Backoff
+from sidecar.buffer.redis_buffer import RedisBuffer
+from sidecar.buffer.topology import Topology
+from sidecar.config import Config
+from sidecar.daemon.admin_ops import DaemonAdmin
+from sidecar.daemon.durability import DurabilityWatch
+from sidecar.daemon.http import AdminServer
+from sidecar.daemon.retirement import Retirement
+from sidecar.daemon.shutdown import StopBudget
+from sidecar.errors import SidecarError
+from sidecar.flush.floor import BlobFloors
+from sidecar.flush.flusher import Flusher
+from sidecar.flush.lease import LeaseManager
+from sidecar.ingest.coalescer import WriteCoalescer
+from sidecar.ingest.handler import RequestHandler
+from sidecar.ingest.server import SocketServer
+from sidecar.kafka.committer import KafkaCommitter
+from sidecar.kafka.lag import LagTracker
+from sidecar.model import checkpoint as ckpt
+from sidecar.model.document import Writer
+from sidecar.ops import doctor
+from sidecar.store.blobs import BlobStore
+from sidecar.telemetry.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+RETRY_MAX_S = 10.0
+#: The start-up config checks give up after this long (each call has its own timeout too).
+DOCTOR_TIMEOUT_S = 60.0
+
+
+class Daemon:
+    """The checkpoint sidecar. ``await run()``; call :meth:`request_stop` to stop gracefully."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        registry: CollectorRegistry | None = None,
+        lease_clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``lease_clock``: the monotonic clock of the lease deadlines (tests inject one)."""
+        self.config = config
+        self.instance_id = str(uuid.uuid4())
+        self.writer = Writer(
+            host=socket.gethostname(), pid=os.getpid(), instance_id=self.instance_id
+        )
+        self.metrics = Metrics(registry)
+        self.lag = LagTracker(
+            config.kafka_query_set,
+            per_partition=config.kafka_lag_per_partition,
+            partition_series_max=config.kafka_lag_partition_series_max,
+        )
+        self.metrics.registry.register(self.lag)  # lag is computed when /metrics is collected
+        self.committer = (
+            KafkaCommitter(
+                config,
+                self.metrics,
+                on_committable=self.lag.durable,
+                on_end_offsets=self.lag.end_offsets,
+            )
+            if config.kafka_bootstrap_servers
+            else None
+        )
+        self.buffer = RedisBuffer(
+            config.redis_url,
+            config.namespace,
+            timeout_s=config.redis_timeout_s,
+            topology=Topology.of(config),
+            min_replicas=config.redis_min_replicas,
+        )
+        self.store = BlobStore(config)
+        self.coalescer = WriteCoalescer(self.buffer)
+        self.floors = BlobFloors(self._blob_batch, self.store.query_ids)
+        # The lease id is this process's instance id: a restarted daemon is a new owner.
+        self.leases = LeaseManager(
+            self.store, self.instance_id, config.lease_duration_s, self.metrics, clock=lease_clock
+        )
+        self.retirement = Retirement(config.query_idle_s, release=self.leases.retire)
+        self.flusher = Flusher(
+            config,
+            self.buffer,
+            self.store,
+            self.leases,
+            self.metrics,
+            self.writer,
+            on_durable=self.committer.durable if self.committer else None,
+            floors=self.floors,
+            track=self.retirement.track,
+        )
+        self.durability = DurabilityWatch(
+            self.buffer,
+            self.metrics,
+            token=self.instance_id,
+            require_aof=config.redis_require_aof,
+            blob_batch=self._blob_batch,
+        )
+        # Admin ops (reset, retire), refused by the server unless SIDECAR_ADMIN_OPS is set.
+        self.admin_ops = DaemonAdmin(
+            config,
+            self.buffer,
+            self.store,
+            self.leases,
+            self.flusher,
+            self.floors,
+            self.retirement,
+            self.metrics,
+            self.writer,
+        )
+        self.handler = RequestHandler(
+            self.coalescer,
+            self.buffer,
+            self.metrics,
+            observe=self._applied,
+            wait_durable=self.flusher.acks.wait if config.ack_mode == "blob" else None,
+            blob_ack_timeout_s=config.blob_ack_timeout_s,
+            lookup_blob=self._lookup_blob,
+            floors=self.floors,
+            admin=self.admin_ops,
+            heard=self.admin_ops.heard if config.admin_ops else None,
+        )
+        self.server = SocketServer(config, self.handler, self.metrics)
+        self._wire_retirement()
+        self.admin = AdminServer(
+            config.metrics_host,
+            config.metrics_port,
+            self.metrics,
+            checks=[self._socket_ready, self._redis_ready, self._leases_ready],
+        )
+        self.metrics.buffer_queue.set_function(lambda: self.coalescer.queued)
+        self.buffer.on_replicas = self.metrics.redis_replicas_acked.observe
+        self.metrics.redis_up.set_function(lambda: 1.0 if self.buffer.available else 0.0)
+        self._stop = anyio.Event()
+        self._budget: StopBudget | None = None
+        #: Set once :meth:`run` has returned (stopped, cleanly or not).
+        self.stopped = anyio.Event()
+
+    def _wire_retirement(self) -> None:
+        """Every per-query structure in memory, for idle-query retirement (the lease is
+        released first, by ``Retirement`` itself). A new per-query cache registers here."""
+        r = self.retirement
+        r.busy.append(self.flusher.busy)
+        r.forget += [self.flusher.forget, self.durability.forget, self.floors.forget]
+        if self.committer is not None:
+            r.forget.append(self.committer.forget)
+        r.forget_label += [self.lag.forget, self.metrics.forget_query]
+
+    def request_stop(self) -> None:
+        """Begin a graceful stop (idempotent; safe from a signal-handling task)."""
+        self._stop.set()
+
+    def force_stop(self) -> None:
+        """Cut the graceful stop's phases now, shielded finalizers included (a second
+        signal); the caller then cancels :meth:`run`."""
+        if self._budget is not None:
+            self._budget.force()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        cfg = self.config
+        loop = event_loop_name()
+        self.metrics.build_info.info({"version": __version__, "event_loop": loop})
+        log.info(
+            "checkpoint-sidecar %s starting (instance %s, %s event loop): %r",
+            __version__,
+            self.instance_id,
+            loop,
+            cfg,
+        )
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(self.admin.run)
+                if not (
+                    await self._wait_for("Redis", self.buffer.ping)
+                    and await self._wait_for("the blob store", self.store.ensure_container)
+                ):
+                    tg.cancel_scope.cancel()
+                    return
+                await self.durability.start()  # AOF check (may refuse to start), marker
+                await tg.start(self.durability.run)
+                await tg.start(self.coalescer.run)
+                await tg.start(self.leases.run)
+                if self.committer is not None:
+                    await tg.start(self.committer.run)  # builds the TLS context once
+                tg.start_soon(self._doctor)  # in the background: never delays the start
+                await tg.start(self.flusher.run)
+                await tg.start(self.retirement.run)
+                await tg.start(self.server.run)
+                # Start-up objects (modules, SDK clients) never die: move them out of the
+                # collector's reach so full collections stay short (they caused 20-40 ms
+                # ack-latency spikes in bench/ingest.py).
+                gc.collect()
+                gc.freeze()
+                log.info(
+                    "ready: namespace=%s socket=%s container=%s ack_mode=%s event_loop=%s",
+                    cfg.namespace,
+                    cfg.socket_path,
+                    self.store.where,
+                    cfg.ack_mode,
+                    loop,
+                )
+                task_status.started()
+                await self._stop.wait()
+                self.retirement.stop()  # the final flush and commit own every query now
+                await self._shutdown()
+                tg.cancel_scope.cancel()
+        finally:
+            budget = self._budget or StopBudget(cfg.shutdown_grace_s)
+            with budget.closing():
+                if self.committer is not None:
+                    await self.committer.aclose()
+                await self.buffer.aclose()
+                await self.store.aclose()
+            self.stopped.set()
+            log.info("%s", budget.summary())
+
+    async def _doctor(self) -> None:
+        """``checkpoint-sidecar doctor``'s checks, once: logged and exported, never fatal."""
+        try:
+            with anyio.fail_after(DOCTOR_TIMEOUT_S):
+                checks = await doctor.run_checks(
+                    self.config,
+                    self.buffer,
+                    self.store,
+                    self.committer.client_options if self.committer else None,
+                )
+        except Exception:  # a bug or a hung service must not stop the daemon
+            log.exception("config checks did not complete")
+            return
+        doctor.log_results(checks)
+        for check in checks:
+            self.metrics.config_check.labels(check.name).set(1 if check.status == "ok" else 0)
+
+    def _applied(self, checkpoint: ckpt.Checkpoint) -> None:
+        """An update stored in Redis (ingest path: O(1) each)."""
+        self.lag.observe(checkpoint)
+        self.retirement.seen(checkpoint.query_id, checkpoint.label)
+        self.durability.acked(checkpoint.query_id, checkpoint.label, checkpoint.batch_id)
+
+    async def _blob_batch(self, query_id: str) -> int | None:
+        doc = await self.store.read(query_id)
+        return doc.batch_id if doc is not None else None
+
+    async def _lookup_blob(self, query_id: str | None, name: str | None) -> bytes | None:
+        """A checkpoint from its blob (``get`` when Redis has none), encoded as in Redis."""
+        doc = await self.store.find(query_id, name)
+        return ckpt.encode(doc.checkpoint()) if doc is not None else None
+
+    async def _wait_for(self, what: str, probe: Callable[[], Awaitable[None]]) -> bool:
+        """Retry ``probe`` until it succeeds (True) or a stop is requested first (False)."""
+        backoff = Backoff(0.1, RETRY_MAX_S)
+        while True:
+            try:
+                await probe()
+                return True
+            except SidecarError as exc:
+                if not exc.retriable:
+                    raise
+                delay = backoff.failed()
+                log.warning("waiting for %s (retry in %.1fs): %s", what, delay, exc)
+            with anyio.move_on_after(delay):
+                await self._stop.wait()
+                return False
+
+    async def _shutdown(self) -> None:
+        budget = self._budget = StopBudget(self.config.shutdown_grace_s)
+        log.info(
+            "stopping: no new connections, answering requests already read, then a final "
+            "flush (grace %.1fs: %s)",
+            budget.grace_s,
+            budget.plan(),
+        )
+        with budget.phase("drain") as drain:
+            await self.server.drain()
+        if drain.cancelled_caught:
+            log.warning(
+                "stop: drain cut at its deadline (%.1fs): closing %d connection(s) without all "
+                "their replies (e.g. a client not reading them) and %d queued update(s); "
+                "nothing unanswered was acknowledged, so clients resend it",
+                budget.until("drain"),
+                self.server.active_connections,
+                self.coalescer.queued,
+            )
+        with budget.finalizers():
+            with budget.phase("final flush") as flush:
+                await self.flusher.stop_loop()
+                if self.committer is not None:
+                    # Before the flush wakes it: the final commit alone opens what it needs.
+                    await self.committer.stop_loop()
+                await self.flusher.final_flush()
+            if flush.cancelled_caught:
+                await self._log_unflushed(budget.until("final flush"))
+            if self.committer is not None:
+                with budget.phase("final commit") as commit:
+                    await self.committer.final_commit()
+                if behind := self.committer.behind():
+                    log.warning(
+                        "stop: final Kafka commit %s: group(s) %s not committed at their "
+                        "query's last durable batch (they stay behind until the query's next "
+                        "flush after a restart)",
+                        "cut" if commit.cancelled_caught else "failed",
+                        ", ".join(behind),
+                    )
+            with budget.phase("release") as release:
+                await self.leases.release_all()
+            if release.cancelled_caught:
+                log.warning(
+                    "stop: releasing leases cut at %.1fs; lease(s) of %s left to expire by "
+                    "themselves (a successor waits up to %ds to write those blobs)",
+                    budget.until("release"),
+                    ", ".join(self.leases.held()),
+                    self.config.lease_duration_s,
+                )
+
+    async def _log_unflushed(self, deadline_s: float) -> None:
+        try:
+            with anyio.fail_after(1):
+                snapshot = await self.buffer.snapshot()
+        except (SidecarError, TimeoutError):
+            log.warning(
+                "stop: final flush cut at its deadline (%.1fs); what is left stays in Redis "
+                "and is flushed at the next start",
+                deadline_s,
+            )
+            return
+        left = ", ".join(
+            f"{q.query_id} ({q.pending} updates, batch {q.batch_id})"
+            for q in snapshot.queries
+            if q.pending > 0
+        )
+        log.warning(
+            "stop: final flush cut at its deadline (%.1fs); left unflushed (kept in Redis, "
+            "flushed at the next start): %s",
+            deadline_s,
+            left or "nothing",
+        )
+
+    async def _socket_ready(self) -> str | None:
+        return None if self.server.bound else "socket not bound"
+
+    async def _redis_ready(self) -> str | None:
+        try:
+            with anyio.fail_after(1):
+                await self.buffer.ping()
+        except (SidecarError, TimeoutError) as exc:
+            return f"Redis unreachable: {exc}"
+        return None
+
+    async def _leases_ready(self) -> str | None:
+        lost = self.leases.not_owned()
+        if lost:
+            return (
+                "lease not held (another owner, the store refused, or it lapsed unrenewed) "
+                f"for: {', '.join(lost)}"
+            )
+        return None
+
+
+def event_loop_name() -> str:
+    """``uvloop`` or ``asyncio``: the loop running the daemon (``SIDECAR_EVENT_LOOP``)."""
+    loop = asyncio.get_running_loop()
+    return "uvloop" if type(loop).__module__.split(".")[0] == "uvloop" else "asyncio"

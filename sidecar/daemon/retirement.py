@@ -1,0 +1,185 @@
+"""Retiring idle queries: the daemon's memory follows the queries that are active.
+
+A new Spark checkpoint directory means a new query id, so over weeks a daemon sees thousands
+of them. Each one left state behind: the flusher's maps, a lease renewed forever, lag state,
+a Kafka consumer, the durability watch's last ack and a dozen metric series. This module
+remembers when each query was last seen and retires the ones idle for ``query_idle_s``.
+
+Invariant: **a query is retired only when nothing it holds is unfinished**: no update seen
+for ``query_idle_s`` and no component ``busy`` with it (updates pending in Redis at the last
+flush pass, an acknowledgement waiting on its blob, a quarantined record, a Kafka commit not
+yet made). Retiring drops memory only: its Redis record and its blob stay, and when it sends
+again every component re-creates what it needs (the flusher acquires its lease again at its
+next write, the series come back with their first value).
+
+Order: the lease is released first (so a standby can take it at once), then every ``forget``
+hook runs with the query id, and, once no live query carries its label (a query restarted
+from a new checkpoint directory keeps its name but has a new id), every ``forget_label`` hook
+(metric series, lag state, both kept by label). One INFO line per retired query.
+
+Components never import this module: ``sidecar.daemon.app`` wires ``seen`` (each applied update),
+``track`` (each query a flush pass sees), ``busy`` and the hooks, as callables.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+
+import anyio
+from anyio.abc import TaskStatus
+
+log = logging.getLogger(__name__)
+
+#: How often idle queries are looked for, at most (a query is retired within this long after
+#: its idle time ran out); a quarter of the idle time when that is shorter.
+CHECK_EVERY_MAX_S = 30.0
+
+#: Release a query's lease and forget it; False when it cannot be done now (a renewal is
+#: under way): the query stays and is tried at the next pass.
+Release = Callable[[str], Awaitable[bool]]
+
+
+class Retirement:
+    """Last-seen bookkeeping per query id and the loop that retires idle queries.
+
+    ``busy``: predicates by query id, any true keeps the query; ``forget``: hooks by query id
+    (``sidecar.flush.floor``'s cache registers here too); ``forget_label``: hooks by label, run once
+    no live query carries it. Append to them before :meth:`run` starts.
+    """
+
+    def __init__(
+        self,
+        idle_s: float,
+        *,
+        release: Release | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.idle_s = idle_s
+        self._release = release
+        self._clock = clock
+        #: Query id -> (last seen, label), least recently seen first.
+        self._seen: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        #: Live query ids per label (labels are shared by the ids of one query name).
+        self._labels: dict[str, int] = {}
+        self.busy: list[Callable[[str], bool]] = []
+        self.forget: list[Callable[[str], None]] = []
+        self.forget_label: list[Callable[[str], None]] = []
+        self._loop = anyio.CancelScope()
+        #: Queries retired so far, and completed passes (tests, benchmarks, debugging).
+        self.retired = 0
+        self.passes = 0
+
+    def __len__(self) -> int:
+        """Live queries: seen or tracked, not retired."""
+        return len(self._seen)
+
+    def __contains__(self, query_id: object) -> bool:
+        return query_id in self._seen
+
+    def seen(self, query_id: str, label: str) -> None:
+        """An update of the query was received (called on the ingest path: O(1))."""
+        known = self._seen.get(query_id)
+        self._seen[query_id] = (self._clock(), label)
+        self._seen.move_to_end(query_id)
+        if known is None:
+            self._labels[label] = self._labels.get(label, 0) + 1
+        elif known[1] != label:  # renamed (a restart with the same checkpoint directory)
+            self._labels[label] = self._labels.get(label, 0) + 1
+            self._drop_label(known[1])
+
+    def track(self, query_id: str, label: str) -> None:
+        """The query holds state here without an update seen (e.g. recovered at start, or
+        another daemon's update): track it from now on, but do not refresh it."""
+        if query_id not in self._seen:
+            self.seen(query_id, label)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Retire idle queries, every quarter of the idle time (at most
+        :data:`CHECK_EVERY_MAX_S`), until cancelled or :meth:`stop`."""
+        with self._loop:
+            task_status.started()
+            while True:
+                await anyio.sleep(min(self.idle_s / 4, CHECK_EVERY_MAX_S))
+                await self.retire_idle()
+
+    def stop(self) -> None:
+        """No more retirements (shutdown: the final flush and commit own the queries now)."""
+        self._loop.cancel()
+
+    async def retire_idle(self) -> list[str]:
+        """One pass: retire every idle query nothing is busy with; their labels."""
+        deadline = self._clock() - self.idle_s
+        due = []
+        for query_id, (at, _) in self._seen.items():  # least recently seen first
+            if at > deadline:
+                break
+            if not self._busy(query_id):
+                due.append(query_id)
+        retired = [label for query_id in due if (label := await self._retire(query_id))]
+        self.passes += 1
+        return retired
+
+    async def drop(self, query_id: str, label: str) -> None:
+        """Retire the query now, busy or not (``checkpoint-sidecar retire``: its Redis keys
+        are gone): release its lease, then the ``forget`` and ``forget_label`` hooks, as for an
+        idle query. Its lease is released even when a renewal is under way (retried)."""
+        while self._release is not None and not await self._release(query_id):  # noqa: ASYNC110
+            await anyio.sleep(0.05)  # a renewal in flight: it ends within one store call
+        entry = self._seen.pop(query_id, None)
+        for forget in self.forget:
+            self._call(forget, query_id, label)
+        if entry is not None:
+            self._drop_label(entry[1])
+        log.info("retired query=%s (id %s) by request; lease released", label, query_id)
+
+    def _busy(self, query_id: str) -> bool:
+        return any(busy(query_id) for busy in self.busy)
+
+    async def _retire(self, query_id: str) -> str | None:
+        entry = self._seen.get(query_id)
+        if entry is None:
+            return None
+        if self._release is not None and not await self._release(query_id):
+            return None
+        # The release awaited the store: the query may have come back meanwhile. Then it
+        # stays; its lease is acquired again at its next write.
+        if self._seen.get(query_id) is not entry or self._busy(query_id):
+            log.debug("query=%s active again while being retired; kept", entry[1])
+            return None
+        at, label = self._seen.pop(query_id)
+        for forget in self.forget:
+            self._call(forget, query_id, label)
+        gone = self._drop_label(label)
+        self.retired += 1
+        log.info(
+            "retired query=%s (id %s): idle for %.0fs with nothing pending; lease released%s; "
+            "its Redis record and blob stay",
+            label,
+            query_id,
+            self._clock() - at,
+            ", metric series removed" if gone else "",
+        )
+        return label
+
+    def _drop_label(self, label: str) -> bool:
+        """One live id fewer carries ``label``; True when it was the last (hooks run)."""
+        left = self._labels.get(label, 0) - 1
+        if left > 0:
+            self._labels[label] = left
+            return False
+        self._labels.pop(label, None)
+        for forget in self.forget_label:
+            self._call(forget, label, label)
+        return True
+
+    @staticmethod
+    def _call(hook: Callable[[str], None], key: str, label: str) -> None:
+        # Forgetting is housekeeping: a failing hook (a bug) leaves some memory behind and
+        # says so, rather than stopping the daemon.
+        try:
+            hook(key)
+        except Exception:
+            log.exception("retiring query=%s: a forget hook failed", label)

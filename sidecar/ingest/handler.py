@@ -1,0 +1,248 @@
+"""What each request does: the daemon's request policy, between the socket shell and Redis.
+
+::
+
+    progress ─▶ has a position? ─no──▶ applied:false (never stored)
+                   │ yes
+                   ▼
+               WriteCoalescer ─▶ Redis (one round trip per batch of updates), never older
+                   │ applied / stale       than the blob (sidecar.flush.floor: the first update of
+                   │                       a query Redis does not know reads the blob first)
+                   ├─▶ observe (lag gauges)
+                   └─▶ ack_mode=blob: wait until the blob holds it (≤ blob_ack_timeout_s)
+    get      ─▶ Redis ─▶ the blob instead when it is newer or Redis has nothing
+    ping     ─▶ ok
+    reset, retire (admin) ─▶ the admin callable (sidecar.daemon.admin_ops): the lease owner
+    bad line ─▶ counted, logged, error reply
+
+The server (``sidecar.ingest.server``) calls :meth:`RequestHandler.begin` for every event of one
+read before awaiting any reply, so the updates of a read share a Redis round trip; the
+replies are then awaited and written in request order. In blob ack mode each update's wait
+for its blob starts at once too (a task per update), so the acks of a read, and of later
+reads, join the same blob write instead of waiting for one write each in turn. What lies
+beyond Redis — lag, the flusher's durability, the blob lookup — reaches this module as
+callables wired in ``sidecar.daemon.app``, so the flow of imports stays one way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import msgspec
+
+from sidecar.buffer.redis_buffer import NO_BLOB, Outcome, RedisBuffer
+from sidecar.errors import NotReplicated, SidecarError
+from sidecar.ingest.coalescer import PendingWrite, WriteCoalescer
+from sidecar.model import checkpoint as ckpt
+from sidecar.telemetry.metrics import Metrics
+from sidecar.wire.protocol import (
+    ADMIN_OPS,
+    AdminRequest,
+    BadRequest,
+    ErrorCode,
+    Event,
+    Get,
+    Ping,
+    Progress,
+    RequestId,
+    Reset,
+    Retire,
+    encode_error,
+    encode_ok,
+)
+
+log = logging.getLogger(__name__)
+
+#: The reply of one request: ready now (bytes), already running (a future: blob-mode acks),
+#: or to be awaited in its turn, after every request of the same read was begun.
+Reply = bytes | asyncio.Future[bytes] | Callable[[], Awaitable[bytes]]
+#: True once the query's blob holds this batch or a newer one, False after the timeout (s).
+WaitDurable = Callable[[str, int, float], Awaitable[bool]]
+#: A checkpoint read from the blob store, by query id or by name (encoded), or None.
+LookupBlob = Callable[[str | None, str | None], Awaitable[bytes | None]]
+#: Carry out an admin op (``sidecar.daemon.admin_ops``); what was done, for the reply's ``result``.
+AdminOp = Callable[[AdminRequest], Awaitable[dict[str, object]]]
+
+
+class Floors(Protocol):
+    """Each query's floor, the batch its blob holds (``sidecar.flush``: no update older is
+    stored; ``NO_BLOB``: the query has no blob)."""
+
+    def known(self, query_id: str) -> int | None:
+        """The floor when known, without I/O; None while it was not read."""
+
+    async def load(self, query_id: str) -> int:
+        """The floor, read from the blob unless known (raises the store's errors)."""
+
+
+class RequestHandler:
+    """Turns protocol events into reply bytes. One per daemon, shared by all connections."""
+
+    def __init__(
+        self,
+        coalescer: WriteCoalescer,
+        buffer: RedisBuffer,
+        metrics: Metrics,
+        *,
+        observe: Callable[[ckpt.Checkpoint], None] | None = None,
+        wait_durable: WaitDurable | None = None,
+        blob_ack_timeout_s: float = 30.0,
+        lookup_blob: LookupBlob | None = None,
+        floors: Floors | None = None,
+        admin: AdminOp | None = None,
+        heard: Callable[[str], None] | None = None,
+    ) -> None:
+        """``wait_durable`` given: ``ack_mode=blob`` (acknowledge once in the blob).
+        ``floors`` given: no update older than the query's blob is stored, and ``get``
+        answers with the blob when it is newer than Redis (``sidecar.flush.floor``). ``admin``:
+        performs ``reset`` / ``retire``; ``heard``: told the query id of every progress."""
+        self._coalescer = coalescer
+        self._buffer = buffer
+        self._metrics = metrics
+        self._observe = observe
+        self._wait_durable = wait_durable
+        self._blob_ack_timeout_s = blob_ack_timeout_s
+        self._lookup_blob = lookup_blob
+        self._floors = floors
+        self._admin = admin
+        self._heard = heard
+        # Label children bound once: .labels() costs more than the increment on this path.
+        self._applied = metrics.updates.labels("applied")
+        self._stale = metrics.updates.labels("stale")
+        self._no_offsets = metrics.updates.labels("no_offsets")
+        self._rejected = metrics.updates.labels("rejected")
+
+    async def begin(self, event: Event) -> Reply:
+        """Start handling ``event`` (a progress is submitted to Redis now); return its reply."""
+        started = time.perf_counter()
+        if self._heard is not None and isinstance(event, Progress):
+            self._heard(event.checkpoint.query_id)
+        match event:
+            case Progress(id=rid, checkpoint=c) if not ckpt.has_position(c):
+                return self._no_position(rid, c, started)
+            case Progress(id=rid, checkpoint=c):
+                slot = await self._coalescer.submit(c, self._floor_of(c.query_id))
+                if self._wait_durable is not None:  # blob mode: wait for the blob from now
+                    return asyncio.ensure_future(self._progress(rid, c, slot, started))
+                return lambda: self._progress(rid, c, slot, started)
+            case Get(id=rid, query_id=query_id, name=name):
+                return lambda: self._get(rid, query_id, name)
+            case Ping(id=rid):
+                return encode_ok(rid)
+            case Reset() | Retire():
+                return lambda: self._admin_op(event)
+            case BadRequest():
+                return self._bad(event)
+        raise AssertionError(f"unhandled event {event!r}")
+
+    def _floor_of(self, query_id: str) -> int | None:
+        if self._floors is None:
+            return NO_BLOB  # no floors kept: Redis' batch alone decides
+        return self._floors.known(query_id)
+
+    def _no_position(self, rid: RequestId, c: ckpt.Checkpoint, started: float) -> bytes:
+        # Nothing to resume from (sidecar.model.checkpoint's position rule): not stored, and
+        # acknowledged at once, even in blob ack mode (no blob will ever hold it), so the
+        # client neither resends it nor counts it as failed.
+        self._no_offsets.inc()
+        log.debug("update query=%s batch=%d has no end offsets; not stored", c.label, c.batch_id)
+        self._metrics.ack_seconds.observe(time.perf_counter() - started)
+        return encode_ok(rid, applied=False)
+
+    async def _progress(
+        self, rid: RequestId, c: ckpt.Checkpoint, slot: PendingWrite, started: float
+    ) -> bytes:
+        try:
+            outcome = await slot
+            if outcome is Outcome.NEEDS_FLOOR and self._floors is not None:
+                # Redis does not know the query: read its blob's batch first (once per query).
+                floor = await self._floors.load(c.query_id)
+                outcome = await (await self._coalescer.submit(c, floor))
+            applied = outcome is Outcome.APPLIED
+        except NotReplicated as exc:  # stored on the primary only: not rejected, not acked
+            self._metrics.not_durable.labels("replicas").inc()
+            return self._error(rid, ErrorCode.NOT_DURABLE, str(exc))
+        except SidecarError as exc:
+            self._rejected.inc()
+            return self._error(rid, ErrorCode(exc.code), str(exc))
+        except Exception:
+            log.exception("storing update query=%s batch=%d failed", c.label, c.batch_id)
+            self._rejected.inc()
+            return self._error(rid, ErrorCode.INTERNAL, "internal error; see daemon log")
+        (self._applied if applied else self._stale).inc()
+        if applied and self._observe is not None:
+            self._observe(c)
+        if not applied:
+            log.debug("stale update query=%s batch=%d not applied", c.label, c.batch_id)
+        if self._wait_durable is not None:  # ack_mode=blob: wait until the blob has it
+            # The deadline counts from when the request was read, not from when its turn in
+            # the connection's reply order came: the acks of one read wait concurrently.
+            left = self._blob_ack_timeout_s - (time.perf_counter() - started)
+            if await self._wait_durable(c.query_id, c.batch_id, max(0.0, left)):
+                self._metrics.ack_seconds.observe(time.perf_counter() - started)
+                return encode_ok(rid, applied=applied)
+            self._metrics.not_durable.labels("blob").inc()
+            return self._error(
+                rid,
+                ErrorCode.NOT_DURABLE,
+                f"batch {c.batch_id} of query {c.label} is stored in Redis but not yet in the "
+                f"blob after {self._blob_ack_timeout_s}s (lease not held or store unavailable; "
+                "see /readyz); resending is safe",
+            )
+        self._metrics.ack_seconds.observe(time.perf_counter() - started)
+        return encode_ok(rid, applied=applied)
+
+    async def _get(self, rid: RequestId, query_id: str | None, name: str | None) -> bytes:
+        try:
+            if query_id is None and name is not None:
+                query_id = await self._buffer.query_id_for(name)
+            raw = await self._buffer.get(query_id) if query_id is not None else None
+            if self._lookup_blob is not None:
+                if raw is None:
+                    raw = await self._lookup_blob(query_id, None if query_id else name)
+                elif query_id is not None and await self._blob_is_newer(query_id, raw):
+                    raw = await self._lookup_blob(query_id, None) or raw
+        except SidecarError as exc:
+            return self._error(rid, ErrorCode(exc.code), str(exc))
+        return encode_ok(rid, checkpoint=msgspec.Raw(raw) if raw else None)
+
+    async def _blob_is_newer(self, query_id: str, raw: bytes) -> bool:
+        """Whether the query's blob holds a newer batch than Redis (Redis lost data and was
+        given older updates before the floor was known, or restored from an older file)."""
+        if self._floors is None:
+            return False
+        try:
+            floor = await self._floors.load(query_id)
+        except SidecarError:
+            return False  # the store cannot say now: Redis' answer is the best there is
+        return floor > ckpt.decode(raw, query_id=query_id).batch_id
+
+    async def _admin_op(self, event: AdminRequest) -> bytes:
+        if self._admin is None:
+            return self._error(event.id, ErrorCode.FORBIDDEN, "this daemon has no admin ops")
+        try:
+            return encode_ok(event.id, result=await self._admin(event))
+        except SidecarError as exc:  # counted and logged by the admin op itself
+            return self._error(event.id, ErrorCode(exc.code), str(exc))
+
+    def _error(self, rid: RequestId, code: ErrorCode, message: str) -> bytes:
+        """An error reply, counted by code (``checkpoint_sidecar_bad_requests_total``)."""
+        self._metrics.bad_requests.labels(code.value).inc()
+        return encode_error(rid, code, message)
+
+    def _bad(self, event: BadRequest) -> bytes:
+        if event.op == "progress":
+            self._rejected.inc()
+        elif event.op in ADMIN_OPS:
+            self._metrics.admin_ops.labels(event.op, "refused").inc()
+        log.log(
+            logging.WARNING if event.fatal or event.op in ADMIN_OPS else logging.INFO,
+            "bad request (%s): %s",
+            event.code.value,
+            event.message,
+        )
+        return self._error(event.id, event.code, event.message)

@@ -1,0 +1,384 @@
+"""The socket server: a thin I/O shell around :mod:`sidecar.wire.protocol` and a request handler.
+
+Read bytes, feed the decoder, hand the events to the handler (``sidecar.ingest.handler``, wired in
+``sidecar.daemon.app``), write the replies — the protocol's rules live in the pure module, what a
+request does lives in the handler. Per connection, every event of one read is begun before
+any reply is awaited, so updates pipelined by one client (and those of concurrent clients)
+share a Redis round trip; replies still go out in request order. A connection keeps reading
+while earlier replies are owed (at most ``MAX_OWED_REPLIES``): in blob ack mode the acks of
+later reads join the next blob write instead of waiting for the earlier ones' write to end.
+A ``get`` is answered after every earlier request of its connection, so a client reads its
+own writes.
+
+Admin ops (``reset``, ``retire``) are refused per listener, before the handler sees them:
+on the Unix socket unless ``SIDECAR_ADMIN_OPS``, on TCP unless ``SIDECAR_ADMIN_OPS_TCP`` too
+(any local process can reach a loopback port; the socket file has permissions).
+
+Stopping (``drain``): stop accepting, stop reading, answer what was already read, close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import logging
+import os
+import socket
+import stat
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import anyio
+from anyio.abc import ByteStream, Listener, SocketAttribute, TaskGroup, TaskStatus
+
+from sidecar.config import Config
+from sidecar.errors import SocketInUse
+from sidecar.ingest.connection import Connection
+from sidecar.telemetry.metrics import Metrics
+from sidecar.wire.protocol import ErrorCode, Event, ServerConnection, encode_error
+
+log = logging.getLogger(__name__)
+
+#: Replies one connection may owe (requests read, not yet answered) before it stops reading:
+#: a client pipelining without reading its replies meets backpressure, not a growing queue.
+MAX_OWED_REPLIES = 4096
+#: accept() failures that are a passing shortage (descriptors, memory, an aborted
+#: handshake): logged, and accepting goes on after a pause, as a loaded server must.
+_ACCEPT_RETRY = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED}
+
+ADMIN_OFF = (
+    "reset and retire are admin ops, off on this daemon: set SIDECAR_ADMIN_OPS=true "
+    "(--admin-ops) to allow them on its Unix socket (with no daemon running, the CLI performs "
+    "them itself under the blob's lease)"
+)
+ADMIN_OFF_TCP = (
+    "reset and retire are refused on the TCP listener, which any local process can reach (no "
+    "file permissions guard it): use the Unix socket, or set SIDECAR_ADMIN_OPS_TCP=true"
+)
+
+
+def _lock_socket_path(path: str) -> int:
+    """Take ``<path>.lock`` (an exclusive, non-blocking flock) and return its descriptor.
+
+    The lock is held for the daemon's lifetime and dies with the process (even on kill -9), so
+    of two daemons started at once on one path exactly one gets it: the probe-then-bind below
+    cannot race another starter. The lock file is left in place: deleting it would reopen the
+    race for whoever holds an old descriptor.
+    """
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SocketInUse(
+            f"another process is serving {path} (it holds {path}.lock); stop it first or set "
+            "SIDECAR_SOCKET_PATH to another path (two daemons must not share one socket)"
+        ) from None
+    return fd
+
+
+async def bind_unix_socket(path: str, mode: int) -> tuple[Listener[ByteStream], int]:
+    """Listen on ``path``: replace a stale socket file, never steal a live one.
+
+    Returns the listener and the descriptor of the held ``<path>.lock`` (close it after the
+    listener).
+
+    Raises:
+        SocketInUse: another daemon holds the path, another process answers on it, or
+            ``path`` is not a socket.
+    """
+    file = anyio.Path(path)
+    await file.parent.mkdir(parents=True, exist_ok=True)
+    lock = await anyio.to_thread.run_sync(_lock_socket_path, path)
+    try:
+        try:
+            existing: int | None = (await file.lstat()).st_mode
+        except FileNotFoundError:
+            existing = None
+        if existing is not None:
+            if not stat.S_ISSOCK(existing):
+                raise SocketInUse(
+                    f"{path} exists and is not a socket; refusing to replace it. Remove it or "
+                    "set SIDECAR_SOCKET_PATH to another path"
+                )
+            try:
+                probe = await anyio.connect_unix(path)
+            except OSError:
+                log.info("replacing stale socket file %s (no process listens on it)", path)
+                await file.unlink(missing_ok=True)
+            else:  # a live server that takes no lock (an older version): never steal
+                await probe.aclose()
+                raise SocketInUse(
+                    f"another process is serving {path}; stop it first or set "
+                    "SIDECAR_SOCKET_PATH to another path (two daemons must not share one socket)"
+                )
+        listener: Listener[ByteStream] = await anyio.create_unix_listener(path, mode=mode)
+    except BaseException:
+        os.close(lock)
+        raise
+    return listener, lock
+
+
+async def _remove_if_ours(path: str, inode: int) -> None:
+    """Remove the socket file only if it is still the one we bound (not a successor's)."""
+    file = anyio.Path(path)
+    try:
+        if (await file.stat()).st_ino == inode:
+            await file.unlink()
+    except FileNotFoundError:
+        pass
+
+
+#: What :meth:`Handler.begin` returns (``sidecar.ingest.handler.Reply``): bytes ready now, a future
+#: already running, or a coroutine function awaited in the request's turn.
+Reply = bytes | asyncio.Future[bytes] | Callable[[], Awaitable[bytes]]
+
+
+class Handler(Protocol):
+    """What the server needs of the request handler (``sidecar.ingest.handler.RequestHandler``)."""
+
+    async def begin(self, event: Event) -> Reply: ...
+
+
+class SocketServer:
+    """Accepts connections and answers their requests until :meth:`drain`."""
+
+    def __init__(self, config: Config, handler: Handler, metrics: Metrics) -> None:
+        self._config = config
+        self._handler = handler
+        self._metrics = metrics
+        self._internal = metrics.bad_requests.labels(ErrorCode.INTERNAL.value)
+        self._connections = 0  # connections accepted so far, to name them in logs
+        self._accepting = anyio.CancelScope()
+        self._open: set[Connection] = set()
+        self._stopping = False
+        self._active = 0
+        self._all_closed = anyio.Event()
+        self.bound = False
+        #: The loopback TCP port actually bound, when TCP is enabled.
+        self.tcp_port: int | None = None
+
+    @property
+    def active_connections(self) -> int:
+        return self._active
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        cfg = self._config
+        unix, lock = await bind_unix_socket(cfg.socket_path, cfg.socket_mode)
+        listeners: list[Listener[ByteStream]] = [unix]
+        inode = (await anyio.Path(cfg.socket_path).stat()).st_ino
+        if cfg.tcp_port is not None:
+            try:
+                tcp = await anyio.create_tcp_listener(
+                    local_host=cfg.tcp_host, local_port=cfg.tcp_port
+                )
+            except OSError as exc:
+                with anyio.CancelScope(shield=True):
+                    await unix.aclose()
+                    await _remove_if_ours(cfg.socket_path, inode)
+                os.close(lock)
+                raise SocketInUse(
+                    f"cannot listen on tcp:{cfg.tcp_host}:{cfg.tcp_port} ({exc.strerror}); "
+                    "another process has the port: stop it or set SIDECAR_TCP_PORT to a free one"
+                ) from None
+            self.tcp_port = tcp.extra(SocketAttribute.local_port)
+            listeners.extend(tcp.listeners)
+        log.info(
+            "listening on unix:%s (mode %o)%s",
+            cfg.socket_path,
+            cfg.socket_mode,
+            f" and tcp:{cfg.tcp_host}:{self.tcp_port}" if self.tcp_port else "",
+        )
+        try:
+            async with anyio.create_task_group() as connections:
+                with self._accepting:
+                    self.bound = True
+                    task_status.started()
+                    async with anyio.create_task_group() as accepting:
+                        for listener in listeners:
+                            raw = listener.extra(SocketAttribute.raw_socket)
+                            accepting.start_soon(self._accept, raw, connections)
+                # Accepting stopped: close the listeners now, then the task group waits for
+                # the open connections to be answered.
+                self.bound = False
+                with anyio.CancelScope(shield=True):
+                    for listener in listeners:
+                        await listener.aclose()
+        finally:
+            self.bound = False
+            with anyio.CancelScope(shield=True):
+                for listener in listeners:
+                    await listener.aclose()
+            with anyio.CancelScope(shield=True):
+                await _remove_if_ours(cfg.socket_path, inode)
+            os.close(lock)  # after the socket file is gone: a successor may take the path now
+
+    async def _accept(self, listening: socket.socket, connections: TaskGroup) -> None:
+        """Accept connections on one listening socket, each served in ``connections``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listening)
+            except OSError as exc:
+                if exc.errno not in _ACCEPT_RETRY:
+                    raise
+                log.warning("accepting a connection failed (retrying in 0.1s): %s", exc)
+                await anyio.sleep(0.1)
+                continue
+            connections.start_soon(self._handle, sock)
+
+    async def drain(self) -> None:
+        """Stop accepting and reading; return once every connection has been answered."""
+        self._stopping = True
+        self._accepting.cancel()
+        for conn in list(self._open):
+            conn.stop_reading()
+        if self._active:
+            log.info("waiting for %d connection(s) to receive their replies", self._active)
+            await self._all_closed.wait()
+
+    async def _handle(self, sock: socket.socket) -> None:
+        self._active += 1
+        self._connections += 1
+        self._metrics.connections.inc()
+        failures = _Failures(self._connections)
+        owed: deque[tuple[Event, Reply | None]] = deque()
+        conn: Connection | None = None
+        closed = False
+        try:
+            conn = await Connection.accepted(sock)
+            self._open.add(conn)
+            if self._stopping:
+                conn.stop_reading()
+            turn = _Turns()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._answer, conn, owed, turn, failures)
+                await self._read(conn, owed, turn, failures, self._admin_refusal(sock))
+            conn.close()  # after the replies still queued
+            closed = True
+        except Exception:
+            # No error of one connection may end the daemon. Here the connection's state is
+            # unknown (the failure was outside a request), so it is closed.
+            self._internal.inc()
+            log.exception("connection %d failed outside a request; closing it", failures.number)
+        finally:
+            if conn is None:
+                sock.close()
+            else:
+                self._open.discard(conn)
+                if not closed:
+                    conn.abort()
+            for _, reply in owed:  # cut (the daemon's stop): nobody will await these
+                if isinstance(reply, asyncio.Future) and not reply.cancel():
+                    reply.cancelled() or reply.exception()  # retrieved: not logged at exit
+            self._active -= 1
+            self._metrics.connections.dec()
+            if self._stopping and self._active == 0:
+                self._all_closed.set()
+
+    def _admin_refusal(self, sock: socket.socket) -> str | None:
+        """Why this connection may not send admin ops; None: it may."""
+        cfg = self._config
+        if not cfg.admin_ops:
+            return ADMIN_OFF
+        unix = sock.family == socket.AF_UNIX
+        return None if unix or cfg.admin_ops_tcp else ADMIN_OFF_TCP
+
+    async def _read(
+        self,
+        conn: Connection,
+        owed: deque[tuple[Event, Reply | None]],
+        turn: _Turns,
+        f: _Failures,
+        admin_refusal: str | None,
+    ) -> None:
+        """Read and begin every request (a request that fails to begin, a bug, answers
+        ``internal``) until the input ends or the protocol closes the connection."""
+        decoder = ServerConnection(self._config.max_frame_bytes, admin_refusal)
+        try:
+            while not decoder.closed and (data := await conn.read()):
+                for event in decoder.receive_data(data):
+                    try:
+                        reply: Reply | None = await self._handler.begin(event)
+                    except Exception:
+                        f.log(event)
+                        reply = None
+                    owed.append((event, reply))
+                    turn.more.set()
+                    while len(owed) >= MAX_OWED_REPLIES:
+                        turn.room.clear()
+                        await turn.room.wait()
+        finally:
+            turn.reading = False
+            turn.more.set()
+
+    async def _answer(
+        self, conn: Connection, owed: deque[tuple[Event, Reply | None]], turn: _Turns, f: _Failures
+    ) -> None:
+        """Answer the requests in order; replies that are ready together leave together.
+        When the client has left, the replies are still awaited (what it sent is stored
+        regardless), not written."""
+        while owed or turn.reading:
+            if not owed:
+                turn.more.clear()
+                await turn.more.wait()
+                continue
+            event, reply = owed[0]
+            try:
+                if isinstance(reply, bytes):
+                    out = reply
+                elif isinstance(reply, asyncio.Future):
+                    out = await reply
+                elif reply is not None:
+                    out = await reply()
+                else:
+                    raise _BeginFailed
+            except Exception as exc:
+                if not isinstance(exc, _BeginFailed):
+                    f.log(event)
+                self._internal.inc()
+                out = encode_error(event.id, ErrorCode.INTERNAL, _INTERNAL)
+            owed.popleft()
+            if len(owed) < MAX_OWED_REPLIES:
+                turn.room.set()
+            conn.write(out)
+            if conn.full:
+                await conn.drain()
+
+
+_INTERNAL = "internal error; see the daemon log"
+
+
+class _BeginFailed(Exception):
+    """The request failed to begin (already logged): it answers ``internal``."""
+
+
+class _Turns:
+    """What the reading and the answering task of one connection tell each other."""
+
+    __slots__ = ("more", "reading", "room")
+
+    def __init__(self) -> None:
+        self.more = asyncio.Event()  # a request was read (or the reading ended)
+        self.room = asyncio.Event()  # fewer than MAX_OWED_REPLIES are owed
+        self.reading = True
+
+
+class _Failures:
+    """Unexpected errors of one connection: the first is logged with its traceback."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.count = 0
+
+    def log(self, event: Event) -> None:
+        self.count += 1
+        if self.count == 1:
+            log.exception(
+                "connection %d: request id=%r failed unexpectedly; answered `internal` "
+                "(further failures on this connection are counted, not logged)",
+                self.number,
+                event.id,
+            )

@@ -1,0 +1,9 @@
+"""Kafka: Spark's durable position as consumer-group commits, and lag.
+
+Owns: the client edge (``client``: consumer options, aiokafka's errors as ours; with
+``committer`` the only importers of ``aiokafka``), the committer (``committer``: commits
+after durable writes) and lag computed at scrape time (``lag``).
+
+May import: ``sidecar.model``, ``sidecar.telemetry``, ``sidecar.config``, ``sidecar.errors``,
+``sidecar.backoff``.
+"""

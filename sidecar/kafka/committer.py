@@ -1,0 +1,337 @@
+"""Commit Spark's durable Kafka offsets to consumer groups, so Kafka tools see Spark jobs.
+
+Spark never commits its Kafka offsets to a consumer group, so lag exporters, Burrow and
+``kafka-consumer-groups`` are blind to Spark jobs. This daemon already holds every Kafka
+source's offsets; after each successful blob write it commits them.
+
+Invariants:
+- only offsets that are **durable in the blob** are committed (the flusher calls
+  :meth:`KafkaCommitter.durable` after a write, never before);
+- a partition's committed offset **never goes backwards**: a commit that would lower it
+  (e.g. after a query reset under the same name) is skipped for that partition and counted;
+- groups stay alive: the current offsets are re-committed every
+  ``kafka_recommit_interval_s`` when idle, so offset retention does not expire them and lag
+  tools do not report the consumer as stopped.
+
+Commits are made without joining the group (manual assignment, generation -1), so nothing
+rebalances and no Spark executor is disturbed. Commit metadata carries query id, run id and
+batch id. A broker outage never blocks flushing: commits are retried with backoff.
+
+Kafka is optional and must never stop the core: aiokafka's errors arrive translated by
+``sidecar.kafka.client`` (the client edge): :class:`KafkaUnavailable` is retried from 0.5 s
+doubling to 30 s; :class:`KafkaRefused` (authentication, ACLs, an invalid group, an unusable
+TLS setup) waits the 30 s cap, logged as an error. Anything else raised by a group's commit
+or by the end-offset poll (a bug here or in the client) is contained too: logged once with
+its traceback, counted as an error, retried with the backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
+from anyio.abc import TaskStatus
+
+from sidecar.backoff import Backoff
+from sidecar.config import Config
+from sidecar.errors import KafkaRefused, SidecarError
+from sidecar.kafka import client
+from sidecar.model.checkpoint import Checkpoint
+from sidecar.model.offsets import Offsets, commit_metadata, group_name, kafka_offsets
+from sidecar.telemetry.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+TICK_S = 1.0
+RETRY_CAP_S = 30.0
+#: Backoff key of the end-offset poll (group names are the other keys).
+_END_OFFSETS = object()
+
+
+@dataclass
+class _Group:
+    """One query's consumer group and what we know of its commits."""
+
+    name: str
+    checkpoint: Checkpoint
+    offsets: Offsets
+    dirty: bool = True
+    committed: Offsets = field(default_factory=dict)  # as far as we know (broker's view)
+    #: Partitions whose committed offset was read from the broker since (re)connecting.
+    fetched: set[tuple[str, int]] = field(default_factory=set)
+    last_commit: float = 0.0
+    consumer: Any = None
+
+
+class KafkaCommitter:
+    """Owns one aiokafka consumer per group (created lazily) and the commit loop."""
+
+    def __init__(
+        self,
+        config: Config,
+        metrics: Metrics,
+        *,
+        on_committable: Callable[[str, Offsets], None] | None = None,
+        on_end_offsets: Callable[[Offsets], None] | None = None,
+    ) -> None:
+        """``on_committable(label, offsets)``: a query's durable Kafka offsets, as they become
+        known; ``on_end_offsets(ends)``: the brokers' end offsets of committed partitions
+        (both feed the lag gauges; wired in ``sidecar.daemon.app``)."""
+        self._config = config
+        self._metrics = metrics
+        self._on_committable = on_committable
+        self._on_end_offsets = on_end_offsets
+        self._backoff = Backoff(0.5, RETRY_CAP_S)
+        # By group name: a query restarted under the same name (new id) shares its group, so
+        # only the newest checkpoint is committed and the backwards check covers both.
+        self._groups: dict[str, _Group] = {}
+        self._wake = anyio.Event()
+        self._extra = config.kafka_query_set
+        self._where = config.kafka_bootstrap_servers or ""
+        #: Built once (files are read in a worker thread); None until then, or without TLS.
+        self._ssl_context: ssl.SSLContext | None = None
+        #: By backoff key: the unexpected error of the current failure streak, whose
+        #: traceback was logged (once per streak, not at every retry).
+        self._unexpected: dict[object, type[BaseException]] = {}
+        #: Retired queries whose groups the loop drops, closing their consumers.
+        self._retiring: set[str] = set()
+        self._loop = anyio.CancelScope()
+        self._loop_done = anyio.Event()
+
+    def durable(self, checkpoint: Checkpoint) -> None:
+        """A checkpoint is now in the blob: commit its Kafka offsets (non-blocking)."""
+        offsets = kafka_offsets(checkpoint, self._extra)
+        if not offsets:
+            return
+        name = group_name(self._config.kafka_group_template, checkpoint, self._config.namespace)
+        group = self._groups.get(name)
+        if group is None:
+            self._groups[name] = _Group(name, checkpoint, offsets)
+        else:
+            group.checkpoint, group.offsets, group.dirty = checkpoint, offsets, True
+        self._retiring.discard(checkpoint.query_id)  # active again
+        if self._on_committable is not None:
+            self._on_committable(checkpoint.label, offsets)
+        self._wake.set()
+
+    def forget(self, query_id: str) -> None:
+        """A retired query: the loop drops its groups between passes (never under a commit
+        in flight) once what is durable is committed, unless another id has used them since."""
+        self._retiring.add(query_id)
+        self._wake.set()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Commit what is durable, every tick or when woken, until cancelled. Never raises
+        for Kafka's sake: every failure is logged, counted and retried."""
+        if self._tls:
+            try:
+                await self._build_ssl_context()
+            except KafkaRefused as exc:
+                self._metrics.kafka_up.set(0)
+                log.error("%s; commits wait until it can be built (retried at each attempt)", exc)
+        task_status.started()
+        try:
+            with self._loop:
+                while True:
+                    with anyio.move_on_after(TICK_S):
+                        await self._wake.wait()
+                    self._wake = anyio.Event()
+                    await self._retire()
+                    await self._commit_due()
+                    await self._poll_end_offsets()
+        finally:
+            self._loop_done.set()
+            if not self._loop.cancel_called:
+                # Cancelled with the daemon rather than stopped for the final commit (whose
+                # caller closes the clients after it): close them here, briefly.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                    await self.aclose()
+
+    async def stop_loop(self) -> None:
+        """Stop the commit loop and wait for it (a commit in progress is cancelled), so the
+        final commit never races it for a group's consumer. The consumers stay open."""
+        self._loop.cancel()
+        await self._loop_done.wait()
+
+    async def final_commit(self) -> None:
+        """Commit every group's durable offsets not yet committed, all groups at once
+        (shutdown, after :meth:`stop_loop`). A failure is logged; :meth:`behind` names it."""
+        async with anyio.create_task_group() as tg:
+            for group in self._groups.values():
+                if group.dirty:
+                    tg.start_soon(self._commit, group)
+
+    def behind(self) -> list[str]:
+        """The groups whose committed offsets are not their query's last durable batch."""
+        return [group.name for group in self._groups.values() if group.dirty]
+
+    async def aclose(self) -> None:
+        """Close every group's consumer (idempotent)."""
+        async with anyio.create_task_group() as tg:
+            for group in self._groups.values():
+                tg.start_soon(self._drop_consumer, group)
+
+    async def _retire(self) -> None:
+        if not self._retiring:
+            return
+        for name, group in list(self._groups.items()):
+            if group.checkpoint.query_id in self._retiring and not group.dirty:
+                del self._groups[name]
+                self._backoff.forget(name)
+                self._unexpected.pop(name, None)
+                await self._drop_consumer(group)
+        self._retiring = {g.checkpoint.query_id for g in self._groups.values()} & self._retiring
+
+    async def _commit_due(self) -> None:
+        now = time.monotonic()
+        interval = self._config.kafka_recommit_interval_s
+        async with anyio.create_task_group() as tg:
+            for group in self._groups.values():
+                due = group.dirty or now - group.last_commit >= interval
+                if due and self._backoff.ready(group.name):
+                    tg.start_soon(self._commit, group)
+
+    async def _commit(self, group: _Group) -> None:
+        m = self._metrics
+        label = group.checkpoint.label
+        try:
+            async with self._call(f"commit of group {group.name}"):
+                consumer = await self._consumer(group)
+                tps = {key: TopicPartition(*key) for key in group.offsets}
+                if consumer.assignment() != set(tps.values()):
+                    # Manual assignment: commit as a "simple" consumer, never join the group
+                    # (it never polls, so nothing is fetched).
+                    consumer.assign(list(tps.values()))
+                for key, tp in tps.items():
+                    if key in group.fetched:
+                        continue
+                    offset = await consumer.committed(tp)  # e.g. a partition seen first now
+                    if offset is not None:
+                        group.committed[key] = max(offset, group.committed.get(key, -1))
+                    group.fetched.add(key)
+                metadata = commit_metadata(group.checkpoint)
+                commit, lowered = {}, []
+                for key, offset in group.offsets.items():
+                    if offset < group.committed.get(key, -1):
+                        lowered.append(f"{key[0]}-{key[1]}: {group.committed[key]} -> {offset}")
+                    else:
+                        commit[tps[key]] = OffsetAndMetadata(offset, metadata)
+                if lowered:
+                    m.kafka_commits.labels("regressed").inc()
+                    m.kafka_partitions_skipped.inc(len(lowered))
+                    log.warning(
+                        "kafka group=%s query=%s batch=%d: not committing %d partition(s) "
+                        "backwards (query reset?): %s",
+                        group.name,
+                        label,
+                        group.checkpoint.batch_id,
+                        len(lowered),
+                        ", ".join(lowered[:5]),
+                    )
+                if commit:
+                    await consumer.commit(commit)
+        except Exception as exc:  # translated, or a bug here or in the client: never fatal
+            group.fetched.clear()  # re-read the broker's view after reconnecting
+            m.kafka_commits.labels("error").inc()
+            m.kafka_up.set(0)
+            self._failed(group.name, f"kafka group={group.name} query={label} commit", exc)
+            await self._drop_consumer(group)
+            return
+        self._unexpected.pop(group.name, None)
+        for tp, oam in commit.items():
+            group.committed[(tp.topic, tp.partition)] = oam.offset
+        group.dirty = False
+        self._backoff.succeeded(group.name)
+        group.last_commit = time.monotonic()
+        m.kafka_up.set(1)
+        if commit:
+            m.kafka_commits.labels("ok").inc()
+            log.debug(
+                "kafka group=%s query=%s batch=%d: committed %d partition(s)",
+                group.name,
+                label,
+                group.checkpoint.batch_id,
+                len(commit),
+            )
+
+    def _failed(self, key: object, what: str, exc: Exception) -> None:
+        """Back ``key`` off after ``exc`` and log it: ours at WARNING (retriable) or ERROR
+        (waits the cap); an unexpected one at ERROR, its traceback once per failure streak."""
+        retriable = exc.retriable if isinstance(exc, SidecarError) else True
+        delay = self._backoff.failed(key, give_up_ramp=not retriable)
+        retry = f"retry {self._backoff.failures(key)} in {delay:.1f}s"
+        if isinstance(exc, SidecarError):
+            level = logging.WARNING if retriable else logging.ERROR
+            log.log(level, "%s failed (%s): %s", what, retry, exc)
+            return
+        first = self._unexpected.get(key) is not type(exc)
+        self._unexpected[key] = type(exc)
+        again = "" if first else " (again; the traceback was logged at its first occurrence)"
+        log.error(
+            "%s failed unexpectedly (%s): %r%s",
+            what,
+            retry,
+            exc,
+            again,
+            exc_info=exc if first else None,
+        )
+
+    def _call(self, what: str) -> AbstractAsyncContextManager[None]:
+        return client.call(what, self._config.kafka_timeout_s, self._where)
+
+    async def _consumer(self, group: _Group) -> Any:
+        if group.consumer is None:
+            if self._tls and self._ssl_context is None:
+                await self._build_ssl_context()  # it failed at start: the files may be fixed
+            group.consumer = await client.open_consumer(
+                group.name, client.options(self._config, self._ssl_context)
+            )
+        return group.consumer
+
+    async def _drop_consumer(self, group: _Group) -> None:
+        consumer, group.consumer = group.consumer, None
+        if consumer is not None:
+            await client.stop_quietly(consumer)
+
+    def client_options(self) -> dict[str, Any] | None:
+        """The client options of the commits (their TLS context, built once at start), for
+        other read-only clients (``sidecar.ops.doctor``); None when that context failed."""
+        if self._tls and self._ssl_context is None:
+            return None
+        return client.options(self._config, self._ssl_context)
+
+    @property
+    def _tls(self) -> bool:
+        return self._config.kafka_security_protocol.endswith("SSL")
+
+    async def _build_ssl_context(self) -> None:
+        self._ssl_context = await client.ssl_context(self._config)
+
+    async def _poll_end_offsets(self) -> None:
+        """Read the brokers' end offsets of every committed partition, for lag metrics."""
+        groups = [g for g in self._groups.values() if g.consumer is not None]
+        if not groups or not self._backoff.ready(_END_OFFSETS):
+            return
+        consumer = groups[0].consumer
+        keys = {key for g in groups for key in g.offsets}
+        try:
+            async with self._call("end offsets"):
+                ends = await consumer.end_offsets([TopicPartition(*k) for k in keys])
+        except SidecarError as exc:
+            # Commits report the brokers' state (kafka_up); lag just waits for the next poll.
+            log.debug("kafka end offsets unavailable: %s", exc)
+            return
+        except Exception as exc:  # a bug here or in the client: contained, never fatal
+            self._failed(_END_OFFSETS, "kafka end offsets", exc)
+            return
+        self._backoff.succeeded(_END_OFFSETS)
+        self._unexpected.pop(_END_OFFSETS, None)
+        if self._on_end_offsets is not None:
+            self._on_end_offsets({(tp.topic, tp.partition): off for tp, off in ends.items()})

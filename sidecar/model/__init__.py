@@ -1,0 +1,9 @@
+"""The records the sidecar keeps, as values: pure, no I/O, no event loop, no SDK.
+
+Owns: the checkpoint record built from Spark's progress (``checkpoint``), the blob document
+with its history and reset record (``document``), source offset shapes and what is derived
+from them (``offsets``), JSON kept as the client's text (``rawjson``), and Spark's own
+checkpoint directory format (``spark_dir``).
+
+May import: ``sidecar.errors`` and ``msgspec``; nothing else of the sidecar.
+"""

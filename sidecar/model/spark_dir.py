@@ -1,0 +1,240 @@
+"""Spark's own checkpoint directory, read: the last committed batch and its end offsets. Pure.
+
+``checkpoint-sidecar import-spark-checkpoint`` lets a query that already runs adopt the
+sidecar without replaying. Spark keeps, in the checkpoint directory it is given:
+
+```
+metadata            {"id":"<query id>"}              the query id, kept across restarts
+offsets/<N>         v1                                the write-ahead log: batch N's planned
+                    {"batchWatermarkMs":…,            end offsets, written before it runs
+                     "batchTimestampMs":…,"conf":{…}}
+                    <source 0's offset JSON, or ->    one line per source, in the query's
+                    <source 1's …>                    source order; "-": no offset yet
+commits/<N>         v1                                written once batch N's output is
+                    {"nextBatchWatermarkMs":…}        committed
+```
+
+(plus ``.<N>.crc`` checksums and ``.<N>.<uuid>.tmp`` files being renamed into place, which
+Spark itself ignores: only names that are batch ids count, as here.) On restart, Spark takes
+the highest batch C in ``commits/``; the next batch it runs starts from ``offsets/C``'s
+lines — if ``offsets/C+1`` exists it was planned but not committed and is run again from
+that same start. So the position to import is batch C with end offsets ``offsets/C``
+(:func:`last_committed`, :func:`parse_offsets`): resuming from it, as Spark would, neither
+skips nor repeats a committed batch.
+
+Spark's offsets log names no source, so :func:`describe` names them: the descriptions of the
+query's existing sidecar checkpoint when it has as many sources, else ``source[i]`` — or, for
+an offset shaped like the Kafka source's (``{"topic": {"0": 42}}``), ``KafkaV2[<topics>]``,
+so the Kafka committer and the lag gauges (which look for a ``Kafka…`` description) treat it
+as Kafka, and ``starting-offsets --source i`` (which looks at the shape) works as for any
+Kafka source. The next checkpoint the listener sends replaces them with Spark's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from sidecar.errors import SidecarError
+from sidecar.model.checkpoint import NULL, Checkpoint, Id, SourceOffsets, raw_offset
+from sidecar.model.offsets import is_kafka_offsets
+
+#: Offsets log versions read here. Spark 2.x to 4.x write v1; Spark 4.1+ writes v2 (named
+#: sources, ``name:offset`` lines) only when source evolution is enabled.
+OFFSETS_LOG_VERSIONS = (1,)
+#: Spark's line for a source that has no offset in that batch.
+VOID_OFFSET = "-"
+#: The ``run_id`` of an imported checkpoint: Spark's log keeps no run id (a run's, not the
+#: query's), and this says where the record came from.
+IMPORTED_RUN_ID = "spark-checkpoint-import"
+#: Appended to the names of sources described from the offsets log alone.
+PLACEHOLDER_NOTE = "(from Spark's offsets log)"
+
+
+class SparkCheckpointError(SidecarError):
+    """The directory is not a readable Spark checkpoint; the message says what to do."""
+
+
+class SparkBatch(msgspec.Struct, frozen=True):
+    """The last committed batch of a Spark checkpoint directory."""
+
+    query_id: str
+    batch_id: int
+    #: Spark's ``batchTimestampMs`` of that batch as ISO text (UTC), like a progress's
+    #: ``timestamp``; empty when the log has none.
+    timestamp: str
+    #: Each source's end offset (the JSON value of its line; None for "-"), in source order.
+    end_offsets: tuple[Any, ...]
+    #: Batches planned in ``offsets/`` after it but not committed (Spark runs them again).
+    uncommitted: tuple[int, ...] = ()
+
+
+class _QueryMetadata(msgspec.Struct):
+    id: Id
+
+
+class _OffsetsMetadata(msgspec.Struct, rename="camel"):
+    batch_timestamp_ms: int | None = None
+
+
+def batch_ids(names: Iterable[str]) -> list[int]:
+    """The batch ids among a log directory's file names, ascending: names made of digits only
+    (``.3.crc``, ``.3.<uuid>.tmp``, ``3.compact`` and anything else are not batches)."""
+    return sorted(int(n) for n in names if n.isascii() and n.isdigit())
+
+
+def last_committed(commit_names: Iterable[str], offset_names: Iterable[str], where: str) -> int:
+    """The highest batch id in ``commits/`` (whose ``offsets/`` file must exist).
+
+    Raises:
+        SparkCheckpointError: no committed batch, or its offsets file is missing.
+    """
+    committed = batch_ids(commit_names)
+    if not committed:
+        raise SparkCheckpointError(
+            f"{where}: no committed batch in commits/ (the query never finished a batch): "
+            "nothing to import; start the query once, or start it with the sidecar from the "
+            "beginning"
+        )
+    last = committed[-1]
+    if last not in set(batch_ids(offset_names)):
+        raise SparkCheckpointError(
+            f"{where}: batch {last} is committed but offsets/{last} is missing: the checkpoint "
+            "is damaged (Spark could not restart from it either); restore it from a backup"
+        )
+    return last
+
+
+def parse_query_metadata(data: bytes, where: str) -> str:
+    """The query id of the checkpoint's ``metadata`` file (``{"id":"<uuid>"}``).
+
+    Raises:
+        SparkCheckpointError: not such a file.
+    """
+    try:
+        return msgspec.json.decode(data.strip(), type=_QueryMetadata).id
+    except msgspec.DecodeError as exc:
+        raise SparkCheckpointError(
+            f'{where}/metadata is not Spark\'s query metadata ({{"id":"<query id>"}}): {exc}; '
+            "is PATH the query's checkpointLocation?"
+        ) from exc
+
+
+def _version(header: str, path: str) -> int:
+    text = header.strip()
+    if not (text.startswith("v") and text[1:].isdigit()):
+        raise SparkCheckpointError(
+            f"{path}: the first line is {text[:40]!r}, not a log version such as 'v1': the "
+            "file is damaged or is not Spark's"
+        )
+    return int(text[1:])
+
+
+def parse_commit(data: bytes, path: str) -> None:
+    """Check a ``commits/<N>`` file: a version line (``v1``; any version: only the file's
+    existence matters), then its metadata.
+
+    Raises:
+        SparkCheckpointError: an empty or damaged file.
+    """
+    lines = data.decode(errors="replace").splitlines()
+    if not lines:
+        raise SparkCheckpointError(f"{path} is empty: the checkpoint is damaged")
+    _version(lines[0], path)
+
+
+def parse_offsets(data: bytes, path: str) -> tuple[str, tuple[Any, ...]]:
+    """Spark's timestamp of the batch (ISO, UTC; empty if absent) and each source's offset
+    (the JSON value of its line; None for "-") from an ``offsets/<N>`` file.
+
+    Raises:
+        SparkCheckpointError: a version other than :data:`OFFSETS_LOG_VERSIONS`, no metadata
+            line, no source line, or a line that is not JSON (its number is named).
+    """
+    try:
+        lines = data.decode().split("\n")
+    except UnicodeDecodeError as exc:
+        raise SparkCheckpointError(f"{path} is not UTF-8 text: {exc}") from exc
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise SparkCheckpointError(f"{path} is empty: the checkpoint is damaged")
+    version = _version(lines[0], path)
+    if version not in OFFSETS_LOG_VERSIONS:
+        raise SparkCheckpointError(
+            f"{path} is an offsets log v{version}; this checkpoint-sidecar reads "
+            f"{', '.join(f'v{v}' for v in OFFSETS_LOG_VERSIONS)} (Spark writes v2 when "
+            "source evolution is enabled): start the query with the sidecar's listener "
+            "instead; its next batch is stored as usual"
+        )
+    if len(lines) < 3:
+        raise SparkCheckpointError(
+            f"{path} has {len(lines)} line(s): expected the version, the batch metadata and "
+            "one line per source; the checkpoint is damaged"
+        )
+    try:
+        # Spark 2.1 wrote an empty line when the batch had no metadata.
+        meta = msgspec.json.decode(lines[1] or "{}", type=_OffsetsMetadata)
+    except msgspec.DecodeError as exc:
+        raise SparkCheckpointError(f"{path} line 2 is not the batch metadata: {exc}") from exc
+    offsets: list[Any] = []
+    for number, line in enumerate(lines[2:], start=3):
+        if line.strip() == VOID_OFFSET:
+            offsets.append(None)
+            continue
+        try:
+            offsets.append(msgspec.json.decode(line))
+        except msgspec.DecodeError as exc:
+            shown = line if len(line) <= 60 else line[:60] + "…"
+            raise SparkCheckpointError(
+                f"{path} line {number} ({shown!r}) is not a source offset (JSON or '-'): "
+                f"{exc}; the checkpoint is damaged"
+            ) from exc
+    timestamp = ""
+    if meta.batch_timestamp_ms is not None:
+        when = datetime.fromtimestamp(meta.batch_timestamp_ms / 1000, UTC)
+        timestamp = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return timestamp, tuple(offsets)
+
+
+def describe(end_offsets: Sequence[Any], known: Sequence[str] | None) -> list[str]:
+    """Each source's description: ``known`` (the query's existing descriptions) when it has
+    one per source; else ``KafkaV2[<topics>]`` for a Kafka-shaped offset, ``source[i]`` for
+    any other, each followed by :data:`PLACEHOLDER_NOTE`."""
+    if known is not None and len(known) == len(end_offsets):
+        return list(known)
+    out = []
+    for i, offset in enumerate(end_offsets):
+        kafka = is_kafka_offsets(offset)
+        name = f"KafkaV2[{','.join(sorted(offset))}]" if kafka else f"source[{i}]"
+        out.append(f"{name} {PLACEHOLDER_NOTE}")
+    return out
+
+
+def to_checkpoint(batch: SparkBatch, name: str, descriptions: Sequence[str]) -> Checkpoint:
+    """The sidecar checkpoint of ``batch`` for the query named ``name``.
+
+    Raises:
+        SparkCheckpointError: no source has an offset (nothing says where to resume).
+    """
+    if all(o is None for o in batch.end_offsets):
+        raise SparkCheckpointError(
+            f"batch {batch.batch_id} has no offset for any source: nothing says where to "
+            "resume; let the query finish a batch that reads something, then import"
+        )
+    return Checkpoint(
+        query_id=batch.query_id,
+        run_id=IMPORTED_RUN_ID,
+        name=name,
+        batch_id=batch.batch_id,
+        timestamp=batch.timestamp,
+        sources=[
+            SourceOffsets(
+                description=d, start_offset=NULL, end_offset=raw_offset(o), latest_offset=NULL
+            )
+            for d, o in zip(descriptions, batch.end_offsets, strict=True)
+        ],
+    )

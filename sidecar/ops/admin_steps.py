@@ -1,0 +1,244 @@
+"""The steps of the admin ops ``reset`` and ``retire``, shared by the daemon and the CLI. See
+docs/operator-ops.md.
+
+Invariant: **an admin op writes or moves a blob only under that blob's lease**: the daemon's
+own (:class:`DaemonAdmin`, for requests on its socket), or, with no daemon running, one the
+CLI takes for the op and releases (``sidecar.ops.admin_tool``). The steps in between are the same
+functions here, so both paths write the same bytes.
+
+Reset, in this order (each step refuses before anything changed, until the Redis write)::
+
+    resolve the query ─▶ quiet? (no progress heard, no update applied within
+    SIDECAR_ADMIN_QUIET_S, unless forced) ─▶ its lease ─▶ the document the blob holds
+    ─▶ the target (a retained batch, or explicit offsets) ─▶ Redis: the record becomes the
+    target, as flushed (atomic with the quiet check; pending updates are dropped)
+    ─▶ blob: the reset document (reset_from / reset_at / reset_reason) ─▶ floor = target
+
+Redis is written first: if the blob write then fails, the blob still holds the replaced batch
+(the floor is not lowered, and the flusher has nothing pending to write) and the op reports the
+failure; run it again. Retire: resolve ─▶ quiet ─▶ lease (when there is a blob) ─▶ Redis keys
+removed ─▶ blob kept, or archived (copied to ``<namespace>/archive/``, then deleted under the
+lease) ─▶ dropped from every component's memory, lease released.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+import msgspec
+
+from sidecar.buffer.redis_buffer import RedisBuffer
+from sidecar.config import Config
+from sidecar.errors import AdminRefused, CorruptRecord, InvalidRequest, NotFound
+from sidecar.model import checkpoint as ckpt
+from sidecar.model.checkpoint import Checkpoint, SourceOffsets
+from sidecar.model.document import CheckpointDocument, Writer, encode_document, reset_document
+from sidecar.store.blobs import BlobStore, newest_named
+from sidecar.wire.protocol import AdminRequest, Reset, Retire
+
+log = logging.getLogger(__name__)
+
+
+class AdminResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What an admin op did (the reply's ``result``; the CLI prints :meth:`summary`)."""
+
+    op: str
+    query_id: str
+    name: str | None
+    #: "daemon" (performed by the running daemon) or "lease" (by the CLI under its own lease).
+    via: str
+    blob: str
+    #: reset: the new position, the batch it replaced (None: no document before), and the
+    #: updates Redis held unflushed that it dropped.
+    batch_id: int | None = None
+    reset_from: int | None = None
+    dropped: int = 0
+    #: retire: Redis keys and entries removed; where the blob went (None: kept in place).
+    removed: int = 0
+    archived_to: str | None = None
+
+    def summary(self) -> str:
+        """One line saying what happened."""
+        query = f"{self.name} ({self.query_id})" if self.name else self.query_id
+        via = "by the daemon" if self.via == "daemon" else "under the tool's own lease"
+        if self.op == "reset":
+            dropped = f", {self.dropped} unflushed update(s) dropped" if self.dropped else ""
+            return (
+                f"reset {query} from batch {_batch(self.reset_from)} to batch {self.batch_id} "
+                f"{via}: {self.blob} written, Redis set{dropped}; later batches must exceed "
+                f"{self.batch_id}"
+            )
+        blob = f"blob moved to {self.archived_to}" if self.archived_to else f"blob {self.blob} kept"
+        return f"retired {query} {via}: {self.removed} Redis key(s)/entries removed, {blob}"
+
+
+def _batch(batch_id: int | None) -> str:
+    return "none" if batch_id is None else str(batch_id)
+
+
+def quiet_ms(config: Config, force: bool) -> int | None:
+    """The Redis scripts' quiet time: None when forced."""
+    return None if force else int(config.admin_quiet_s * 1000)
+
+
+def running(label: str, query_id: str, seconds: float, config: Config, what: str) -> AdminRefused:
+    return AdminRefused(
+        f"query {label} ({query_id}) may still be running: {what} {seconds:.1f}s ago (within "
+        f"SIDECAR_ADMIN_QUIET_S={config.admin_quiet_s:g}); stop the query first, or force it "
+        "(--force: a running query's next batch replaces a reset, or brings a retired query back)"
+    )
+
+
+async def resolve(
+    buffer: RedisBuffer, store: BlobStore, query_id: str | None, name: str | None
+) -> tuple[str, str | None]:
+    """The query's id and name: ``query_id`` as given; ``name`` is a name Redis knows, else a
+    query id Redis or the blobs know, else the newest blob of that name (as ``show``).
+
+    Raises:
+        NotFound: neither Redis nor the blobs know it.
+    """
+    if query_id is None and name is not None:
+        query_id = await buffer.query_id_for(name)
+        if query_id is None and await _known_id(buffer, name):
+            query_id, name = name, None
+    if query_id is not None:
+        return query_id, name or await _name_of(buffer, store, query_id)
+    infos = await store.list()
+    found = next((i for i in infos if i.query_id == name), None) or newest_named(infos, str(name))
+    if found is None:
+        raise NotFound(f"no query {name!r} in Redis or the blobs; `checkpoint-sidecar list`")
+    return found.query_id, found.query_name
+
+
+async def _known_id(buffer: RedisBuffer, query_id: str) -> bool:
+    try:
+        return await buffer.stored_batch(query_id) is not None
+    except CorruptRecord:
+        return True
+
+
+async def _name_of(buffer: RedisBuffer, store: BlobStore, query_id: str) -> str | None:
+    try:
+        raw = await buffer.get(query_id)
+        if raw is not None:
+            return ckpt.decode(raw).name
+        doc = await store.read(query_id)
+    except CorruptRecord:
+        return None
+    return doc.name if doc is not None else None
+
+
+def target_of(
+    request: Reset, query_id: str, name: str | None, current: CheckpointDocument | None
+) -> Checkpoint:
+    """The checkpoint a reset makes the query's position.
+
+    Raises:
+        NotFound: ``to_batch`` is not retained (or there is no document).
+        InvalidRequest: explicit offsets for another number of sources than the query has.
+    """
+    label = name or query_id
+    if request.to_batch is not None:
+        found = current.at_batch(request.to_batch) if current is not None else None
+        if found is None:
+            retained = ", ".join(str(e.batch_id) for e in current.retained()) if current else ""
+            raise NotFound(
+                f"batch {request.to_batch} is not retained for query {label}: "
+                + (f"the blob retains batches {retained}" if retained else "it has no blob")
+                + " (`checkpoint-sidecar history`); --offsets sets explicit offsets"
+            )
+        return found
+    assert request.sources is not None
+    known = current.sources if current is not None else []
+    if current is not None and len(request.sources) != len(known):
+        raise InvalidRequest(
+            f"{len(request.sources)} source offset(s) given, but query {label} has "
+            f"{len(known)} source(s) ({'; '.join(s.description for s in known)}): give one "
+            "end offset per source, in that order"
+        )
+    sources = [
+        SourceOffsets(  # the request's offsets are values: encoded once, here
+            s.description or (known[i].description if known else f"source {i}"),
+            ckpt.raw_offset(s.start_offset),
+            ckpt.raw_offset(s.end_offset),
+            ckpt.raw_offset(s.latest_offset),
+            s.num_input_rows,
+        )
+        for i, s in enumerate(request.sources)
+    ]
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return Checkpoint(
+        query_id=query_id,
+        run_id=request.run_id or (current.run_id if current else "reset"),
+        name=(current.name if current else None) or name,
+        batch_id=_first(request.batch_id, current.batch_id if current else None, 0),
+        timestamp=request.timestamp or (current.timestamp if current else now),
+        sources=sources,
+    )
+
+
+def _first(*values: int | None) -> int:
+    return next(v for v in values if v is not None)
+
+
+async def reset_under_lease(
+    buffer: RedisBuffer,
+    store: BlobStore,
+    config: Config,
+    request: Reset,
+    current: CheckpointDocument | None,
+    target: Checkpoint,
+    *,
+    lease_id: str,
+    writer: Writer,
+) -> tuple[CheckpointDocument, int]:
+    """Redis, then the blob (the lease ``lease_id`` held); the document written and how many
+    unflushed updates Redis dropped.
+
+    Raises:
+        AdminRefused: an update was applied within the quiet time (nothing changed).
+    """
+    doc = reset_document(
+        current, target, writer, reason=request.reason, history_size=config.history_size
+    )
+    answer = await buffer.reset(target, quiet_ms(config, request.force))
+    if int(answer[0]) == 1:
+        label = target.name or target.query_id
+        raise running(
+            label, target.query_id, int(answer[1]) / 1000, config, "Redis applied an update"
+        )
+    body = encode_document(doc)
+    await store.write(target.query_id, body, lease_id=lease_id, query_name=target.name)
+    return doc, int(answer[2])
+
+
+async def retire_in_redis(
+    buffer: RedisBuffer, config: Config, request: Retire, query_id: str, label: str
+) -> int:
+    """Remove the query's Redis keys; how many keys and entries were removed.
+
+    Raises:
+        AdminRefused: an update was applied within the quiet time (nothing changed).
+    """
+    quiet = quiet_ms(config, request.force)
+    answer = await buffer.admin_script(
+        "retire", query_id, [query_id, -1 if quiet is None else quiet]
+    )
+    if int(answer[0]) == 1:
+        raise running(label, query_id, int(answer[1]) / 1000, config, "Redis applied an update")
+    return int(answer[1])
+
+
+def archive_stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def log_done(result: AdminResult, request: AdminRequest) -> None:
+    """One WARNING per admin op carried out: who, what, why."""
+    what = result.summary()
+    why = request.reason or "no reason given"
+    forced = " (forced)" if request.force else ""
+    by = request.by or "a client that did not say"
+    log.warning("admin %s%s by %s: %s; reason: %s", result.op, forced, by, what, why)

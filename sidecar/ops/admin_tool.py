@@ -1,0 +1,243 @@
+"""Reset and retire from the command line: through the running daemon, or without one.
+
+:func:`reset` and :func:`retire` first ask the daemon on ``SIDECAR_SOCKET_PATH`` (the
+lease owner performs the op, ``sidecar.daemon.admin_ops.DaemonAdmin``). When no daemon
+answers there (the socket file does not exist, or nobody listens on it), they do it
+themselves, in the same steps (``sidecar.ops.admin_steps``), under a lease of their own on
+the query's blob: acquired for the op (refused, changing nothing, while another owner holds
+it), released at the end. Any other failure to connect (e.g. permission denied: a daemon
+runs, but not for this user) is an error, never a reason to go around a running daemon.
+
+:func:`apply_reset` is the entry point for tools that hold a whole checkpoint (``import-spark-
+checkpoint``): it writes it as a reset, by either path.
+"""
+
+from __future__ import annotations
+
+import errno
+import getpass
+import os
+import socket
+import uuid
+
+import anyio
+import msgspec
+
+from sidecar.buffer.redis_buffer import RedisBuffer
+from sidecar.buffer.topology import Topology
+from sidecar.config import Config
+from sidecar.errors import (
+    AdminForbidden,
+    AdminRefused,
+    InvalidRequest,
+    LeaseConflict,
+    NotFound,
+    SidecarError,
+)
+from sidecar.model.checkpoint import Checkpoint, SourceOffsets, offset_value
+from sidecar.model.document import Writer
+from sidecar.ops.admin_steps import (
+    AdminResult,
+    archive_stamp,
+    log_done,
+    reset_under_lease,
+    resolve,
+    retire_in_redis,
+    target_of,
+)
+from sidecar.ops.client import SidecarClient
+from sidecar.store.blobs import BlobStore
+from sidecar.wire.protocol import AdminRequest, Reset, Retire, SourceSpec
+
+#: Error codes of a daemon's reply, as the exceptions they are on this side.
+_ERRORS: dict[str, type[SidecarError]] = {
+    "forbidden": AdminForbidden,
+    "conflict": AdminRefused,
+    "not_found": NotFound,
+    "bad_request": InvalidRequest,
+}
+#: Connecting failed this way: no daemon listens on the socket.
+_NO_DAEMON = (errno.ENOENT, errno.ECONNREFUSED)
+
+
+async def apply_reset(
+    config: Config, checkpoint: Checkpoint, *, reason: str, force: bool = False
+) -> AdminResult:
+    """Make ``checkpoint`` (its query id, name, batch id, run id, timestamp and sources) the
+    query's position, as a reset: through the daemon when one runs on the configured socket,
+    else under the blob's lease. ``force``: even if the query was heard from within
+    ``SIDECAR_ADMIN_QUIET_S``. What was done (``.summary()`` says it in one line).
+
+    Raises:
+        AdminForbidden: the daemon runs without ``SIDECAR_ADMIN_OPS=true``.
+        AdminRefused: the query may be running, or another owner holds the blob's lease.
+        InvalidRequest: another number of sources than the query's blob has.
+        SidecarError: Redis or the blob store failed (``retriable`` says whether to retry).
+    """
+    request = Reset(
+        reason=reason,
+        query_id=checkpoint.query_id,
+        name=checkpoint.name,
+        sources=tuple(_spec(s) for s in checkpoint.sources),
+        batch_id=checkpoint.batch_id,
+        run_id=checkpoint.run_id,
+        timestamp=checkpoint.timestamp,
+        force=force,
+        by=who(),
+    )
+    return await reset(config, request)
+
+
+def _spec(source: SourceOffsets) -> SourceSpec:
+    """A checkpoint's source as a reset request carries it: offsets as values (the request
+    goes to the daemon as JSON; ``adminops`` encodes them back to the same text)."""
+    return SourceSpec(
+        description=source.description,
+        start_offset=offset_value(source.start_offset),
+        end_offset=offset_value(source.end_offset),
+        latest_offset=offset_value(source.latest_offset),
+        num_input_rows=source.num_input_rows,
+    )
+
+
+async def reset(config: Config, request: Reset) -> AdminResult:
+    """``checkpoint-sidecar reset``: see the module docstring."""
+    return await _via_daemon(config, request) or await _offline(config, request)
+
+
+async def retire(config: Config, request: Retire) -> AdminResult:
+    """``checkpoint-sidecar retire``: see the module docstring."""
+    return await _via_daemon(config, request) or await _offline(config, request)
+
+
+def who() -> str:
+    """Who asks, for the daemon's log: user@host and pid."""
+    return f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
+
+
+async def _via_daemon(config: Config, request: AdminRequest) -> AdminResult | None:
+    """The daemon's answer; None when no daemon listens on the socket."""
+    try:
+        client = await SidecarClient.connect(config.socket_path)
+    except OSError as exc:
+        if exc.errno in _NO_DAEMON:
+            return None
+        raise SidecarError(f"cannot reach the daemon at {config.socket_path}: {exc}") from exc
+    op = "reset" if isinstance(request, Reset) else "retire"
+    fields = {k: v for k, v in msgspec.structs.asdict(request).items() if k != "id"}
+    async with client:
+        with anyio.fail_after(max(60.0, 4 * config.write_timeout_s)):
+            reply = await client.request(op, **fields)
+    if reply.error is not None:
+        raise _ERRORS.get(reply.error.code, SidecarError)(reply.error.message)
+    return msgspec.convert(reply.result, AdminResult)
+
+
+async def _offline(config: Config, request: AdminRequest) -> AdminResult:
+    buffer = RedisBuffer(
+        config.redis_url,
+        config.namespace,
+        timeout_s=config.redis_timeout_s,
+        topology=Topology.of(config),
+    )
+    store = BlobStore(config)
+    try:
+        query_id, name = await resolve(buffer, store, request.query_id, request.name)
+        if isinstance(request, Reset):
+            result = await _reset(config, buffer, store, request, query_id, name)
+        else:
+            result = await _retire(config, buffer, store, request, query_id, name)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await buffer.aclose()
+            await store.aclose()
+    log_done(result, request)
+    return result
+
+
+async def _lease(store: BlobStore, config: Config, query_id: str) -> str:
+    """A lease of our own on the query's blob (created if absent); its id.
+
+    Raises:
+        AdminRefused: another owner holds it.
+    """
+    lease_id = str(uuid.uuid4())
+    await store.create_if_absent(query_id)
+    try:
+        await store.acquire_lease(query_id, lease_id, config.lease_duration_s)
+    except LeaseConflict:
+        state = await store.lease_state(query_id)
+        raise AdminRefused(
+            f"another owner holds the lease on {store.blob_name(query_id)} (lease state "
+            f"{state}): a daemon flushes this query. Run the command where that daemon's socket "
+            "is (SIDECAR_SOCKET_PATH, with SIDECAR_ADMIN_OPS=true), or stop it first; nothing "
+            "was changed"
+        ) from None
+    return lease_id
+
+
+async def _release(store: BlobStore, query_id: str, lease_id: str) -> None:
+    with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+        await store.release_lease(query_id, lease_id)
+
+
+async def _reset(
+    config: Config,
+    buffer: RedisBuffer,
+    store: BlobStore,
+    request: Reset,
+    query_id: str,
+    name: str | None,
+) -> AdminResult:
+    await store.ensure_container()
+    lease_id = await _lease(store, config, query_id)
+    try:
+        current = await store.read(query_id)
+        target = target_of(request, query_id, name, current)
+        writer = Writer(socket.gethostname(), os.getpid(), lease_id)
+        doc, dropped = await reset_under_lease(
+            buffer, store, config, request, current, target, lease_id=lease_id, writer=writer
+        )
+    finally:
+        await _release(store, query_id, lease_id)
+    return AdminResult(
+        "reset",
+        query_id,
+        doc.name,
+        "lease",
+        store.blob_name(query_id),
+        batch_id=doc.batch_id,
+        reset_from=doc.reset_from,
+        dropped=dropped,
+    )
+
+
+async def _retire(
+    config: Config,
+    buffer: RedisBuffer,
+    store: BlobStore,
+    request: Retire,
+    query_id: str,
+    name: str | None,
+) -> AdminResult:
+    label = name or query_id
+    archived = None
+    if query_id not in await store.query_ids():  # no blob: nothing to lease
+        removed = await retire_in_redis(buffer, config, request, query_id, label)
+    else:
+        lease_id = await _lease(store, config, query_id)
+        try:
+            removed = await retire_in_redis(buffer, config, request, query_id, label)
+            if request.archive:
+                archived = await store.archive(query_id, lease_id, archive_stamp())
+        finally:
+            await _release(store, query_id, lease_id)
+    return AdminResult(
+        "retire",
+        query_id,
+        name,
+        "lease",
+        store.blob_name(query_id),
+        removed=removed,
+        archived_to=archived,
+    )

@@ -1,0 +1,400 @@
+"""The blob store: one JSON document per query, every write under that blob's lease.
+
+Layout: container ``SIDECAR_CONTAINER``, blob ``<namespace>/<query_id>.json``, metadata
+``query_name`` (so ``list`` can show names without downloading). The document format is
+:class:`sidecar.model.document.CheckpointDocument` (``docs/blob-format.md``).
+
+Azure SDK errors are translated here, once: a refused lease → :class:`LeaseConflict`
+(acquire) or :class:`LeaseLost` (renew, write); network errors, timeouts, 5xx and 429 →
+:class:`StoreUnavailable`; anything else → :class:`StoreError`. The SDK's own retries are
+off: the flusher retries with backoff and jitter and sees every failure. A body that is not a
+checkpoint document of its query → :class:`CorruptRecord`; ``list`` marks such a blob instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+import anyio
+import msgspec
+from azure.core.exceptions import (
+    AzureError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+from azure.storage.blob import ContentSettings
+from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient, ContainerClient
+
+from sidecar.config import Config
+from sidecar.errors import (
+    CorruptRecord,
+    LeaseConflict,
+    LeaseLost,
+    SidecarError,
+    StoreError,
+    StoreUnavailable,
+)
+from sidecar.model.document import CheckpointDocument, decode_document
+from sidecar.store.probe import Probe
+
+log = logging.getLogger(__name__)
+
+
+class BlobInfo(msgspec.Struct, frozen=True):
+    """A checkpoint blob as listed: its document (None while still empty, or unreadable) and
+    lease state."""
+
+    blob_name: str
+    lease_state: str
+    document: CheckpointDocument | None
+    #: The query the blob belongs to (from its name) and, when written by the daemon, the
+    #: query's name (from the blob's metadata, so an unreadable blob is still named).
+    query_id: str = ""
+    query_name: str | None = None
+    last_modified: datetime | None = None
+    #: Why the document cannot be read (the CorruptRecord's ``problem``); None when readable.
+    unreadable: str | None = None
+
+    def checked(self) -> CheckpointDocument | None:
+        """The document; None while the blob is still empty.
+
+        Raises:
+            CorruptRecord: the blob cannot be read (it is left as it is).
+        """
+        if self.unreadable is not None:
+            raise CorruptRecord("blob", self.blob_name, self.unreadable)
+        return self.document
+
+
+_JSON = ContentSettings(content_type="application/json")
+
+# Status codes that mean "try again later".
+_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class BlobStore:
+    """Async access to the checkpoint container. Every call is time-limited.
+
+    Raises (every method): :class:`StoreUnavailable`, :class:`StoreError`, and where noted
+    :class:`LeaseConflict` / :class:`LeaseLost`.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self._namespace = config.namespace
+        self._timeout_s = config.write_timeout_s
+        # The SDK retries are off (retry_total=0): the flusher owns retry policy.
+        options: dict[str, Any] = {
+            "retry_total": 0,
+            "connection_timeout": config.write_timeout_s,
+            "read_timeout": config.write_timeout_s,
+        }
+        self._credential: Any = None
+        if config.azure_connection_string:
+            self._service = BlobServiceClient.from_connection_string(
+                config.azure_connection_string, **options
+            )
+        elif config.account_url:
+            from azure.identity.aio import DefaultAzureCredential
+
+            self._credential = DefaultAzureCredential()
+            self._service = BlobServiceClient(
+                config.account_url, credential=self._credential, **options
+            )
+        else:
+            config.require_blob_store()  # raises ConfigError naming both settings
+        self._container: ContainerClient = self._service.get_container_client(config.container)
+        self.container = config.container
+        self.where = f"{self._service.url.split('?')[0]}{config.container}"
+
+    def blob_name(self, query_id: str) -> str:
+        return f"{self._namespace}/{query_id}.json"
+
+    @asynccontextmanager
+    async def _call(self, what: str) -> AsyncIterator[None]:
+        """Time-limit one SDK call and translate its errors."""
+        try:
+            with anyio.fail_after(self._timeout_s):
+                yield
+        except TimeoutError as exc:
+            raise StoreUnavailable(
+                f"blob store {self.where}: {what} timed out after {self._timeout_s}s"
+            ) from exc
+        except (ServiceRequestError, ServiceResponseError, OSError) as exc:
+            raise StoreUnavailable(
+                f"blob store {self.where} unreachable during {what}: {exc}"
+            ) from exc
+        except HttpResponseError as exc:
+            raise _translate(exc, what, self.where) from exc
+        except AzureError as exc:
+            raise StoreError(f"blob store {self.where}: {what} failed: {exc}") from exc
+
+    async def ensure_container(self) -> None:
+        """Create the container if it does not exist."""
+        async with self._call("create container"):
+            try:
+                await self._container.create_container()
+                log.info("created blob container %s", self.where)
+            except ResourceExistsError:
+                pass
+
+    async def create_if_absent(self, query_id: str) -> None:
+        """Create the query's blob (empty) so it can be leased; a no-op when it exists."""
+        blob = self._container.get_blob_client(self.blob_name(query_id))
+        async with self._call("create blob"):
+            try:
+                await blob.upload_blob(b"", overwrite=False)
+            except ResourceExistsError:
+                pass
+            except HttpResponseError as exc:
+                # An existing blob under someone's lease answers 412 to a lease-less create.
+                if exc.status_code != 412:
+                    raise
+
+    async def acquire_lease(self, query_id: str, lease_id: str, duration_s: int) -> None:
+        """Acquire (or re-acquire) the lease with our ``lease_id``.
+
+        Raises:
+            LeaseConflict: another lease is active on the blob.
+        """
+        lease = self._lease_client(query_id, lease_id)
+        async with self._call("acquire lease"):
+            await lease.acquire(lease_duration=duration_s)
+
+    async def renew_lease(self, query_id: str, lease_id: str) -> None:
+        """Raises: LeaseLost: the lease expired and was taken, or was broken."""
+        async with self._call("renew lease"):
+            await self._lease_client(query_id, lease_id).renew()
+
+    async def release_lease(self, query_id: str, lease_id: str) -> None:
+        async with self._call("release lease"):
+            with contextlib.suppress(ResourceNotFoundError):  # archived: no lease left
+                await self._lease_client(query_id, lease_id).release()
+
+    async def archive(self, query_id: str, lease_id: str, stamp: str) -> str:
+        """Move the query's blob to ``<namespace>/archive/<id>.<stamp>.json`` (never listed as
+        a query): copy it (metadata kept), then delete it under ``lease_id``; the new name."""
+        blob = self._container.get_blob_client(self.blob_name(query_id))
+        name = f"{self._namespace}/archive/{query_id}.{stamp}.json"
+        async with self._call("archive checkpoint"):
+            stream = await blob.download_blob()
+            target = self._container.get_blob_client(name)
+            await target.upload_blob(await stream.readall(), metadata=stream.properties.metadata)
+            await blob.delete_blob(lease=lease_id)
+        return name
+
+    async def write(
+        self, query_id: str, body: bytes, *, lease_id: str, query_name: str | None
+    ) -> None:
+        """Replace the query's document. The store refuses it unless ``lease_id`` is held.
+
+        Raises:
+            LeaseLost: the store refused the lease (expired, broken, another owner).
+        """
+        blob = self._container.get_blob_client(self.blob_name(query_id))
+        metadata = {"query_id": query_id}
+        if query_name:
+            metadata["query_name"] = query_name.encode("ascii", "replace").decode()
+        async with self._call("write checkpoint"):
+            await blob.upload_blob(
+                body,
+                overwrite=True,
+                lease=lease_id,  # type: ignore[arg-type]  # the SDK accepts the id string
+                metadata=metadata,
+                content_settings=_JSON,
+            )
+
+    async def read(self, query_id: str) -> CheckpointDocument | None:
+        """The query's document, or None when there is no blob (or it is still empty).
+
+        Raises:
+            CorruptRecord: the blob is not a checkpoint document of that query.
+        """
+        blob = self._container.get_blob_client(self.blob_name(query_id))
+        async with self._call("read checkpoint"):
+            try:
+                stream = await blob.download_blob()
+                data = await stream.readall()
+            except ResourceNotFoundError:
+                return None
+        return decode_document(data, blob.blob_name, query_id)
+
+    async def find(self, query_id: str | None, name: str | None) -> CheckpointDocument | None:
+        """The document of query ``query_id``, else the newest of the queries named ``name``.
+
+        Raises:
+            CorruptRecord: that blob (for ``name``: the newest blob of that name) cannot be
+                read.
+        """
+        if query_id is not None:
+            return await self.read(query_id)
+        if name is None:
+            return None
+        newest = newest_named(await self.list(), name)
+        return newest.checked() if newest is not None else None
+
+    async def list(self) -> list[BlobInfo]:
+        """Every checkpoint blob of the namespace, with its document and lease state; a blob
+        that cannot be read is listed with ``unreadable`` set (see :meth:`BlobInfo.checked`)."""
+        out: list[BlobInfo] = []
+        prefix = f"{self._namespace}/"
+        async with self._call("list checkpoints"):
+            async for item in self._container.list_blobs(
+                name_starts_with=prefix, include=["metadata"]
+            ):
+                query_id = item.name.removeprefix(prefix).removesuffix(".json")
+                if not item.name.endswith(".json") or "/" in query_id:
+                    continue  # not a checkpoint (a doctor probe, an archived one)
+                metadata = item.metadata or {}
+                stream = await self._container.get_blob_client(item.name).download_blob()
+                doc, unreadable = None, None
+                try:
+                    doc = decode_document(await stream.readall(), item.name, query_id)
+                except CorruptRecord as exc:
+                    unreadable = exc.problem
+                out.append(
+                    BlobInfo(
+                        item.name,
+                        str(item.lease.state or "available"),
+                        doc,
+                        query_id=query_id,
+                        query_name=doc.name if doc is not None else metadata.get("query_name"),
+                        last_modified=item.last_modified,
+                        unreadable=unreadable,
+                    )
+                )
+        return out
+
+    async def query_ids(self) -> set[str]:
+        """The ids of the namespace's queries that have a blob: a listing, nothing downloaded."""
+        prefix = f"{self._namespace}/"
+        async with self._call("list checkpoint names"):
+            return {
+                item.name.removeprefix(prefix).removesuffix(".json")
+                async for item in self._container.list_blobs(name_starts_with=prefix)
+                if item.name.endswith(".json") and "/" not in item.name[len(prefix) :]
+            }
+
+    async def lease_state(self, query_id: str) -> str:
+        """The blob's lease state as the store reports it (available, leased, broken, ...)."""
+        blob = self._container.get_blob_client(self.blob_name(query_id))
+        async with self._call("get blob properties"):
+            props = await blob.get_blob_properties()
+        return str(props.lease.state)
+
+    # --- what ``checkpoint-sidecar doctor`` checks (sidecar.ops.doctor) --------------------------
+
+    async def container_listable(self) -> bool:
+        """True when the container exists and may be listed; False when it does not exist."""
+        async with self._call("list the container"):
+            try:
+                pages = self._container.list_blobs(name_starts_with=f"{self._namespace}/")
+                async for _ in pages.by_page():
+                    break
+            except ResourceNotFoundError:
+                return False
+        return True
+
+    async def probe(self, token: str) -> Probe:
+        """Create, lease, write (under the lease), read, release and delete a probe blob under
+        the namespace (not a ``.json``: never taken for a checkpoint). Stops at the first
+        refused step; the clean-up (release, delete) is tried whatever happened."""
+        blob = self._container.get_blob_client(f"{self._namespace}/doctor-probe-{token}.tmp")
+        lease = BlobLeaseClient(blob, lease_id=token)
+        body = f"checkpoint-sidecar doctor probe {token}".encode()
+        result = Probe(blob.blob_name, {})
+        steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+            ("create", lambda: blob.upload_blob(b"", overwrite=False)),
+            ("lease", lambda: lease.acquire(lease_duration=15)),
+            ("write", lambda: blob.upload_blob(body, overwrite=True, lease=token)),  # type: ignore[arg-type]
+            ("read", lambda: _read_all(blob)),
+            ("release", lease.release),
+            ("delete", blob.delete_blob),
+        ]
+        for name, call in steps:
+            cleanup = name in ("release", "delete")
+            needs = {"release": "lease", "delete": "create"}.get(name)
+            if (not cleanup and not result.ok) or (
+                needs and result.steps.get(needs, "") is not None
+            ):
+                continue  # a step was refused: only clean up what was done
+            try:
+                with anyio.CancelScope(shield=cleanup):
+                    async with self._call(f"probe: {name}"):
+                        answer = await call()
+            except SidecarError as exc:
+                result.steps[name] = str(exc)
+                continue
+            result.steps[name] = None
+            if name == "write":
+                result.version_id = answer.get("version_id")
+            elif name == "read" and answer != body:
+                result.steps[name] = f"read back {len(answer)} bytes, not the {len(body)} written"
+        return result
+
+    async def soft_delete_days(self) -> int | None:
+        """The account's blob soft-delete retention in days (None: off), from the blob
+        service properties (an account-level call: a container SAS is refused it)."""
+        async with self._call("get service properties"):
+            props = await self._service.get_service_properties()
+        policy = props.get("delete_retention_policy")
+        return int(policy.days or 0) if policy is not None and policy.enabled else None
+
+    def _lease_client(self, query_id: str, lease_id: str) -> BlobLeaseClient:
+        blob = self._container.get_blob_client(self.blob_name(query_id))
+        return BlobLeaseClient(blob, lease_id=lease_id)
+
+    async def aclose(self) -> None:
+        await self._service.close()
+        if self._credential is not None:
+            await self._credential.close()
+
+
+async def _read_all(blob: Any) -> bytes:
+    stream = await blob.download_blob()
+    data: bytes = await stream.readall()
+    return data
+
+
+def newest_named(infos: list[BlobInfo], name: str) -> BlobInfo | None:
+    """The most recently written blob of a query named ``name`` (a query restarted without
+    its Spark checkpoint gets a new id but keeps its name), readable or not: when the newest
+    one cannot be read, an older one is not the answer (:meth:`BlobInfo.checked` says why).
+    Empty blobs (created for their lease, never written) are no answer either."""
+    named = [
+        i
+        for i in infos
+        if i.query_name == name and (i.document is not None or i.unreadable is not None)
+    ]
+    return max(named, key=_written, default=None)
+
+
+def _written(info: BlobInfo) -> str:
+    """When the blob was written, as sortable ISO text: the document's own time, else the
+    store's (an unreadable blob has only that)."""
+    if info.document is not None:
+        return info.document.written_at
+    return info.last_modified.isoformat(timespec="milliseconds") if info.last_modified else ""
+
+
+def _translate(exc: HttpResponseError, what: str, where: str) -> Exception:
+    status = exc.status_code or 0
+    raw_code = getattr(exc, "error_code", None)  # set by the storage SDK's error mapping
+    code = str(getattr(raw_code, "value", raw_code) or "")
+    detail = f"blob store {where}: {what} refused ({status} {code})"
+    if code == "LeaseAlreadyPresent":
+        return LeaseConflict(f"{detail}: another owner holds the lease")
+    if status in (409, 412) and code.startswith("Lease"):
+        return LeaseLost(f"{detail}: our lease is no longer valid")
+    if status in _TRANSIENT_STATUS:
+        return StoreUnavailable(f"{detail}; will retry")
+    if status in (401, 403):
+        return StoreError(f"{detail}: check the credentials and their role on the container")
+    return StoreError(detail)

@@ -1,0 +1,234 @@
+"""Prometheus metrics. Names and labels are part of the contract dashboards rely on.
+
+Each daemon owns its registry (tests run several daemons in one process). Label values come
+from closed sets (results, error codes), so cardinality stays bounded, except the ``query``
+label: its series are removed when the query is retired (:meth:`Metrics.forget_query`).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from sidecar import __version__
+from sidecar.wire.protocol import ErrorCode
+
+UPDATE_RESULTS = ("applied", "stale", "no_offsets", "rejected")
+#: ok: written; skipped: the blob already held that batch or newer; not_owned: lease held
+#: elsewhere; lease_lost: the store refused our lease; error: store/Redis failure (retried).
+FLUSH_RESULTS = ("ok", "skipped", "not_owned", "lease_lost", "error")
+RENEWAL_RESULTS = ("ok", "lost", "error")
+#: Where an unreadable record was found (sidecar.errors.CorruptRecord.where).
+BAD_RECORD_WHERE = ("redis", "blob")
+FLUSH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+# Acks are a local socket plus one Redis round trip: sub-millisecond when healthy, seconds
+# only when Redis is struggling (the Redis timeout caps the tail).
+ACK_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class Metrics:
+    """The daemon's metrics, registered on ``registry`` (a fresh one by default)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.updates = Counter(
+            "checkpoint_sidecar_updates",
+            "Progress updates received, by result: applied (stored), stale (batch not newer "
+            "than the stored one), no_offsets (no source reports an end offset, e.g. an idle "
+            "query on Spark 3.4: not stored), rejected (invalid, or not stored because Redis "
+            "failed)",
+            ["result"],
+            registry=r,
+        )
+        self.ack_seconds = Histogram(
+            "checkpoint_sidecar_ack_seconds",
+            "Time from reading a progress request to its reply being ready, seconds",
+            buckets=ACK_BUCKETS,
+            registry=r,
+        )
+        self.connections = Gauge(
+            "checkpoint_sidecar_connections", "Open client connections", registry=r
+        )
+        self.bad_requests = Counter(
+            "checkpoint_sidecar_bad_requests",
+            "Requests answered with an error, by error code",
+            ["code"],
+            registry=r,
+        )
+        self.not_durable = Counter(
+            "checkpoint_sidecar_not_durable",
+            "not_durable replies by reason: replicas (fewer Redis replicas than "
+            "SIDECAR_REDIS_MIN_REPLICAS confirmed in time), blob (ack_mode=blob: not in the "
+            "blob within SIDECAR_BLOB_ACK_TIMEOUT_S)",
+            ["reason"],
+            registry=r,
+        )
+        self.redis_replicas_acked = Histogram(
+            "checkpoint_sidecar_redis_replicas_acked",
+            "Replicas that confirmed a batch of updates (WAIT's answer; only with "
+            "SIDECAR_REDIS_MIN_REPLICAS > 0)",
+            buckets=(0, 1, 2, 3, 4, 6, 8, 16),
+            registry=r,
+        )
+        self.buffer_queue = Gauge(
+            "checkpoint_sidecar_buffer_queue",
+            "Updates waiting for their Redis round trip (bounded; full means backpressure)",
+            registry=r,
+        )
+        self.redis_up = Gauge(
+            "checkpoint_sidecar_redis_up", "1 when the last Redis call succeeded", registry=r
+        )
+        self.redis_resets = Counter(
+            "checkpoint_sidecar_redis_resets",
+            "Times Redis lost the namespace's data while the daemon ran (restart without AOF, "
+            "FLUSHALL, a replaced instance): acknowledged updates may be lost; see the log",
+            registry=r,
+        )
+        self._aof: Gauge | None = None
+        # --- flushing to the blob store (per-query series are labelled by query name/id) ---
+        self.flushes = Counter(
+            "checkpoint_sidecar_flushes",
+            "Flush attempts of one query's checkpoint, by result",
+            ["result"],
+            registry=r,
+        )
+        self.flush_checks = Counter(
+            "checkpoint_sidecar_flush_checks",
+            "Flush checks: reads of the pending queries' flush state (not their checkpoints), "
+            "every SIDECAR_FLUSH_INTERVAL_S",
+            registry=r,
+        )
+        self.flush_bodies_read = Counter(
+            "checkpoint_sidecar_flush_bodies_read",
+            "Checkpoints read from Redis to be flushed (only those of due queries, and once "
+            "for a query not seen yet)",
+            registry=r,
+        )
+        self.flush_seconds = Histogram(
+            "checkpoint_sidecar_flush_seconds",
+            "Duration of one checkpoint blob write, seconds",
+            buckets=FLUSH_BUCKETS,
+            registry=r,
+        )
+        self.checkpoint_batch_id = Gauge(
+            "checkpoint_sidecar_checkpoint_batch_id",
+            "Last batch id durable in the query's blob",
+            ["query"],
+            registry=r,
+        )
+        self.checkpoint_age = Gauge(
+            "checkpoint_sidecar_checkpoint_age_seconds",
+            "Age of the oldest applied update not yet durable in the blob (0: up to date)",
+            ["query"],
+            registry=r,
+        )
+        self.pending_updates = Gauge(
+            "checkpoint_sidecar_pending_updates",
+            "Applied updates buffered in Redis and not yet flushed to the blob",
+            ["query"],
+            registry=r,
+        )
+        self.bad_records = Counter(
+            "checkpoint_sidecar_bad_records",
+            "Stored records found unreadable (another version's, cut short, edited by hand), "
+            "by where: redis (a query's hash) or blob (a query's document). Each is counted "
+            "once, left as it is and not flushed; the log names it",
+            ["where"],
+            registry=r,
+        )
+        self.lease_held = Gauge(
+            "checkpoint_sidecar_lease_held",
+            "1 while this daemon holds the lease on the query's blob",
+            ["query"],
+            registry=r,
+        )
+        self.lease_renewals = Counter(
+            "checkpoint_sidecar_lease_renewals",
+            "Lease renewals, by result (lost: refused by the store)",
+            ["result"],
+            registry=r,
+        )
+        # --- Kafka consumer-group commits and lag -------------------------------------------
+        self.kafka_commits = Counter(
+            "checkpoint_sidecar_kafka_commits",
+            "Consumer-group commits, by result (regressed: some partitions skipped because "
+            "the commit would have lowered their committed offset)",
+            ["result"],
+            registry=r,
+        )
+        self.kafka_partitions_skipped = Counter(
+            "checkpoint_sidecar_kafka_partitions_skipped",
+            "Partitions not committed because that would have moved them backwards",
+            registry=r,
+        )
+        self.kafka_up = Gauge(
+            "checkpoint_sidecar_kafka_up", "1 when the last Kafka commit succeeded", registry=r
+        )
+        # Lag (checkpoint_sidecar_kafka_lag_records, _query_lag_records, _lag_seconds) is
+        # computed at collection time by sidecar.kafka.lag's collector, registered on this registry.
+        self.config_check = Gauge(
+            "checkpoint_sidecar_config_check",
+            "Result of each configuration check run at start (checkpoint-sidecar doctor): "
+            "1 ok, 0 warn or fail (the log says which, and what to do)",
+            ["check"],
+            registry=r,
+        )
+        self.admin_ops = Counter(
+            "checkpoint_sidecar_admin_ops",
+            "Admin ops (checkpoint-sidecar reset / retire) by op and result: ok (done), "
+            "refused (forbidden, query running, lease held elsewhere, not found, bad request: "
+            "nothing changed), error (Redis or the store failed); each one is logged at WARNING",
+            ["op", "result"],
+            registry=r,
+        )
+        #: The version, and the event loop once the daemon runs (``Daemon.run``).
+        self.build_info = Info(
+            "checkpoint_sidecar_build", "Version of the daemon, and its event loop", registry=r
+        )
+        self.build_info.info({"version": __version__})
+        # Export every known series from the start, so rate() and alerts see a 0, not a gap.
+        for result in UPDATE_RESULTS:
+            self.updates.labels(result)
+        for code in ErrorCode:
+            self.bad_requests.labels(code.value)
+        for result in FLUSH_RESULTS:
+            self.flushes.labels(result)
+        for reason in ("replicas", "blob"):
+            self.not_durable.labels(reason)
+        for where in BAD_RECORD_WHERE:
+            self.bad_records.labels(where)
+        for result in RENEWAL_RESULTS:
+            self.lease_renewals.labels(result)
+        for result in ("ok", "regressed", "error"):
+            self.kafka_commits.labels(result)
+        for op in ("reset", "retire"):
+            for result in ("ok", "refused", "error"):
+                self.admin_ops.labels(op, result)
+
+    def forget_query(self, label: str) -> None:
+        """Remove every series labelled ``query=label`` (a retired query's): one removal per
+        metric, whatever the number of queries (lag series are ``sidecar.kafka.lag``'s)."""
+        for gauge in (
+            self.checkpoint_batch_id,
+            self.checkpoint_age,
+            self.pending_updates,
+            self.lease_held,
+        ):
+            gauge.remove(label)
+
+    def set_redis_aof(self, enabled: bool | None) -> None:
+        """``checkpoint_sidecar_redis_aof_enabled``: 1/0, absent while unknown (CONFIG
+        refused, as on some managed services): an absent series is not a false alarm."""
+        if enabled is None:
+            if self._aof is not None:
+                self.registry.unregister(self._aof)
+                self._aof = None
+            return
+        if self._aof is None:
+            self._aof = Gauge(
+                "checkpoint_sidecar_redis_aof_enabled",
+                "1 when Redis has appendonly on (acks survive a Redis restart), 0 when off",
+                registry=self.registry,
+            )
+        self._aof.set(1 if enabled else 0)
