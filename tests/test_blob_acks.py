@@ -21,7 +21,6 @@ from sidecar import __version__
 from sidecar.cli.commands import use_uvloop
 from sidecar.config import Config
 from sidecar.errors import ConfigError
-from sidecar.flush.acks import DurableAcks
 from sidecar.ops.client import SidecarClient
 from tests.helpers import blob_reader, metric_value, running_daemon, seed
 from tests.services import Azurite, DaemonProcess
@@ -125,22 +124,3 @@ def test_uvloop_asked_for_but_not_installed_is_a_config_error(
         use_uvloop("uvloop")
     assert use_uvloop("auto") is False  # auto falls back to asyncio's own loop
     assert use_uvloop("asyncio") is False
-
-
-async def test_an_ack_deferred_while_its_query_is_in_a_pass_wakes_the_loop_once_released() -> None:
-    # Pure logic of sidecar.flush.acks (the same path runs against real services above): an ack that
-    # arrives while its query is in a flush pass must not be forgotten when the pass ends
-    # without making it durable (a row found not due, a write skipped, not owned or failed).
-    acks = DurableAcks()
-    acks.in_flight.add(QID)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(acks.wait, QID, 5)
-        await anyio.wait_all_tasks_blocked()
-        assert not acks.wake.is_set()  # deferred: its query is in a pass
-        acks.release(QID)  # the pass ends without batch 5 in the blob
-        assert acks.wake.is_set() and QID not in acks.in_flight
-        acks.wake.clear()
-        acks.release(QID)  # released again with nothing deferred: no second wake
-        assert not acks.wake.is_set()
-        acks.durable(QID, 5)
-    assert QID not in acks  # answered and gone

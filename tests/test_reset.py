@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 import redis.asyncio as aioredis
+from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
 from sidecar.buffer.keys import Keys
 from sidecar.config import Config
@@ -38,7 +40,7 @@ from tests.helpers import (
     sample,
     wait_blob_batch,
 )
-from tests.services import free_port
+from tests.services import Azurite, free_port
 from tests.sparkshapes import kafka_progress
 
 ConfigFactory = Callable[..., Config]
@@ -146,6 +148,35 @@ async def test_reset_to_a_retained_batch_then_the_floor_holds(make_config: Confi
         assert (after.batch_id, after.reset_from, after.reset_reason) == (14, 16, "bad deploy")
         assert [h.batch_id for h in after.history] == [13, 12, 11]
         assert [ckpt.offset_value(o) for o in after.history[0].end_offsets] == [end_of(13)]
+
+
+async def test_a_former_owners_floor_follows_a_rewind_made_through_the_new_owner(
+    make_config: ConfigFactory, azurite: Azurite, short_tmp: Path
+) -> None:
+    # The first daemon flushed the query to batch 9 (its floor), then lost its lease; the
+    # second took the blob over for a reset to batch 5. Batches above 5 must be stored again
+    # through the first one too: its floor alone refuses them, so it reads the blob again.
+    first_config = make_config(count_threshold=1, socket_path=str(short_tmp / "first.sock"))
+    second_config = make_config(admin_ops="true", count_threshold=1, history_size=10)
+    async with running_daemon(first_config) as first, blob_reader(first_config) as store:
+        async with await SidecarClient.connect(first_config.socket_path) as c:
+            await flushed(first, c, QID, range(10), NAME)
+        assert first.blobs.known(QID) == 9
+        service = BlobServiceClient.from_connection_string(azurite.connection_string)
+        async with service:
+            blob = service.get_blob_client(first_config.container, store.blob_name(QID))
+            await BlobLeaseClient(blob).break_lease(lease_break_period=0)
+        async with running_daemon(second_config):
+            reply = await admin(
+                second_config, "reset", name=NAME, to_batch=5, reason="r", force=True
+            )
+            assert reply.ok, reply.error
+            async with await SidecarClient.connect(first_config.socket_path) as c:
+                assert await send(c, QID, 6) == [True]
+                assert first.blobs.known(QID) == 5
+                assert await send(c, QID, 6, 5) == [False, False]  # stored once; 5 the floor
+            doc = await wait_blob_batch(store, QID, 6)  # flushed by the lease owner
+    assert (doc.batch_id, doc.reset_from) == (6, 9)
 
 
 async def test_reset_to_explicit_offsets_through_the_daemon(make_config: ConfigFactory) -> None:

@@ -48,6 +48,7 @@ PURE_MODULES = {
     "buffer.rows",
     "store.probe",
     "ops.diagnosis",
+    "flush.core",
 }
 #: Third-party SDKs and the modules that may import them: each edge owns its SDK.
 SDK_OWNERS = {

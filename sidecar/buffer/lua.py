@@ -6,6 +6,9 @@ the prelude, so "newer" means the same everywhere.
 
 from __future__ import annotations
 
+#: The floor of a query that has no blob (APPLY's floor argument): only Redis' batch decides.
+NO_BLOB = -1
+
 # Shared by the scripts: newer(a, b) compares canonical decimal batch ids exactly (length,
 # then bytes: no float rounding above 2**53); batch(s) is true for a canonical decimal batch
 # id (a Java long: no sign, no leading zero, at most 2**63-1), false for anything else that a
@@ -27,13 +30,15 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 # (declared, unlike SNAPSHOT's reads: during a Cluster slot migration Redis then redirects the
 # call instead of letting it write a hash that has already moved).
 # ARGV[2i-1]: "<floor> <batch id> <query id> <name>", ARGV[2i]: its checkpoint JSON. Floor:
-# the batch the query's blob holds (sidecar.flush.floor; "" or "-1": none), or "?" when the daemon
-# has not read the blob yet; batch id: canonical decimal; query id: no spaces
+# the batch the query's blob holds (sidecar.flush.blob_state; "" or "-1": none), or "?" when
+# the daemon has not read the blob yet; batch id: canonical decimal; query id: no spaces
 # (sidecar.model.checkpoint.Id); name: the rest ("" if none). One argument for the small fields
 # rather than one each: redis-py packs every argument in Python, which costs the daemon more
 # than the match costs the script.
-# Returns one integer per update: 1 applied, 0 stale (not newer than Redis' batch or the
-# floor), -1 floor needed (Redis holds no batch of the query and the floor is "?": nothing
+# Returns one integer per update: 1 applied, 0 stale (not newer than Redis' batch), -2 below
+# the floor only (newer than Redis' batch, or Redis has none, but not newer than the floor:
+# the blob may have been rewound by another owner since the floor was read; nothing was
+# written), -1 floor needed (Redis holds no batch of the query and the floor is "?": nothing
 # was written; read the blob and call again with its batch).
 # A damaged record (docs/architecture.md, "Corrupted records"): any update replaces one whose
 # batch_id is unreadable, the next newer batch one whose checkpoint is (a readable batch_id
@@ -52,8 +57,10 @@ for i = 1, #KEYS - 3 do
   local cur = redis.call('HMGET', key, 'batch_id', 'pending', 'version')
   if floor == '?' and not batch(cur[1]) then
     out[i] = -1
-  elseif (batch(cur[1]) and not newer(id, cur[1])) or (batch(floor) and not newer(id, floor)) then
+  elseif batch(cur[1]) and not newer(id, cur[1]) then
     out[i] = 0
+  elseif batch(floor) and not newer(id, floor) then
+    out[i] = -2
   else
     if cur[2] and not counter(cur[2]) then redis.call('HSET', key, 'pending', 0) end
     if cur[3] and not counter(cur[3]) then redis.call('HSET', key, 'version', 0) end

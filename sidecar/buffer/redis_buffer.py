@@ -63,8 +63,11 @@ class RedisBuffer:
         topology: Topology | None = None,
         min_replicas: int = 0,
         on_replicas: Callable[[int], None] | None = None,
+        client: Any = None,
     ) -> None:
-        """``topology``: standalone at ``url`` unless given (``sidecar.buffer.topology``).
+        """``client``: a redis-py asyncio client to use instead of connecting (the unit
+        tests' fake at this edge). ``topology``: standalone at ``url`` unless given
+        (``sidecar.buffer.topology``).
         ``min_replicas``: every apply waits until that many replicas have it (``WAIT``, at
         most half of ``timeout_s``), else raises :class:`NotReplicated`; ``on_replicas`` is
         told each answer."""
@@ -74,7 +77,7 @@ class RedisBuffer:
         self.on_replicas = on_replicas
         self._topology = topology or Topology("standalone", url)
         self._url = str(self._topology)
-        self._redis = self._topology.connect(timeout_s)
+        self._redis = client if client is not None else self._topology.connect(timeout_s)
         self._apply = self._redis.register_script(lua.APPLY)
         self._snapshot = self._redis.register_script(lua.SNAPSHOT)
         self._pending = self._redis.register_script(lua.PENDING)
@@ -132,7 +135,7 @@ class RedisBuffer:
         """Store each checkpoint unless its query already holds that batch or a newer one.
 
         ``floors``: per update, the batch its query's blob holds (-1: no blob), or None when
-        not known yet; the update must also be newer than it (``sidecar.flush.floor``). Without
+        not known yet; the update must also be newer than it (``sidecar.flush.blob_state``). Without
         ``floors``, Redis' batch alone decides.
 
         Updates are applied in order, so a later update of the same query in the same call
@@ -320,16 +323,15 @@ class RedisBuffer:
         await self._redis.aclose()
 
 
-#: The floor of a query that has no blob (``apply``'s floors): only Redis' batch decides.
-NO_BLOB = -1
-
-
 class Outcome(enum.IntEnum):
     """What :meth:`RedisBuffer.apply` did with one update."""
 
+    #: Newer than Redis' batch (or Redis has none) but not than the floor given: not written.
+    #: The floor may be stale (the blob rewound by another owner): re-read it, or it is stale.
+    BELOW_FLOOR = -2
     #: Redis holds no batch of the query and its floor was not given: nothing was written.
     NEEDS_FLOOR = -1
-    #: Not newer than the query's batch in Redis or its floor: not written.
+    #: Not newer than the query's batch in Redis: not written.
     STALE = 0
     APPLIED = 1
 

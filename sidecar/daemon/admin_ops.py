@@ -1,5 +1,5 @@
 """The daemon's side of ``reset`` and ``retire``: requests from its socket, performed as the
-lease owner, with every component told (floor, flusher, retirement). The steps themselves
+lease owner, with every component told (each query's blob state, retirement). The steps themselves
 are ``sidecar.ops.admin_steps``, which the CLI runs under a lease of its own when no daemon
 is running, so both paths write the same bytes.
 """
@@ -16,10 +16,9 @@ import msgspec
 from sidecar.buffer.redis_buffer import RedisBuffer
 from sidecar.config import Config
 from sidecar.daemon.retirement import Retirement
-from sidecar.errors import AdminRefused, InvalidRequest, NotFound, SidecarError
-from sidecar.flush.floor import BlobFloors
-from sidecar.flush.flusher import Flusher
-from sidecar.flush.lease import LeaseManager
+from sidecar.errors import AdminRefused, InvalidRequest, NotFound, SidecarError, StoreUnavailable
+from sidecar.flush.blob_state import BlobStates
+from sidecar.flush.lease import QueryLease
 from sidecar.model.document import Writer
 from sidecar.ops.admin_steps import (
     AdminResult,
@@ -40,23 +39,22 @@ log = logging.getLogger(__name__)
 
 class DaemonAdmin:
     """The daemon's side: admin ops from its socket, performed under its own leases, with
-    every component told (floor, flusher, retirement). ``app`` wires it into the handler."""
+    every component told (each query's blob state, retirement); ``app`` wires it into the
+    handler."""
 
     def __init__(
         self,
         config: Config,
         buffer: RedisBuffer,
         store: BlobStore,
-        leases: LeaseManager,
-        flusher: Flusher,
-        floors: BlobFloors,
+        blobs: BlobStates,
         retirement: Retirement,
         metrics: Metrics,
         writer: Writer,
     ) -> None:
         self._config = config
-        self._buffer, self._store, self._leases = buffer, store, leases
-        self._flusher, self._floors, self._retirement = flusher, floors, retirement
+        self._buffer, self._store = buffer, store
+        self._blobs, self._retirement = blobs, retirement
         self._metrics = metrics
         self._writer = writer
         #: When each query's last progress arrived (monotonic), oldest first; only those of
@@ -95,10 +93,10 @@ class DaemonAdmin:
             since = time.monotonic() - at
             raise running(label, query_id, since, self._config, "this daemon received a progress")
 
-    async def _held(self, query_id: str, label: str) -> Any:
-        lease = await self._leases.ensure_held(query_id, label)
+    async def _held(self, query_id: str, label: str) -> QueryLease:
+        lease = await self._blobs.held(query_id, label)
         if lease is None:
-            state = self._leases.state(query_id)
+            state = self._blobs.leases.state(query_id)
             raise AdminRefused(
                 f"this daemon does not hold the lease on {self._store.blob_name(query_id)} now "
                 f"({state.name if state else 'unknown'}): another owner holds it or the store "
@@ -110,25 +108,26 @@ class DaemonAdmin:
         query_id, name = await resolve(self._buffer, self._store, request.query_id, request.name)
         label = name or query_id
         self._check_heard(query_id, label, request.force)
-        async with self._flusher.locks.exclusive(query_id):
+        async with self._blobs.exclusive(query_id):
             lease = await self._held(query_id, label)
-            current = lease.blob_document
-            if lease.blob_batch_id is None:
-                current = await self._store.read(query_id)
+            current = await self._blobs.document(query_id, lease)
             target = target_of(request, query_id, name, current)
-            doc, dropped = await reset_under_lease(
-                self._buffer,
-                self._store,
-                self._config,
-                request,
-                current,
-                target,
-                lease_id=self._leases.lease_id,
-                writer=self._writer,
-            )
-            lease.record_blob(doc.batch_id, doc)
-            self._floors.reset_to(query_id, doc.batch_id)
-            self._flusher.forget(query_id)  # what it knew durable is the replaced batch's
+            try:
+                doc, dropped = await reset_under_lease(
+                    self._buffer,
+                    self._store,
+                    self._config,
+                    request,
+                    current,
+                    target,
+                    lease_id=self._blobs.leases.lease_id,
+                    writer=self._writer,
+                )
+            except StoreUnavailable:
+                # The write may have landed (the blob lowered to the target) or not.
+                self._blobs.unknown(query_id, lowered_to=target.batch_id)
+                raise
+            self._blobs.reset(query_id, lease, doc)  # floor and acks follow it down
         self._metrics.checkpoint_batch_id.labels(label).set(doc.batch_id)
         return AdminResult(
             "reset",
@@ -146,14 +145,14 @@ class DaemonAdmin:
         label = name or query_id
         self._check_heard(query_id, label, request.force)
         archived = None
-        async with self._flusher.locks.exclusive(query_id):
+        async with self._blobs.exclusive(query_id):
             has_blob = query_id in await self._store.query_ids()
             if has_blob:
                 await self._held(query_id, label)
             removed = await retire_in_redis(self._buffer, self._config, request, query_id, label)
             if has_blob and request.archive:
                 archived = await self._store.archive(
-                    query_id, self._leases.lease_id, archive_stamp()
+                    query_id, self._blobs.leases.lease_id, archive_stamp()
                 )
             await self._retirement.drop(query_id, label)
             self._heard.pop(query_id, None)

@@ -42,7 +42,7 @@ from sidecar.daemon.http import AdminServer
 from sidecar.daemon.retirement import Retirement
 from sidecar.daemon.shutdown import StopBudget
 from sidecar.errors import SidecarError
-from sidecar.flush.floor import BlobFloors
+from sidecar.flush.blob_state import BlobStates
 from sidecar.flush.flusher import Flusher
 from sidecar.flush.lease import LeaseManager
 from sidecar.ingest.coalescer import WriteCoalescer
@@ -105,21 +105,21 @@ class Daemon:
         )
         self.store = BlobStore(config)
         self.coalescer = WriteCoalescer(self.buffer)
-        self.floors = BlobFloors(self._blob_batch, self.store.query_ids)
         # The lease id is this process's instance id: a restarted daemon is a new owner.
         self.leases = LeaseManager(
             self.store, self.instance_id, config.lease_duration_s, self.metrics, clock=lease_clock
         )
-        self.retirement = Retirement(config.query_idle_s, release=self.leases.retire)
+        #: Each query's blob state (lease, floor, acks, document): the one owner.
+        self.blobs = BlobStates(self.store, self.leases)
+        self.retirement = Retirement(config.query_idle_s, release=self.blobs.release)
         self.flusher = Flusher(
             config,
             self.buffer,
             self.store,
-            self.leases,
+            self.blobs,
             self.metrics,
             self.writer,
             on_durable=self.committer.durable if self.committer else None,
-            floors=self.floors,
             track=self.retirement.track,
         )
         self.durability = DurabilityWatch(
@@ -134,9 +134,7 @@ class Daemon:
             config,
             self.buffer,
             self.store,
-            self.leases,
-            self.flusher,
-            self.floors,
+            self.blobs,
             self.retirement,
             self.metrics,
             self.writer,
@@ -146,10 +144,10 @@ class Daemon:
             self.buffer,
             self.metrics,
             observe=self._applied,
-            wait_durable=self.flusher.acks.wait if config.ack_mode == "blob" else None,
+            wait_durable=self.blobs.wait_durable if config.ack_mode == "blob" else None,
             blob_ack_timeout_s=config.blob_ack_timeout_s,
             lookup_blob=self._lookup_blob,
-            floors=self.floors,
+            floors=self.blobs,
             admin=self.admin_ops,
             heard=self.admin_ops.heard if config.admin_ops else None,
         )
@@ -174,7 +172,7 @@ class Daemon:
         released first, by ``Retirement`` itself). A new per-query cache registers here."""
         r = self.retirement
         r.busy.append(self.flusher.busy)
-        r.forget += [self.flusher.forget, self.durability.forget, self.floors.forget]
+        r.forget += [self.blobs.forget, self.durability.forget]
         if self.committer is not None:
             r.forget.append(self.committer.forget)
         r.forget_label += [self.lag.forget, self.metrics.forget_query]

@@ -46,7 +46,7 @@ class Retirement:
     """Last-seen bookkeeping per query id and the loop that retires idle queries.
 
     ``busy``: predicates by query id, any true keeps the query; ``forget``: hooks by query id
-    (``sidecar.flush.floor``'s cache registers here too); ``forget_label``: hooks by label, run once
+    (``sidecar.flush.blob_state`` registers here too); ``forget_label``: hooks by label, run once
     no live query carries it. Append to them before :meth:`run` starts.
     """
 

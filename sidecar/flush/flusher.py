@@ -10,18 +10,21 @@ for the next one, which starts as soon as that write ends and answers all of the
 queries' checkpoints are read, :data:`ROWS_PER_READ` at a time, and flushed in the
 background while checks go on: a query in one flush at a time, ``flush_concurrency`` writes.
 
-A flush writes only under the query's lease (``sidecar.flush.lease``) and never moves a blob
-backwards: after acquiring a lease it reads the blob, and a snapshot not newer than what the
-blob holds is recorded as flushed without a write. A failed write is retried with capped
-exponential backoff and jitter (``sidecar.backoff``; errors that are not ``retriable`` wait
-the full cap and are logged as errors); nothing is dropped, because the pending state in Redis is
-cleared only after the write succeeded, and only as far as the written snapshot covered.
+A flush writes only under the query's lease and never moves a blob backwards: what to do
+with a due row (read the blob first, skip, write) and what follows a write (acks answered, a
+retry scheduled, the blob read again) are decided by the pure core (``sidecar.flush.core``)
+through the one owner of each query's blob state (``sidecar.flush.blob_state``); this module
+performs them. A failed write is retried with capped exponential backoff and jitter (errors
+that are not ``retriable`` wait the full cap and are logged as errors); nothing is dropped,
+because the pending state in Redis is cleared only after the write succeeded, and only as far
+as the written snapshot covered.
 
 At start the first tick flushes whatever a previous run left pending (crash recovery); at
 stop :meth:`final_flush` flushes everything owned, whatever the thresholds.
 
 A record that cannot be read is quarantined (``sidecar.flush.quarantine``): every other query
 keeps flushing. The document written carries the history (``sidecar.flush.documents``).
+A Redis row read before an admin op (reset, retire) of its query is never flushed.
 """
 
 from __future__ import annotations
@@ -29,29 +32,25 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import anyio
 from anyio.abc import TaskStatus
 
-from sidecar.backoff import Backoff, spread
+from sidecar.backoff import spread
 from sidecar.buffer.redis_buffer import PendingEntry, PendingQuery, RedisBuffer
 from sidecar.config import Config
-from sidecar.errors import CorruptRecord, LeaseLost, SidecarError
-from sidecar.flush.acks import DurableAcks
+from sidecar.errors import CorruptRecord, LeaseLost, SidecarError, StoreUnavailable
+from sidecar.flush.blob_state import BlobStates
+from sidecar.flush.core import Step
 from sidecar.flush.documents import DocumentBuilder
-from sidecar.flush.floor import BlobFloors
-from sidecar.flush.lease import LeaseManager, QueryLease
 from sidecar.flush.quarantine import Quarantine
-from sidecar.flush.querylocks import QueryLocks
 from sidecar.model import checkpoint as ckpt
-from sidecar.model.document import CheckpointDocument, Writer, encode_document
-from sidecar.store.blobs import BlobStore
+from sidecar.model.document import Writer, encode_document
 from sidecar.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-RETRY_BASE_S = 0.5
-RETRY_CAP_S = 30.0
 #: Each query's time threshold is scaled by a factor of its own in [1 - this, 1].
 THRESHOLD_JITTER = 0.25
 #: Due queries whose checkpoints are read in one Redis call, and such reads in memory at
@@ -59,69 +58,59 @@ THRESHOLD_JITTER = 0.25
 ROWS_PER_READ, ROW_READS = 64, 2
 
 
+class BlobWrites(Protocol):
+    """What the flusher writes (``sidecar.store.blobs.BlobStore``)."""
+
+    async def write(
+        self, query_id: str, body: bytes, *, lease_id: str, query_name: str | None
+    ) -> None: ...
+
+
 class Flusher:
     def __init__(
         self,
         config: Config,
         buffer: RedisBuffer,
-        store: BlobStore,
-        leases: LeaseManager,
+        store: BlobWrites,
+        blobs: BlobStates,
         metrics: Metrics,
         writer: Writer,
         *,
         on_durable: Callable[[ckpt.Checkpoint], None] | None = None,
-        floors: BlobFloors | None = None,
         track: Callable[[str, str], None] | None = None,
     ) -> None:
-        """``track(query_id, label)``: called for each query a pass finds pending, so that
+        """``blobs``: each query's blob state (lease, floor, acks), asked and told here.
+        ``track(query_id, label)``: called for each query a pass finds pending, so that
         idle-query retirement knows every query the flusher holds state for."""
         self._config = config
         self._buffer = buffer
         self._store = store
-        self._leases = leases
+        self._blobs = blobs
+        self._core = blobs.core
         self._metrics = metrics
         self._documents = DocumentBuilder(writer, config.history_size)
         #: Called with each checkpoint once it is in the blob (Kafka commits follow it).
         self._on_durable = on_durable
-        #: What the blobs hold, kept current for the ingest path (``sidecar.flush.floor``).
-        self._floors = floors
         self._track = track
         self._limiter = anyio.CapacityLimiter(config.flush_concurrency)
         self._row_reads = anyio.CapacityLimiter(ROW_READS)
-        #: Labels by query id, learnt from each query's first row read.
-        self._labels: dict[str, str] = {}
-        self._backoff = Backoff(RETRY_BASE_S, RETRY_CAP_S)
-        #: Blob-mode acks (``acks.wait``), and the queries in a background flush pass (never
-        #: in two at once): a new ack wakes the loop unless its query is in one or backing off.
-        self.acks = self._acks = DurableAcks(ready=self._backoff.ready)
-        self._in_flight = self._acks.in_flight
         self._quarantined = Quarantine(metrics)
-        #: Queries a previous run left pending: due whatever the thresholds until flushed
-        #: (None until the first snapshot has been read).
-        self._recovering: set[str] | None = None
+        #: Whether the first snapshot (recovery: what a previous run left pending) was read.
+        self._recovered = False
         #: Queries with updates pending (or an unreadable record) at the last snapshot read.
         self._pending: set[str] = set()
-        #: Per query: a lock held by each flush and by an admin op (``locks.exclusive``).
-        self.locks = self._locks = QueryLocks()
         self._loop = anyio.CancelScope()
         self._loop_done = anyio.Event()
 
-    # --- retirement of idle queries (sidecar.daemon.retirement) -----------------------------------
+    # --- retirement of idle queries (sidecar.daemon.retirement) ----------------------------
 
     def busy(self, query_id: str) -> bool:
         """True while the query must not be retired: updates pending in Redis at the last
-        pass, an acknowledgement waiting on its blob, or a quarantined record."""
-        held = (self._pending, self._acks, self._quarantined, self._in_flight)
-        return any(query_id in h for h in held)
-
-    def forget(self, query_id: str) -> None:
-        """Drop what is kept about a retired query (it is recreated if it comes back)."""
-        self._acks.forget(query_id)
-        self._labels.pop(query_id, None)
-        self._backoff.forget(query_id)
-        self._documents.forget(query_id)
-        if self._recovering:
-            self._recovering.discard(query_id)
+        pass, an acknowledgement waiting on its blob, a flush in progress, or a quarantined
+        record."""
+        return (
+            query_id in self._pending or query_id in self._quarantined or self._blobs.busy(query_id)
+        )
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -139,14 +128,15 @@ class Flusher:
                         next_check = anyio.current_time() + self._config.flush_interval_s
                         found = await self._check() or []
                     else:
-                        found = [q for q in self._acks if self._backoff.ready(q)]
-                    due = [q for q in found if q not in self._in_flight]
+                        found = [q for q in self._blobs.waiting() if self._blobs.ready(q)]
+                    due = [q for q in found if not self._core.in_flight(q)]
                     if due:
-                        self._in_flight.update(due)
+                        self._blobs.begin(due)
                         tg.start_soon(self._flush_in_background, due)
+                    wake = self._blobs.wake
                     with anyio.move_on_after(next_check - anyio.current_time()):
-                        await self._acks.wake.wait()
-                    self._acks.wake.clear()  # before the pass: a wake during it starts one more
+                        await wake.wait()
+                    wake.clear()  # before the pass: a wake during it starts one more
         self._loop_done.set()
 
     async def stop_loop(self) -> None:
@@ -168,14 +158,14 @@ class Flusher:
             await self._flush_due(due, unstarted=unstarted)
         finally:
             for query_id in unstarted:
-                self._acks.release(query_id)
+                self._blobs.end(query_id)
 
     async def _check(self, *, final: bool = False) -> list[str] | None:
         """The due queries, oldest first, from their flush state alone (no checkpoint is
         read); None when Redis could not be read."""
-        admin_ops = self._locks.generations()  # before the read: an op after it voids it
+        since = self._core.stamp  # before the read: an admin op after it voids what it says
         try:
-            now_ms, entries = await self._buffer.pending(extra=list(self._acks))
+            now_ms, entries = await self._buffer.pending(extra=self._blobs.waiting())
         except SidecarError as exc:
             log.warning("flush check skipped: %s", exc)
             return None
@@ -186,20 +176,24 @@ class Flusher:
             if query_id not in pending:
                 self._quarantined.readable(query_id, "redis")  # flushed or deleted meanwhile
         self._pending = pending
-        if self._recovering is None:
+        if not self._recovered:
             # Recovery: whatever a previous run acknowledged but did not flush is due now,
             # whatever the thresholds, and stays due until flushed (e.g. once the dead
             # daemon's lease has expired).
-            self._recovering = set(pending)
-            if self._recovering:
+            self._recovered = True
+            for query_id in pending:
+                self._core.view(query_id).recovering = True
+            if pending:
                 log.info(
                     "recovering %d query(ies) left pending by a previous run: %s",
-                    len(self._recovering),
-                    ", ".join(sorted(self._recovering)),
+                    len(pending),
+                    ", ".join(sorted(pending)),
                 )
         due: list[tuple[float, str]] = []
         for e in entries:
-            query_id, count, label = e.query_id, e.pending, self._labels.get(e.query_id)
+            query_id, count = e.query_id, e.pending
+            known = self._core.get(query_id)
+            label = known.label if known is not None and known.label else None
             first_ms = now_ms if count == 0 or e.first_pending_ms is None else e.first_pending_ms
             age_s = max(0.0, (now_ms - first_ms) / 1000)
             if label is not None:
@@ -207,11 +201,9 @@ class Flusher:
                     self._track(query_id, label)
                 m.pending_updates.labels(label).set(count or 0)
                 m.checkpoint_age.labels(label).set(age_s)
-            if e.flushed_batch_id is not None and not self._locks.changed_since(
-                query_id, admin_ops
-            ):
-                self._acks.durable(query_id, e.flushed_batch_id)
-            if count == 0 or (not final and not self._backoff.ready(query_id)):
+            if e.flushed_batch_id is not None:
+                self._blobs.flushed_in_redis(query_id, e.flushed_batch_id, since)
+            if count == 0 or (not final and not self._blobs.ready(query_id)):
                 continue
             # Read the row of an unreadable count (quarantined then), of a query not seen yet
             # (its row tells its name, then whether it is due), of an unknown age (due now).
@@ -221,12 +213,10 @@ class Flusher:
 
     def _due(self, q: PendingEntry | PendingQuery, age_s: float) -> bool:
         cfg, factor = self._config, 1 - THRESHOLD_JITTER * spread(q.query_id)
-        return (
-            (q.pending or 0) >= cfg.count_threshold
-            or age_s >= cfg.time_threshold_s * factor
-            or q.query_id in self._acks
-            or q.query_id in (self._recovering or ())
-        )
+        if (q.pending or 0) >= cfg.count_threshold or age_s >= cfg.time_threshold_s * factor:
+            return True
+        known = self._core.get(q.query_id)
+        return known is not None and (bool(known.waiters) or known.recovering)
 
     async def _flush_due(
         self, due: list[str], *, final: bool = False, unstarted: set[str] | None = None
@@ -236,22 +226,22 @@ class Flusher:
         ``unstarted``: the loop's queries not yet released."""
         failed = 0
 
-        async def flush(q: PendingQuery, admin_ops: dict[str, int]) -> None:
+        async def flush(q: PendingQuery, since: int) -> None:
             nonlocal failed
             try:
-                async with self._limiter, self._locks.held(q.query_id):
-                    if self._locks.changed_since(q.query_id, admin_ops):
+                async with self._limiter, self._blobs.flushing(q.query_id):
+                    if not self._core.current(q.query_id, since):
                         return  # reset or retired since the snapshot: this flush would undo it
                     if not await self._flush(q):
                         failed += 1
             finally:
                 if unstarted is not None:
-                    self._acks.release(q.query_id)
+                    self._blobs.end(q.query_id)
 
         for i in range(0, len(due), ROWS_PER_READ):
             async with self._row_reads:
                 ids = due[i : i + ROWS_PER_READ]
-                admin_ops = self._locks.generations()  # before the read: an op after it voids it
+                since = self._core.stamp  # before the read: an admin op after it voids it
                 try:
                     rows = await self._buffer.snapshot(ids, only=True)
                 except SidecarError as exc:
@@ -265,17 +255,18 @@ class Flusher:
                 async with anyio.create_task_group() as tg:
                     for q in rows.queries:
                         self._quarantined.readable(q.query_id, "redis")
-                        self._labels[q.query_id] = q.checkpoint.label  # tracked from the next check
-                        changed = self._locks.changed_since(q.query_id, admin_ops)
-                        if q.flushed_batch_id is not None and not changed:
-                            self._acks.durable(q.query_id, q.flushed_batch_id)
+                        self._core.view(
+                            q.query_id, q.checkpoint.label
+                        )  # tracked from the next check
+                        if q.flushed_batch_id is not None:
+                            self._blobs.flushed_in_redis(q.query_id, q.flushed_batch_id, since)
                         age_s = (q.snapshot_ms - (q.first_pending_ms or 0)) / 1000
                         if q.pending > 0 and (final or self._due(q, age_s)):
                             started.add(q.query_id)
-                            tg.start_soon(flush, q, admin_ops)
+                            tg.start_soon(flush, q, since)
                     if unstarted is not None:  # read, and not due after all
                         for query_id in unstarted.intersection(ids) - started:
-                            self._acks.release(query_id)
+                            self._blobs.end(query_id)
                         unstarted.difference_update(ids)
         return failed
 
@@ -284,14 +275,20 @@ class Flusher:
         while await self.tick(final=True):  # noqa: ASYNC110 - a pause between flush passes
             await anyio.sleep(0.2)
 
-    # --- one query -------------------------------------------------------------------------
+    # --- one query ---------------------------------------------------------------------------
 
-    def _blob_holds(
-        self, lease: QueryLease, query_id: str, batch_id: int, doc: CheckpointDocument | None
-    ) -> None:
-        lease.record_blob(batch_id, doc)
-        if self._floors is not None:
-            self._floors.raise_to(query_id, batch_id)
+    async def _reread(self, q: PendingQuery) -> PendingQuery | None:
+        """The query's row read again (None: nothing pending any more)."""
+        since = self._core.stamp
+        rows = await self._buffer.snapshot([q.query_id], only=True)
+        self._metrics.flush_bodies_read.inc(len(rows.queries))
+        fresh = next((r for r in rows.queries if r.query_id == q.query_id), None)
+        if fresh is not None and fresh.flushed_batch_id is not None:
+            self._blobs.flushed_in_redis(q.query_id, fresh.flushed_batch_id, since)
+        if fresh is None or fresh.pending == 0:
+            log.debug("flush query=%s: nothing pending any more", q.checkpoint.label)
+            return None
+        return fresh
 
     async def _flush(self, q: PendingQuery) -> bool:
         """Flush one query. False when it failed and must be retried (not: not owned, or a
@@ -299,20 +296,30 @@ class Flusher:
         checkpoint = q.checkpoint
         label = checkpoint.label
         m = self._metrics
-        lease = await self._leases.ensure_held(q.query_id, label)
+        lease = await self._blobs.held(q.query_id, label)
         if lease is None:
             m.flushes.labels("not_owned").inc()
             log.debug("flush query=%s batch=%d skipped: lease not held", label, q.batch_id)
             return True
         try:
-            blob_batch_id = lease.blob_batch_id
-            if blob_batch_id is None:
-                doc = await self._store.read(q.query_id)
-                self._quarantined.readable(q.query_id, "blob")
-                blob_batch_id = doc.batch_id if doc is not None else -1
-                self._blob_holds(lease, q.query_id, blob_batch_id, doc)
-            if checkpoint.batch_id <= blob_batch_id:
-                durable = blob_batch_id
+            plan = self._core.plan(q.query_id, checkpoint.batch_id, lease.term)
+            if plan.step is Step.READ:
+                # What the blob holds under this lease term is not known: read it.
+                known = self._core.view(q.query_id).document
+                doc = await self._blobs.document(q.query_id, lease)
+                seen_reset = known.reset_at if known is not None else None
+                if doc is not None and doc.reset_at not in (None, seen_reset):
+                    # Reset by another owner, who then let go: the row was read before the
+                    # lease was ours, maybe before that reset (Redis first, then the blob).
+                    # Read it again, now that nobody else can write: a reset is never undone.
+                    fresh = await self._reread(q)
+                    if fresh is None:
+                        return True
+                    q, checkpoint = fresh, fresh.checkpoint
+                plan = self._core.plan(q.query_id, checkpoint.batch_id, lease.term)
+            self._quarantined.readable(q.query_id, "blob")
+            if plan.step is Step.SKIP:
+                durable = plan.blob_batch
                 result = "skipped"
                 log.info(
                     "flush query=%s batch=%d: blob already holds batch %d, not writing",
@@ -320,30 +327,38 @@ class Flusher:
                     checkpoint.batch_id,
                     durable,
                 )
+                self._blobs.skipped(q.query_id)
             else:
-                doc = self._documents.build(checkpoint, lease.blob_document)
-                body = encode_document(doc)
+                doc = self._documents.build(checkpoint, plan.previous, self._core.view(q.query_id))
                 started = time.perf_counter()
                 await self._store.write(
-                    q.query_id, body, lease_id=self._leases.lease_id, query_name=checkpoint.name
+                    q.query_id,
+                    encode_document(doc),
+                    lease_id=self._blobs.leases.lease_id,
+                    query_name=checkpoint.name,
                 )
                 m.flush_seconds.observe(time.perf_counter() - started)
                 durable = checkpoint.batch_id
-                self._blob_holds(lease, q.query_id, durable, doc)
+                # Waiting acks are answered now, not after the bookkeeping below, whose
+                # failure retries the flush.
+                self._blobs.written(q.query_id, lease, doc)
                 result = "ok"
-            # The blob holds `durable` (written or read under the lease): waiting acks are
-            # answered now, not after the bookkeeping below, whose failure retries the flush.
-            self._acks.durable(q.query_id, durable)
             left = await self._buffer.mark_flushed(q, durable)
         except LeaseLost as exc:
             m.flushes.labels("lease_lost").inc()
-            self._leases.lost(q.query_id, str(exc))
+            self._blobs.lost(q.query_id, str(exc))
             return True
         except SidecarError as exc:
             m.flushes.labels("error").inc()
             # A retriable error (store or Redis down) retries soon; any other (a refused
-            # credential, a bad request) waits the full cap: it needs an operator first.
-            delay = self._backoff.failed(q.query_id, give_up_ramp=not exc.retriable)
+            # credential, a bad request) waits the full cap: it needs an operator first. A
+            # store call that timed out or lost its connection may have written: read the
+            # blob again before the next write.
+            delay = self._blobs.failed(
+                q.query_id,
+                retriable=exc.retriable,
+                outcome_unknown=isinstance(exc, StoreUnavailable),
+            )
             level = logging.WARNING if exc.retriable else logging.ERROR
             if isinstance(exc, CorruptRecord) and not self._quarantined.add(q.query_id, exc):
                 level = logging.DEBUG  # logged once, when it was first found unreadable
@@ -352,16 +367,14 @@ class Flusher:
                 "flush query=%s batch=%d failed (retry %d in %.1fs): %s",
                 label,
                 q.batch_id,
-                self._backoff.failures(q.query_id),
+                self._core.backoff.failures(q.query_id),
                 delay,
                 exc,
             )
             # A quarantined blob is not a failure the final flush should keep retrying until
             # the grace period ends: only an operator can fix it (the update stays in Redis).
             return isinstance(exc, CorruptRecord)
-        self._backoff.succeeded(q.query_id)
-        if self._recovering:
-            self._recovering.discard(q.query_id)
+        self._core.flushed(q.query_id)
         m.flushes.labels(result).inc()
         m.checkpoint_batch_id.labels(label).set(durable)
         m.pending_updates.labels(label).set(left)

@@ -20,6 +20,11 @@ States and transitions (anything else raises :class:`IllegalTransition`)::
 A retired query's lease is released and forgotten: if the query writes again, a new lease
 starts in ACQUIRING.
 
+Each acquisition starts a new **term** (a number no other acquisition of this manager has).
+Whatever was learnt of the blob under one term (``sidecar.flush.core``) is void under the
+next: someone else may have written the blob while we did not hold it. This module knows
+nothing of what the blob holds.
+
 LOST is "not owned": nothing is written, updates stay buffered in Redis, the state shows
 in ``checkpoint_sidecar_lease_held{query}``, logs and ``/readyz``, and acquisition is
 retried with capped exponential backoff and jitter (by the manager's own loop, so an idle
@@ -35,19 +40,19 @@ happens under the lease's lock, so it never interleaves with ``ensure_held`` or 
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from sidecar.backoff import Backoff
 from sidecar.errors import LeaseConflict, LeaseLost, SidecarError
-from sidecar.model.document import CheckpointDocument
-from sidecar.store.blobs import BlobStore
 from sidecar.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -109,21 +114,12 @@ class QueryLease:
     #: Monotonic time of the next acquisition attempt (while LOST).
     retry_at: float = 0.0
     failures: int = 0
-    #: Batch id the blob holds, read after each acquisition (-1: empty blob); None: unknown.
-    #: Only valid while the lease is held without a gap: reset on every (re)acquisition.
-    blob_batch_id: int | None = field(default=None)
-    #: The document the blob holds (None: empty, or unknown), kept with ``blob_batch_id`` so
-    #: the next write carries its history forward without reading the blob again.
-    blob_document: CheckpointDocument | None = field(default=None)
+    #: The current acquisition (0: never acquired); new on every acquisition, so knowledge
+    #: of the blob tied to an older term is known to be stale.
+    term: int = 0
     #: Serialises acquire, release and the loop's state changes of this lease (a flush tick,
     #: the final flush and the lease loop may overlap).
     lock: anyio.Lock = field(default_factory=anyio.Lock)
-
-    def record_blob(self, batch_id: int, document: CheckpointDocument | None = None) -> None:
-        """What the blob holds now: read after acquiring, or just written under this lease
-        (``document``: when known, the document itself)."""
-        self.blob_batch_id = batch_id
-        self.blob_document = document
 
     def to(self, new: LeaseState, reason: str) -> None:
         if new not in _ALLOWED[self.state]:
@@ -136,12 +132,24 @@ class QueryLease:
         self.state = new
 
 
+class LeaseStore(Protocol):
+    """The lease calls of the blob store (``sidecar.store.blobs.BlobStore``)."""
+
+    async def create_if_absent(self, query_id: str) -> None: ...
+
+    async def acquire_lease(self, query_id: str, lease_id: str, duration_s: int) -> None: ...
+
+    async def renew_lease(self, query_id: str, lease_id: str) -> None: ...
+
+    async def release_lease(self, query_id: str, lease_id: str) -> None: ...
+
+
 class LeaseManager:
     """Acquires, renews and releases the leases of every query this daemon flushes."""
 
     def __init__(
         self,
-        store: BlobStore,
+        store: LeaseStore,
         lease_id: str,
         duration_s: int,
         metrics: Metrics,
@@ -158,11 +166,12 @@ class LeaseManager:
         self._clock = clock
         self._jitter = jitter
         self._leases: dict[str, QueryLease] = {}
+        self._terms = itertools.count(1)
         #: Queries with a renewal or a re-acquisition under way in the loop (one at a time).
         self._busy: set[str] = set()
         # The cap keeps a standby's takeover within about a third of a lease duration after
         # the owner lets go.
-        self._backoff = Backoff(1.0, self.renew_every_s, clock=clock)
+        self._backoff = Backoff(1.0, self.renew_every_s, clock=clock, jitter=jitter)
 
     @property
     def renew_every_s(self) -> float:
@@ -224,8 +233,7 @@ class LeaseManager:
         lease.valid_until = started + self._duration_s - EXPIRY_MARGIN_S
         lease.renew_at = started + renew_delay(self.renew_every_s, self._jitter())
         lease.failures = 0
-        # Someone else may have written while we did not own it.
-        lease.blob_batch_id, lease.blob_document = None, None
+        lease.term = next(self._terms)  # someone else may have written while we did not own it
         lease.to(LeaseState.HELD, f"acquired for {self._duration_s}s")
         self._metrics.lease_held.labels(lease.label).set(1)
         return lease

@@ -6,8 +6,9 @@
                    │ yes
                    ▼
                WriteCoalescer ─▶ Redis (one round trip per batch of updates), never older
-                   │ applied / stale       than the blob (sidecar.flush.floor: the first update of
-                   │                       a query Redis does not know reads the blob first)
+                   │ applied / stale       than the blob (the floor: the first update of a
+                   │                       query Redis does not know reads the blob first;
+                   │                       one the floor alone refuses reads it again, rarely)
                    ├─▶ observe (lag gauges)
                    └─▶ ack_mode=blob: wait until the blob holds it (≤ blob_ack_timeout_s)
     get      ─▶ Redis ─▶ the blob instead when it is newer or Redis has nothing
@@ -15,8 +16,8 @@
     reset, retire (admin) ─▶ the admin callable (sidecar.daemon.admin_ops): the lease owner
     bad line ─▶ counted, logged, error reply
 
-The server (``sidecar.ingest.server``) calls :meth:`RequestHandler.begin` for every event of one
-read before awaiting any reply, so the updates of a read share a Redis round trip; the
+The server (``sidecar.ingest.server``) calls :meth:`RequestHandler.begin` for every event of
+one read before awaiting any reply, so the updates of a read share a Redis round trip; the
 replies are then awaited and written in request order. In blob ack mode each update's wait
 for its blob starts at once too (a task per update), so the acks of a read, and of later
 reads, join the same blob write instead of waiting for one write each in turn. What lies
@@ -34,7 +35,8 @@ from typing import Protocol
 
 import msgspec
 
-from sidecar.buffer.redis_buffer import NO_BLOB, Outcome, RedisBuffer
+from sidecar.buffer.lua import NO_BLOB
+from sidecar.buffer.redis_buffer import Outcome, RedisBuffer
 from sidecar.errors import NotReplicated, SidecarError
 from sidecar.ingest.coalescer import PendingWrite, WriteCoalescer
 from sidecar.model import checkpoint as ckpt
@@ -78,6 +80,10 @@ class Floors(Protocol):
     async def load(self, query_id: str) -> int:
         """The floor, read from the blob unless known (raises the store's errors)."""
 
+    async def recheck(self, query_id: str) -> int | None:
+        """The floor alone refused an update: the floor read from the blob again, or None
+        when it was read too recently (raises the store's errors)."""
+
 
 class RequestHandler:
     """Turns protocol events into reply bytes. One per daemon, shared by all connections."""
@@ -98,7 +104,7 @@ class RequestHandler:
     ) -> None:
         """``wait_durable`` given: ``ack_mode=blob`` (acknowledge once in the blob).
         ``floors`` given: no update older than the query's blob is stored, and ``get``
-        answers with the blob when it is newer than Redis (``sidecar.flush.floor``). ``admin``:
+        answers with the blob when it is newer than Redis (``sidecar.flush.blob_state``). ``admin``:
         performs ``reset`` / ``retire``; ``heard``: told the query id of every progress."""
         self._coalescer = coalescer
         self._buffer = buffer
@@ -162,6 +168,12 @@ class RequestHandler:
                 # Redis does not know the query: read its blob's batch first (once per query).
                 floor = await self._floors.load(c.query_id)
                 outcome = await (await self._coalescer.submit(c, floor))
+            if outcome is Outcome.BELOW_FLOOR and self._floors is not None:
+                # Redis would take it, the floor alone refused it: the blob may have been
+                # rewound elsewhere (a reset through another daemon). Read it again, rarely.
+                again = await self._floors.recheck(c.query_id)
+                if again is not None:
+                    outcome = await (await self._coalescer.submit(c, again))
             applied = outcome is Outcome.APPLIED
         except NotReplicated as exc:  # stored on the primary only: not rejected, not acked
             self._metrics.not_durable.labels("replicas").inc()

@@ -13,10 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from sidecar.buffer.keys import Keys
-from sidecar.buffer.redis_buffer import NO_BLOB
 from sidecar.config import Config
-from sidecar.errors import CorruptRecord
-from sidecar.flush.floor import LISTING_MAX_AGE_S, BlobFloors
 from sidecar.ops.client import SidecarClient
 from tests.helpers import blob_reader, running_daemon, seed, wait_blob_batch
 from tests.services import Azurite, RedisServer
@@ -90,7 +87,7 @@ async def test_a_daemon_started_on_an_emptied_redis_reads_the_floor_from_the_blo
             )
             stored = await redis_batch(config, QID)
             newer = await c.progress(kafka_progress(QID, 12))
-        assert daemon.floors.known(QID) in (10, 12)  # read from the blob, then raised
+        assert daemon.blobs.known(QID) in (10, 12)  # read from the blob, then raised
     assert [(r.ok, r.applied) for r in replies] == [(True, False)] * 3
     assert stored is None  # none of them reached Redis
     assert newer.applied is True
@@ -136,95 +133,3 @@ async def test_while_the_store_is_down_known_queries_are_acked_and_a_new_one_wai
     assert known.ok and known.applied is True
     assert not new.ok and new.error is not None and new.error.code == "unavailable"
     assert resent.ok and resent.applied is True
-
-
-# --- the floor cache itself (pure logic; the tests above run the same paths for real) --------
-
-
-async def test_concurrent_first_updates_share_one_blob_read() -> None:
-    reads: list[str] = []
-    release = anyio.Event()
-
-    async def read(query_id: str) -> int | None:
-        reads.append(query_id)
-        await release.wait()
-        return 7
-
-    floors = BlobFloors(read)
-    got: list[int] = []
-
-    async def load() -> None:
-        got.append(await floors.load(QID))
-
-    async with anyio.create_task_group() as tg:
-        for _ in range(5):
-            tg.start_soon(load)
-        await anyio.wait_all_tasks_blocked()
-        release.set()
-    assert reads == [QID] and got == [7] * 5
-    floors.raise_to(QID, 5)  # never lowered
-    assert floors.known(QID) == 7
-    floors.raise_to(QID, 9)
-    assert floors.known(QID) == 9
-    floors.forget(QID)
-    assert floors.known(QID) is None
-
-
-async def test_a_blob_read_begun_before_a_reset_does_not_raise_its_floor_back() -> None:
-    # The blob still held batch 9 when the read began; a reset to batch 4 lands meanwhile.
-    release = anyio.Event()
-
-    async def read(query_id: str) -> int | None:
-        await release.wait()
-        return 9
-
-    floors = BlobFloors(read)
-    got: list[int] = []
-
-    async def load() -> None:
-        got.append(await floors.load(QID))
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(load)
-        await anyio.wait_all_tasks_blocked()
-        floors.reset_to(QID, 4)
-        release.set()
-    assert got == [4] and floors.known(QID) == 4  # batches 5..9 are stored again
-
-
-async def test_no_blob_and_an_unreadable_blob_are_no_floor() -> None:
-    async def missing(query_id: str) -> int | None:
-        return None
-
-    async def unreadable(query_id: str) -> int | None:
-        raise CorruptRecord("blob", f"{query_id}.json", "is not a checkpoint document")
-
-    assert await BlobFloors(missing).load(QID) == NO_BLOB
-    assert await BlobFloors(unreadable).load(QID) == NO_BLOB
-
-
-async def test_queries_without_a_blob_cost_one_listing_not_a_read_each() -> None:
-    reads: list[str] = []
-    listings: list[float] = []
-    now = [0.0]
-
-    async def read(query_id: str) -> int | None:
-        reads.append(query_id)
-        return 4
-
-    async def listing() -> set[str]:
-        listings.append(now[0])
-        return {QID} if len(listings) == 1 else {QID, NEW}
-
-    floors = BlobFloors(read, listing, clock=lambda: now[0])
-    for i in range(1000):  # a client inventing query ids
-        assert await floors.load(f"invented-{i}") == NO_BLOB
-    assert await floors.load(QID) == 4
-    assert (len(listings), reads) == (1, [QID])
-    assert len(floors) == 1  # no floor kept for queries without a blob
-
-    now[0] = LISTING_MAX_AGE_S + 1  # another daemon may have created NEW's blob since
-    assert await floors.load(NEW) == 4
-    assert listings == [0.0, LISTING_MAX_AGE_S + 1] and reads == [QID, NEW]
-    floors.raise_to("written-here", 2)  # the flusher wrote a first blob: no listing needed
-    assert await floors.load("written-here") == 2 and len(listings) == 2

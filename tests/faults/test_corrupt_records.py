@@ -30,7 +30,7 @@ from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 import spark_bridge
 from sidecar.buffer.keys import Keys
 from sidecar.config import Config
-from sidecar.flush import flusher
+from sidecar.flush import blob_state
 from sidecar.model import checkpoint as ckpt
 from sidecar.model.document import CheckpointDocument, Writer, encode_document
 from sidecar.ops.client import SidecarClient
@@ -232,8 +232,8 @@ async def test_an_unreadable_blob_is_counted_and_logged_once_and_deleting_it_let
     make_config: ConfigFactory, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Retry a failed flush within 0.2 s (not 30 s), so many retries meet the blob.
-    monkeypatch.setattr(flusher, "RETRY_BASE_S", 0.1)
-    monkeypatch.setattr(flusher, "RETRY_CAP_S", 0.2)
+    monkeypatch.setattr(blob_state, "RETRY_BASE_S", 0.1)
+    monkeypatch.setattr(blob_state, "RETRY_CAP_S", 0.2)
     caplog.set_level(logging.INFO, "sidecar.flush.flusher")
     caplog.set_level(logging.INFO, "sidecar.flush.quarantine")  # "... is no longer unreadable"
     config = make_config(count_threshold=1)

@@ -121,7 +121,7 @@ async def test_a_lease_whose_renewal_hangs_is_lost_when_its_validity_ends_and_co
             async with await SidecarClient.connect(config.socket_path) as c:
                 assert (await c.progress(kafka_progress(QID, 1))).applied
             with anyio.fail_after(10):
-                await daemon.flusher.acks.wait(QID, 1)
+                await daemon.blobs.wait_durable(QID, 1, None)
             assert daemon.leases.state(QID) is LeaseState.HELD
             acquired = clock.now  # the lease was acquired at this (frozen) time
             valid_until = acquired + config.lease_duration_s - EXPIRY_MARGIN_S
@@ -156,7 +156,7 @@ async def test_a_lease_whose_renewal_hangs_is_lost_when_its_validity_ends_and_co
             async with await SidecarClient.connect(config.socket_path) as c:
                 assert (await c.progress(kafka_progress(QID, 2))).applied
             with anyio.fail_after(10):
-                await daemon.flusher.acks.wait(QID, 2)
+                await daemon.blobs.wait_durable(QID, 2, None)
         finally:
             proxy.resume()
             daemon.request_stop()
