@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PY35 := .venv-spark35/bin/python
 SUBSET := $(if $(strip $(PYTEST_ARGS)),yes,no)
 
-.PHONY: setup jar test run demo bench lint image clean
+.PHONY: setup jar test simulate run demo bench lint image clean
 
 setup:
 	@bash scripts/setup.sh
@@ -24,6 +24,13 @@ test: setup
 	    elif [ $$rc -eq 5 ]; then \
 	        echo "[test] no test ran on PySpark 3.5 (exit 5): check the spark/spark4 markers" >&2; \
 	    fi; exit $$rc; }
+
+## The flush simulation (tests/unit/test_flush_simulation.py) far deeper than `make test` runs
+## it: SIMULATION_EXAMPLES examples (default 5000; `make test` runs 150).
+SIMULATION_EXAMPLES ?= 5000
+simulate: setup
+	SIMULATION_EXAMPLES=$(SIMULATION_EXAMPLES) $(PY) -m pytest -p no:cacheprovider --timeout 0 \
+	    tests/unit/test_flush_simulation.py $(PYTEST_ARGS)
 
 ## Run the daemon with throw-away local redis-server and Azurite; it says when GET /readyz
 ## answers 200 (the launcher of tests/services.py). Ctrl-C / SIGTERM stops all.
