@@ -18,6 +18,7 @@ from azure.core.exceptions import HttpResponseError
 from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
 from sidecar.buffer.keys import Keys
+from sidecar.buffer.redis_buffer import Outcome, RedisBuffer
 from sidecar.config import Config
 from sidecar.daemon.app import Daemon
 from sidecar.model import checkpoint as ckpt
@@ -26,6 +27,7 @@ from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
 from tests.helpers import (
     blob_reader,
+    checkpoint_of,
     eventually,
     metric_value,
     running_daemon,
@@ -34,7 +36,7 @@ from tests.helpers import (
     seed,
     wait_blob_batch,
 )
-from tests.services import Azurite
+from tests.services import Azurite, RedisServer
 from tests.sparkshapes import kafka_progress, rate_progress
 
 ConfigFactory = Callable[..., Config]
@@ -454,3 +456,26 @@ async def test_offsets_reach_redis_and_the_blob_byte_for_byte_as_the_client_sent
     assert got.checkpoint["sources"][1]["end_offset"] == 2.5
     doc = decode_document(body)
     assert doc is not None and ckpt.offset_value(doc.history[0].end_offsets[0])["audit"] == {"0": 2}
+
+
+async def test_marking_a_flush_never_clears_a_batch_newer_than_the_blobs(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    # Redis lost the record while its batch 1 was being flushed, and an update re-created it
+    # with batch 2: its counters restarted, so its version equals the flushed row's. The mark
+    # of batch 1 must leave batch 2 pending (the real scripts, on a real redis-server).
+    buffer = RedisBuffer(redis_server.url, namespace)
+    try:
+        assert await buffer.apply([checkpoint_of(QID, 1)]) == [Outcome.APPLIED]
+        (row,) = (await buffer.snapshot()).queries
+        r = aioredis.Redis.from_url(redis_server.url)
+        await r.delete(buffer.keys.query(QID), buffer.keys.pending)
+        await r.aclose()
+        assert await buffer.apply([checkpoint_of(QID, 2)]) == [Outcome.APPLIED]
+        assert await buffer.mark_flushed(row, 1) == 1  # still owed a write
+        (left,) = (await buffer.snapshot()).queries
+        assert (left.batch_id, left.pending, left.flushed_batch_id) == (2, 1, 1)
+        assert await buffer.mark_flushed(left, 2) == 0  # that write clears it
+        assert (await buffer.snapshot()).queries == []
+    finally:
+        await buffer.aclose()

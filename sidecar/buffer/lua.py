@@ -149,6 +149,14 @@ local left = 0
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then
   left = redis.call('HINCRBY', KEYS[1], 'pending', -tonumber(ARGV[3]))
 end
+-- A batch newer than the one now in the blob is still owed a write, whatever the counters say:
+-- they restart when Redis lost the record and an update re-created it during the flush, so an
+-- equal version can be another record's.
+local cur = redis.call('HGET', KEYS[1], 'batch_id')
+if left <= 0 and batch(cur) and newer(cur, ARGV[5]) then
+  left = 1
+  redis.call('HSET', KEYS[1], 'pending', 1)
+end
 if left <= 0 then
   redis.call('HSET', KEYS[1], 'pending', 0)
   redis.call('HDEL', KEYS[1], 'first_pending_ms')

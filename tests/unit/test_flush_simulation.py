@@ -596,6 +596,16 @@ FOUND = {
         "update(query='q1', back=0, blob_ack=True)",
         "failover_and_back(query='q1', flush=False, reset_back=1)",
     ],
+    # Redis lost its data during a flush and an update re-created the record: its version
+    # counter restarted, equal to the flushed row's, and the flush marked the newer batch
+    # flushed (an acknowledged update lost). Marking now keeps a batch newer than the blob's
+    # pending.
+    "a mark after Redis lost the record": [
+        "store_latency(latency_s=1.5)",
+        "update(query='q1', back=0, blob_ack=True)",
+        "redis_loses_its_data()",
+        "update(query='q1', back=0, blob_ack=False)",
+    ],
     # After Redis lost its data, a blob-mode ack of a batch the blob held waited for a write
     # that would never come. (A floor read from the blob now counts for acks.)
     "an ack after Redis lost its data": [
