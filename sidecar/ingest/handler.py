@@ -17,21 +17,22 @@
     bad line ─▶ counted, logged, error reply
 
 The server (``sidecar.ingest.server``) calls :meth:`RequestHandler.begin` for every event of
-one read before awaiting any reply, so the updates of a read share a Redis round trip; the
-replies are then awaited and written in request order. In blob ack mode each update's wait
-for its blob starts at once too (a task per update), so the acks of a read, and of later
-reads, join the same blob write instead of waiting for one write each in turn. What lies
-beyond Redis — lag, the flusher's durability, the blob lookup — reaches this module as
-callables wired in ``sidecar.daemon.app``, so the flow of imports stays one way.
+one read before awaiting any reply, so the updates of a read share a Redis round trip; each
+returns an :class:`Answer`, awaited in the request's turn and written in request order. In
+blob ack mode an update's answer is marked ``at_once``: the server starts it in a task of the
+connection's group right away, so the acks of a read, and of later reads, join the same blob
+write instead of waiting for one write each in turn. What lies beyond Redis — lag, the
+blobs' floors and durability, the blob lookup — reaches this module as callables and
+protocols wired in ``sidecar.daemon.app``, so the flow of imports stays one way.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import msgspec
 
@@ -43,6 +44,7 @@ from sidecar.model import checkpoint as ckpt
 from sidecar.telemetry.metrics import Metrics
 from sidecar.wire.protocol import (
     ADMIN_OPS,
+    INTERNAL_MESSAGE,
     AdminRequest,
     BadRequest,
     ErrorCode,
@@ -59,9 +61,26 @@ from sidecar.wire.protocol import (
 
 log = logging.getLogger(__name__)
 
-#: The reply of one request: ready now (bytes), already running (a future: blob-mode acks),
-#: or to be awaited in its turn, after every request of the same read was begun.
-Reply = bytes | asyncio.Future[bytes] | Callable[[], Awaitable[bytes]]
+
+@dataclass(slots=True)
+class Answer:
+    """A request's reply in the making, the one type :meth:`RequestHandler.begin` returns:
+    awaiting it gives the reply's bytes. The server awaits it in the request's turn, or, when
+    ``at_once``, starts it right away in a task of the connection's task group (a blob-mode
+    ack waits for the blob from when it was read, not from its turn)."""
+
+    request_id: RequestId
+    make: Coroutine[Any, Any, bytes]
+    at_once: bool = False
+
+    def __await__(self) -> Generator[Any, None, bytes]:
+        return self.make.__await__()
+
+
+async def _now(reply: bytes) -> bytes:
+    return reply
+
+
 #: True once the query's blob holds this batch or a newer one, False after the timeout (s).
 WaitDurable = Callable[[str, int, float], Awaitable[bool]]
 #: A checkpoint read from the blob store, by query id or by name (encoded), or None.
@@ -122,27 +141,28 @@ class RequestHandler:
         self._no_offsets = metrics.updates.labels("no_offsets")
         self._rejected = metrics.updates.labels("rejected")
 
-    async def begin(self, event: Event) -> Reply:
-        """Start handling ``event`` (a progress is submitted to Redis now); return its reply."""
+    async def begin(self, event: Event) -> Answer:
+        """Start handling ``event`` (a progress is submitted to Redis now); its answer."""
         started = time.perf_counter()
         if self._heard is not None and isinstance(event, Progress):
             self._heard(event.checkpoint.query_id)
         match event:
             case Progress(id=rid, checkpoint=c) if not ckpt.has_position(c):
-                return self._no_position(rid, c, started)
+                return Answer(rid, _now(self._no_position(rid, c, started)))
             case Progress(id=rid, checkpoint=c):
                 slot = await self._coalescer.submit(c, self._floor_of(c.query_id))
-                if self._wait_durable is not None:  # blob mode: wait for the blob from now
-                    return asyncio.ensure_future(self._progress(rid, c, slot, started))
-                return lambda: self._progress(rid, c, slot, started)
+                # Blob mode: the wait for the blob starts now, beside the other requests.
+                at_once = self._wait_durable is not None
+                return Answer(rid, self._progress(rid, c, slot, started), at_once)
             case Get(id=rid, query_id=query_id, name=name):
-                return lambda: self._get(rid, query_id, name)
+                # In its turn: after every earlier request of the connection (read your writes).
+                return Answer(rid, self._get(rid, query_id, name))
             case Ping(id=rid):
-                return encode_ok(rid)
+                return Answer(rid, _now(encode_ok(rid)))
             case Reset() | Retire():
-                return lambda: self._admin_op(event)
+                return Answer(event.id, self._admin_op(event))
             case BadRequest():
-                return self._bad(event)
+                return Answer(event.id, _now(self._bad(event)))
         raise AssertionError(f"unhandled event {event!r}")
 
     def _floor_of(self, query_id: str) -> int | None:
@@ -184,7 +204,7 @@ class RequestHandler:
         except Exception:
             log.exception("storing update query=%s batch=%d failed", c.label, c.batch_id)
             self._rejected.inc()
-            return self._error(rid, ErrorCode.INTERNAL, "internal error; see daemon log")
+            return self._error(rid, ErrorCode.INTERNAL, INTERNAL_MESSAGE)
         (self._applied if applied else self._stale).inc()
         if applied and self._observe is not None:
             self._observe(c)

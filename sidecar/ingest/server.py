@@ -1,14 +1,19 @@
 """The socket server: a thin I/O shell around :mod:`sidecar.wire.protocol` and a request handler.
 
-Read bytes, feed the decoder, hand the events to the handler (``sidecar.ingest.handler``, wired in
-``sidecar.daemon.app``), write the replies — the protocol's rules live in the pure module, what a
-request does lives in the handler. Per connection, every event of one read is begun before
-any reply is awaited, so updates pipelined by one client (and those of concurrent clients)
-share a Redis round trip; replies still go out in request order. A connection keeps reading
-while earlier replies are owed (at most ``MAX_OWED_REPLIES``): in blob ack mode the acks of
-later reads join the next blob write instead of waiting for the earlier ones' write to end.
-A ``get`` is answered after every earlier request of its connection, so a client reads its
-own writes.
+Read bytes, feed the decoder, hand the events to the handler (``sidecar.ingest.handler``,
+wired in ``sidecar.daemon.app``), write the replies — the protocol's rules live in the pure
+``sidecar.wire.protocol``, the order and bound of owed replies in the pure
+``sidecar.ingest.replies``, what a request does in the handler. Per connection, every event of
+one read is begun before any reply is awaited, so updates pipelined by one client (and those
+of concurrent clients) share a Redis round trip; replies still go out in request order. A
+connection keeps reading while earlier replies are owed (at most ``MAX_OWED_REPLIES``): in
+blob ack mode the acks of later reads join the next blob write instead of waiting for the
+earlier ones' write to end. A ``get`` is answered after every earlier request of its
+connection, so a client reads its own writes.
+
+Each connection is one task group (``asyncio.TaskGroup``: a task per blob-mode ack costs a
+fifth of an anyio task here) holding its answering task and every reply started at once;
+the connection ends only when they have. The reading happens in the group's body.
 
 Admin ops (``reset``, ``retire``) are refused per listener, before the handler sees them:
 on the Unix socket unless ``SIDECAR_ADMIN_OPS``, on TCP unless ``SIDECAR_ADMIN_OPS_TCP`` too
@@ -26,9 +31,8 @@ import logging
 import os
 import socket
 import stat
-from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import ByteStream, Listener, SocketAttribute, TaskGroup, TaskStatus
@@ -36,14 +40,19 @@ from anyio.abc import ByteStream, Listener, SocketAttribute, TaskGroup, TaskStat
 from sidecar.config import Config
 from sidecar.errors import SocketInUse
 from sidecar.ingest.connection import Connection
+from sidecar.ingest.replies import MAX_OWED_REPLIES, OwedReplies
 from sidecar.telemetry.metrics import Metrics
-from sidecar.wire.protocol import ErrorCode, Event, ServerConnection, encode_error
+from sidecar.wire.protocol import (
+    INTERNAL_MESSAGE,
+    ErrorCode,
+    Event,
+    RequestId,
+    ServerConnection,
+    encode_error,
+)
 
 log = logging.getLogger(__name__)
 
-#: Replies one connection may owe (requests read, not yet answered) before it stops reading:
-#: a client pipelining without reading its replies meets backpressure, not a growing queue.
-MAX_OWED_REPLIES = 4096
 #: accept() failures that are a passing shortage (descriptors, memory, an aborted
 #: handshake): logged, and accepting goes on after a pause, as a loaded server must.
 _ACCEPT_RETRY = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED}
@@ -131,15 +140,20 @@ async def _remove_if_ours(path: str, inode: int) -> None:
         pass
 
 
-#: What :meth:`Handler.begin` returns (``sidecar.ingest.handler.Reply``): bytes ready now, a future
-#: already running, or a coroutine function awaited in the request's turn.
-Reply = bytes | asyncio.Future[bytes] | Callable[[], Awaitable[bytes]]
+class Answer(Protocol):
+    """A request's reply in the making (``sidecar.ingest.handler.Answer``)."""
+
+    request_id: RequestId
+    at_once: bool
+
+    @property
+    def make(self) -> Coroutine[Any, Any, bytes]: ...
 
 
 class Handler(Protocol):
     """What the server needs of the request handler (``sidecar.ingest.handler.RequestHandler``)."""
 
-    async def begin(self, event: Event) -> Reply: ...
+    async def begin(self, event: Event) -> Answer: ...
 
 
 class SocketServer:
@@ -244,7 +258,7 @@ class SocketServer:
         self._connections += 1
         self._metrics.connections.inc()
         failures = _Failures(self._connections)
-        owed: deque[tuple[Event, Reply | None]] = deque()
+        owed: OwedReplies[Answer] = OwedReplies(MAX_OWED_REPLIES)
         conn: Connection | None = None
         closed = False
         try:
@@ -253,9 +267,9 @@ class SocketServer:
             if self._stopping:
                 conn.stop_reading()
             turn = _Turns()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._answer, conn, owed, turn, failures)
-                await self._read(conn, owed, turn, failures, self._admin_refusal(sock))
+            async with asyncio.TaskGroup() as replies:
+                replies.create_task(self._answer(conn, owed, turn, failures))
+                await self._read(conn, owed, turn, failures, self._admin_refusal(sock), replies)
             conn.close()  # after the replies still queued
             closed = True
         except Exception:
@@ -270,9 +284,8 @@ class SocketServer:
                 self._open.discard(conn)
                 if not closed:
                     conn.abort()
-            for _, reply in owed:  # cut (the daemon's stop): nobody will await these
-                if isinstance(reply, asyncio.Future) and not reply.cancel():
-                    reply.cancelled() or reply.exception()  # retrieved: not logged at exit
+            for answer in owed.drop():  # cut (the daemon's stop): nobody will await these
+                answer.make.close()
             self._active -= 1
             self._metrics.connections.dec()
             if self._stopping and self._active == 0:
@@ -289,10 +302,11 @@ class SocketServer:
     async def _read(
         self,
         conn: Connection,
-        owed: deque[tuple[Event, Reply | None]],
+        owed: OwedReplies[Answer],
         turn: _Turns,
         f: _Failures,
         admin_refusal: str | None,
+        replies: asyncio.TaskGroup,
     ) -> None:
         """Read and begin every request (a request that fails to begin, a bug, answers
         ``internal``) until the input ends or the protocol closes the connection."""
@@ -301,58 +315,61 @@ class SocketServer:
             while not decoder.closed and (data := await conn.read()):
                 for event in decoder.receive_data(data):
                     try:
-                        reply: Reply | None = await self._handler.begin(event)
+                        answer = await self._handler.begin(event)
                     except Exception:
-                        f.log(event)
-                        reply = None
-                    owed.append((event, reply))
+                        f.log(event.id)
+                        owed.settle(owed.owe(), self._internal_error(event.id))
+                    else:
+                        if answer.at_once:
+                            slot = owed.owe()
+                            replies.create_task(self._settle(answer, slot, owed, turn, f))
+                        else:
+                            owed.owe(answer)
                     turn.more.set()
-                    while len(owed) >= MAX_OWED_REPLIES:
+                    while owed.full:
                         turn.room.clear()
                         await turn.room.wait()
         finally:
             turn.reading = False
             turn.more.set()
 
+    async def _settle(
+        self, answer: Answer, slot: int, owed: OwedReplies[Answer], turn: _Turns, f: _Failures
+    ) -> None:
+        """A reply started at once: settled in its slot when ready, written in its turn."""
+        owed.settle(slot, await self._made(answer, f))
+        turn.more.set()
+
+    async def _made(self, answer: Answer, f: _Failures) -> bytes:
+        try:
+            return await answer.make
+        except Exception:
+            f.log(answer.request_id)
+            return self._internal_error(answer.request_id)
+
+    def _internal_error(self, request_id: RequestId) -> bytes:
+        self._internal.inc()
+        return encode_error(request_id, ErrorCode.INTERNAL, INTERNAL_MESSAGE)
+
     async def _answer(
-        self, conn: Connection, owed: deque[tuple[Event, Reply | None]], turn: _Turns, f: _Failures
+        self, conn: Connection, owed: OwedReplies[Answer], turn: _Turns, f: _Failures
     ) -> None:
         """Answer the requests in order; replies that are ready together leave together.
         When the client has left, the replies are still awaited (what it sent is stored
         regardless), not written."""
         while owed or turn.reading:
-            if not owed:
+            if out := owed.take():
+                if not owed.full:
+                    turn.room.set()
+                conn.write(out[0] if len(out) == 1 else b"".join(out))
+                if conn.full:
+                    await conn.drain()
+            elif head := owed.head():
+                slot, answer = head
+                owed.settle(slot, await self._made(answer, f))
+            else:
                 turn.more.clear()
                 await turn.more.wait()
-                continue
-            event, reply = owed[0]
-            try:
-                if isinstance(reply, bytes):
-                    out = reply
-                elif isinstance(reply, asyncio.Future):
-                    out = await reply
-                elif reply is not None:
-                    out = await reply()
-                else:
-                    raise _BeginFailed
-            except Exception as exc:
-                if not isinstance(exc, _BeginFailed):
-                    f.log(event)
-                self._internal.inc()
-                out = encode_error(event.id, ErrorCode.INTERNAL, _INTERNAL)
-            owed.popleft()
-            if len(owed) < MAX_OWED_REPLIES:
-                turn.room.set()
-            conn.write(out)
-            if conn.full:
-                await conn.drain()
-
-
-_INTERNAL = "internal error; see the daemon log"
-
-
-class _BeginFailed(Exception):
-    """The request failed to begin (already logged): it answers ``internal``."""
 
 
 class _Turns:
@@ -373,12 +390,12 @@ class _Failures:
         self.number = number
         self.count = 0
 
-    def log(self, event: Event) -> None:
+    def log(self, request_id: RequestId) -> None:
         self.count += 1
         if self.count == 1:
             log.exception(
                 "connection %d: request id=%r failed unexpectedly; answered `internal` "
                 "(further failures on this connection are counted, not logged)",
                 self.number,
-                event.id,
+                request_id,
             )

@@ -59,6 +59,10 @@ from sidecar.wire.framing import nesting_exceeds as nesting_exceeds
 RequestId = str | int | None
 
 
+#: The message of every ``internal`` error reply (a bug: the daemon logs what happened).
+INTERNAL_MESSAGE = "internal error; see the daemon log"
+
+
 class ErrorCode(enum.StrEnum):
     """Stable, machine-readable error codes (part of the protocol contract)."""
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import Config
-from sidecar.ingest.handler import Reply
+from sidecar.ingest.handler import Answer
 from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
 from sidecar.wire.protocol import Event, Ping
@@ -35,7 +35,7 @@ async def test_an_unexpected_error_answers_internal_is_counted_and_the_connectio
     async with running_daemon(config) as daemon:
         begin = daemon.handler.begin
 
-        async def buggy(event: Event) -> Reply:
+        async def buggy(event: Event) -> Answer:
             # A fault injected into the daemon's own code: a bug has no other way in.
             if isinstance(event, Ping) and event.id in (2, 3):
                 raise RuntimeError("a bug in the handler")

@@ -253,8 +253,7 @@ class FlushSimulation(RuleBasedStateMachine):
         return self.ids
 
     async def _request(self, event: Progress | Get) -> Any:
-        reply = await self.daemon.handler.begin(event)
-        data = reply if isinstance(reply, bytes) else await reply()  # type: ignore[operator]
+        data = await (await self.daemon.handler.begin(event))
         return ClientConnection().receive_data(data)[0]
 
     def _forget_model(self, query_id: str) -> None:
