@@ -43,7 +43,7 @@ final class SenderHarness {
           reply(String.valueOf(sender.awaitQuery(w[1], Long.parseLong(w[2]))));
           break;
         case "stats":
-          reply(sender.statsJson());
+          reply(sender.stats().json());
           break;
         case "retriable":
           reply(sorted(Wire.RETRIABLE));

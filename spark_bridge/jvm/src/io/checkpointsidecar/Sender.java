@@ -9,34 +9,28 @@ import java.nio.channels.Selector;
 import java.nio.channels.SocketChannel;
 import java.util.ArrayList;
 import java.util.HashMap;
-import java.util.HashSet;
 import java.util.Iterator;
-import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.Set;
 import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * Delivers the latest progress of each query to the daemon.
+ * Delivers the latest progress of each query to the daemon: the one I/O thread, and the
+ * registry that shares it per endpoint.
  *
  * <pre>
- *  Spark's listener thread          I/O thread "checkpoint-sidecar-sender"      daemon
- *  offer(query, payload) ──▶ latest[query] = payload   (one slot per query: latest wins)
- *  return (O(1), no I/O)            │ notify
- *                                   ▼
- *                        take every slot ─▶ payload.json() ─▶ one write ────────────▶
- *                        read the replies in order ◀─────────────────────────────────
- *                        ok: sent · retriable: back into the slot unless superseded,
- *                        jittered backoff · other errors: failed, logged
+ *  Spark's listener thread          {@link Slots}                 I/O thread "checkpoint-sidecar-sender"
+ *  offer(query, payload) ──▶ latest[query] = payload ──take()──▶ payload.json() ─▶ one write ──▶ daemon
+ *  return (O(1), no I/O)     (one slot per query)                read the replies in order ◀──
+ *                                                    ◀─settle()─ ok · retriable (back, backoff) · failed
  * </pre>
  *
- * <p>Invariants: the lock is never held across I/O; only the I/O thread touches the channel
- * (others ask it to stop through {@code closing} and {@link Selector#wakeup()}); memory is one
- * slot per query, whatever the event rate or the length of an outage.
+ * <p>Invariants: only the I/O thread touches the channel (others ask it to stop through
+ * {@link Slots#close} and {@link Selector#wakeup()}); no lock is held across I/O (the slots'
+ * lock is taken only inside {@link Slots}).
  *
  * <p>One sender per endpoint is shared by every listener in the JVM ({@link #acquire}), so a
  * Spark Connect server, which builds one listener per client session, keeps one connection.
@@ -47,11 +41,6 @@ final class Sender {
 
   static Logger log() {
     return LOG;
-  }
-
-  /** What a slot holds: Spark's progress, serialized only when (and if) it is sent. */
-  interface Payload {
-    String json();
   }
 
   // --- the shared registry ---------------------------------------------------------------
@@ -88,17 +77,10 @@ final class Sender {
     return delivered;
   }
 
-  // --- state, guarded by lock ------------------------------------------------------------------
-
   private final Settings settings;
   final String endpoint;
-  private final Object lock = new Object();
-  private final LinkedHashMap<String, Payload> latest = new LinkedHashMap<>();
-  private final Set<String> inFlight = new HashSet<>();
-  private boolean closing;
+  private final Slots slots;
   private int users; // guarded by SHARED
-  private long offered, sent, conflated, failed, retried, reconnects;
-  private String lastError;
 
   // --- owned by the I/O thread -----------------------------------------------------------------
 
@@ -115,6 +97,7 @@ final class Sender {
   Sender(Settings settings, String endpoint) {
     this.settings = settings;
     this.endpoint = endpoint;
+    this.slots = new Slots(settings.maxQueries, endpoint);
     this.backoffMs = settings.backoffMinMs;
     try {
       this.selector = Selector.open();
@@ -133,80 +116,31 @@ final class Sender {
         endpoint, settings.terminateWaitMs);
   }
 
-  // --- Spark's thread ------------------------------------------------------------------------
+  // --- any thread --------------------------------------------------------------------------------
 
   /** Keep {@code payload} as the latest progress of {@code queryId}. Never blocks on I/O. */
-  void offer(String queryId, Payload payload) {
-    synchronized (lock) {
-      offered++;
-      if (closing) {
-        failed++;
-        lastError = "offered after close; dropped";
-        return;
-      }
-      if (latest.containsKey(queryId)) {
-        conflated++;
-      } else if (latest.size() >= settings.maxQueries) {
-        failed++;
-        lastError = "more than " + settings.maxQueries + " queries pending; dropped";
-        return;
-      }
-      latest.put(queryId, payload);
-      lock.notifyAll();
-    }
+  void offer(String queryId, Slots.Payload payload) {
+    slots.offer(queryId, payload);
   }
-
-  // --- waiting for delivery ----------------------------------------------------------------------
 
   /** Wait until every update offered so far is settled; false on timeout or close. */
   boolean flush(long timeoutMs) {
-    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(timeoutMs);
-    synchronized (lock) {
-      while (!latest.isEmpty() || !inFlight.isEmpty()) {
-        if (!waitUntil(deadline) || (closing && !thread.isAlive())) return false;
-      }
-      return true;
-    }
+    return slots.flush(timeoutMs, thread);
   }
 
   /** Wait until {@code queryId} has nothing pending or in flight; false on timeout. */
   boolean awaitQuery(String queryId, long timeoutMs) {
-    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(timeoutMs);
-    synchronized (lock) {
-      while (latest.containsKey(queryId) || inFlight.contains(queryId)) {
-        if (!waitUntil(deadline) || (closing && !thread.isAlive())) return false;
-      }
-      return true;
-    }
+    return slots.awaitQuery(queryId, timeoutMs, thread);
   }
 
-  private boolean waitUntil(long deadlineNs) {
-    return waitOn(lock, deadlineNs);
-  }
-
-  /**
-   * Holding {@code monitor}: wait on it until notified or the deadline; false once the deadline
-   * has passed (or the thread was interrupted: the interrupt is kept).
-   */
-  static boolean waitOn(Object monitor, long deadlineNs) {
-    long leftMs = TimeUnit.NANOSECONDS.toMillis(deadlineNs - System.nanoTime());
-    if (leftMs <= 0) return false;
-    try {
-      monitor.wait(leftMs);
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
-      return false;
-    }
-    return true;
+  Stats stats() {
+    return slots.stats();
   }
 
   /** Flush within {@code timeoutMs}, then stop the I/O thread. True if everything was delivered. */
   boolean close(long timeoutMs) {
     boolean delivered = flush(timeoutMs);
-    synchronized (lock) {
-      closing = true;
-      lock.notifyAll();
-    }
+    slots.close();
     selector.wakeup();
     try {
       thread.join(2000);
@@ -218,7 +152,7 @@ final class Sender {
 
   private void onJvmShutdown() {
     boolean delivered = flush(settings.shutdownWaitMs);
-    String stats = statsJson();
+    String stats = stats().json();
     if (delivered) {
       LOG.info("checkpoint-sidecar listener at JVM shutdown: everything delivered; {}", stats);
     } else {
@@ -227,33 +161,12 @@ final class Sender {
     }
   }
 
-  // --- stats -----------------------------------------------------------------------------------
-
-  String statsJson() {
-    synchronized (lock) {
-      Set<String> pending = new HashSet<>(inFlight);
-      pending.addAll(latest.keySet());
-      return "{\"offered\":" + offered + ",\"sent\":" + sent + ",\"conflated\":" + conflated
-          + ",\"failed\":" + failed + ",\"retried\":" + retried + ",\"reconnects\":" + reconnects
-          + ",\"pending\":" + pending.size()
-          + ",\"last_error\":" + (lastError == null ? "null" : Json.quote(lastError))
-          + ",\"endpoint\":" + Json.quote(endpoint) + "}";
-    }
-  }
-
   // --- the I/O thread ----------------------------------------------------------------------------
 
   private void run() {
     try {
-      while (true) {
-        List<Map.Entry<String, Payload>> batch;
-        synchronized (lock) {
-          while (latest.isEmpty() && !closing) lock.wait();
-          if (closing) break;
-          batch = new ArrayList<>(latest.entrySet());
-          latest.clear();
-          for (Map.Entry<String, Payload> e : batch) inFlight.add(e.getKey());
-        }
+      List<Map.Entry<String, Slots.Payload>> batch;
+      while ((batch = slots.take()) != null) {
         boolean retry = deliver(batch);
         if (retry) backoff(); else backoffMs = settings.backoffMinMs;
       }
@@ -261,9 +174,7 @@ final class Sender {
       Thread.currentThread().interrupt();
     } catch (RuntimeException | Error e) {
       LOG.error("checkpoint-sidecar sender thread failed; offsets are no longer delivered", e);
-      synchronized (lock) {
-        lastError = "sender thread failed: " + e;
-      }
+      slots.broken("sender thread failed: " + e);
     } finally {
       disconnect();
       try {
@@ -271,22 +182,19 @@ final class Sender {
       } catch (IOException ignored) {
         // closing
       }
-      synchronized (lock) {
-        closing = true;
-        lock.notifyAll();
-      }
+      slots.close();
     }
   }
 
   /** Send one batch and settle every update in it. True if some must be retried. */
-  private boolean deliver(List<Map.Entry<String, Payload>> batch) {
+  private boolean deliver(List<Map.Entry<String, Slots.Payload>> batch) {
     long firstId = nextId;
     List<Wire.Reply> replies = new ArrayList<>(batch.size());
     List<byte[]> frames = new ArrayList<>(batch.size());
     String failure = null;
     try {
       int size = 0;
-      for (Map.Entry<String, Payload> e : batch) {
+      for (Map.Entry<String, Slots.Payload> e : batch) {
         byte[] frame = Wire.progressRequest(nextId++, e.getValue().json());
         frames.add(frame);
         size += frame.length;
@@ -340,50 +248,12 @@ final class Sender {
       LOG.warn("checkpoint-sidecar at {} unreachable ({}); keeping the latest offsets of {} query(ies) "
           + "and retrying with backoff", endpoint, failure, batch.size());
     }
-    return settle(batch, replies, failure);
-  }
-
-  /** Under lock: count every update of the batch; put retriable ones back unless superseded. */
-  private boolean settle(List<Map.Entry<String, Payload>> batch, List<Wire.Reply> replies, String failure) {
-    boolean retry = false;
-    synchronized (lock) {
-      for (int k = 0; k < batch.size(); k++) {
-        Map.Entry<String, Payload> e = batch.get(k);
-        Wire.Reply r = k < replies.size() ? replies.get(k) : null;
-        if (r != null && r.ok) {
-          sent++;
-        } else if (r == null || r.retriable()) {
-          retried++;
-          retry = true;
-          if (latest.containsKey(e.getKey())) {
-            conflated++; // superseded while in flight: the newer one wins
-          } else {
-            latest.put(e.getKey(), e.getValue());
-          }
-        } else {
-          failed++;
-          LOG.warn("checkpoint-sidecar refused the progress of query {}: {}", e.getKey(), r);
-        }
-      }
-      // The daemon's own word says more than the transport error it caused.
-      if (failure != null) lastError = failure;
-      for (Wire.Reply r : replies) if (!r.ok) lastError = r.toString();
-      inFlight.clear();
-      lock.notifyAll();
-    }
-    return retry;
+    return slots.settle(batch, replies, failure);
   }
 
   /** Jittered exponential backoff; offers do not cut it short, only close() does. */
   private void backoff() throws InterruptedException {
-    long sleepMs = backoffMs / 2 + ThreadLocalRandom.current().nextLong(backoffMs / 2 + 1);
-    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(sleepMs);
-    synchronized (lock) {
-      long left;
-      while (!closing && (left = TimeUnit.NANOSECONDS.toMillis(deadline - System.nanoTime())) > 0) {
-        lock.wait(left);
-      }
-    }
+    slots.pause(backoffMs / 2 + ThreadLocalRandom.current().nextLong(backoffMs / 2 + 1));
     backoffMs = Math.min(settings.backoffMaxMs, backoffMs * 2);
   }
 
@@ -405,11 +275,7 @@ final class Sender {
       throw e;
     }
     channel = ch;
-    if (connectedOnce) {
-      synchronized (lock) {
-        reconnects++;
-      }
-    }
+    if (connectedOnce) slots.reconnected();
     connectedOnce = true;
     return ch;
   }
@@ -433,9 +299,7 @@ final class Sender {
     SelectionKey key = ch.register(selector, op);
     try {
       while (true) {
-        synchronized (lock) {
-          if (closing) throw new InterruptedIOException("closing");
-        }
+        if (slots.closing()) throw new InterruptedIOException("closing");
         long leftMs = TimeUnit.NANOSECONDS.toMillis(deadlineNs - System.nanoTime());
         if (leftMs <= 0) throw new IOException("no answer from the daemon in time");
         selector.select(leftMs);

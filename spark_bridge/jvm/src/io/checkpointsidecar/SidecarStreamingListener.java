@@ -114,7 +114,7 @@ public class SidecarStreamingListener extends StreamingQueryListener {
       if (!closed && !sender.awaitQuery(queryId, terminateWaitMs)) {
         Sender.log().warn("query {} terminated with its last offsets not yet acknowledged by "
             + "checkpoint-sidecar after {} ms; they stay queued and are retried; {}",
-            queryId, terminateWaitMs, sender.statsJson());
+            queryId, terminateWaitMs, sender.stats().json());
       }
       synchronized (lock) {
         running.remove(queryId);
@@ -134,8 +134,7 @@ public class SidecarStreamingListener extends StreamingQueryListener {
 
   /** Counters as JSON: offered, sent, conflated, failed, retried, reconnects, pending, last_error, endpoint, listener_errors. */
   public String statsJson() {
-    String s = sender.statsJson();
-    return s.substring(0, s.length() - 1) + ",\"listener_errors\":" + errors.get() + "}";
+    return sender.stats().withListenerErrors(errors.get()).json();
   }
 
   /** Wait until everything offered so far is settled; false on timeout. */
@@ -157,7 +156,7 @@ public class SidecarStreamingListener extends StreamingQueryListener {
         boolean waiting = false;
         for (String q : running) waiting |= !active.contains(q);
         if (!waiting) return true;
-        if (!Sender.waitOn(lock, deadline)) return false;
+        if (!Slots.waitOn(lock, deadline)) return false;
       }
     }
   }
