@@ -1,7 +1,7 @@
 """The pure parts of the benchmarks: percentiles, open-loop schedules and their lateness,
 ratios of paired rounds, and the count of blob transactions in Azurite's request log.
 
-No I/O here (callers read files and clocks), so tests/test_bench_tools.py checks it on
+No I/O here (callers read files and clocks), so tests/unit/test_bench_tools.py checks it on
 made-up numbers.
 """
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the container image from the Dockerfile (`make image`; tests/test_container.py too).
+# Build the container image from the Dockerfile (`make image`; tests/integration/test_container.py too).
 #   bash scripts/build_image.sh                       # checkpoint-sidecar:<version>
 #   IMAGE=registry.example.com/checkpoint-sidecar:0.1.0 bash scripts/build_image.sh
 #   ENGINE=podman bash scripts/build_image.sh         # docker | podman; default: docker when

@@ -4,7 +4,7 @@
 # nothing here touches, or depends on, the machine's default podman storage.
 #   bash scripts/podman.sh images
 #   bash scripts/podman.sh run --rm checkpoint-sidecar:0.1.0 run --help
-# scripts/build_image.sh (make image) and tests/test_container.py go through this file.
+# scripts/build_image.sh (make image) and tests/integration/test_container.py go through this file.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd -P)"
 state="$(readlink -f "$repo/.tools")/containers"

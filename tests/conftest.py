@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from sidecar.config import Config
-from tests.services import Azurite, DaemonProcess, RedisServer
+from tests.services import Azurite, DaemonProcess, KafkaBroker, RedisServer
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -34,6 +34,13 @@ def redis_server() -> Iterator[RedisServer]:
 def own_redis() -> Iterator[RedisServer]:
     """A redis-server of this test's own, for tests that stop and restart it."""
     with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def broker() -> Iterator[KafkaBroker]:
+    """A Kafka-protocol broker (Tansu) of this test's own."""
+    with KafkaBroker() as server:
         yield server
 
 

@@ -29,17 +29,33 @@ from sidecar.store.blobs import BlobStore
 from tests.services import REPO_ROOT
 from tests.sparkshapes import kafka_progress
 
+#: The ``make_config`` fixture (tests/conftest.py): a daemon Config for this test; keyword
+#: arguments override SIDECAR_* settings.
+ConfigFactory = Callable[..., Config]
+
 
 @asynccontextmanager
-async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
-    """Run a daemon in this event loop; stop it gracefully on exit."""
-    daemon = Daemon(config)
+async def running_daemon(config: Config, **options: Any) -> AsyncIterator[Daemon]:
+    """Run a daemon in this event loop; stop it gracefully on exit. ``options``: the
+    Daemon's keyword arguments (``lease_clock``, ``registry``)."""
+    daemon = Daemon(config, **options)
     async with anyio.create_task_group() as tg:
         await tg.start(daemon.run)
         try:
             yield daemon
         finally:
             daemon.request_stop()
+
+
+class Clock:
+    """A monotonic clock a test moves by hand (``clock.now += 5``): lease deadlines without
+    waiting for them."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now
 
 
 async def eventually(predicate: Callable[[], bool], timeout_s: float = 10) -> None:

@@ -1,7 +1,8 @@
 """Redis as production runs it, on loopback: a Redis Cluster and a Sentinel-managed primary.
 
 Real ``redis-server`` processes (cluster mode, replicas, ``--sentinel``) on free ports in
-temp dirs, started in seconds; used by tests/test_redis_topologies.py and the benchmarks.
+temp dirs, started in seconds; used by tests/integration/test_redis_topologies.py and the
+benchmarks.
 """
 
 from __future__ import annotations

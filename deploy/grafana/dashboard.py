@@ -4,7 +4,7 @@
     .venv/bin/python deploy/grafana/dashboard.py --check  # exit 1 when the file is out of date
 
 The generated file is committed (import it in Grafana, or provision it);
-tests/test_deploy_grafana.py checks that it is up to date and evaluates every panel's
+tests/integration/test_deploy_grafana.py checks that it is up to date and evaluates every panel's
 expression against a real Prometheus scraping a real daemon.
 
 Variables: ``datasource`` (a Prometheus), ``namespace`` (the Kubernetes namespace target

@@ -169,6 +169,8 @@ class LeaseManager:
         self._terms = itertools.count(1)
         #: Queries with a renewal or a re-acquisition under way in the loop (one at a time).
         self._busy: set[str] = set()
+        #: The loop's checks so far (tests and debugging wait on it, not on a fixed time).
+        self.ticks = 0
         # The cap keeps a standby's takeover within about a third of a lease duration after
         # the owner lets go.
         self._backoff = Backoff(1.0, self.renew_every_s, clock=clock, jitter=jitter)
@@ -279,6 +281,7 @@ class LeaseManager:
             while True:
                 await anyio.sleep(CHECK_EVERY_S)
                 self._tick(tg)
+                self.ticks += 1
 
     def _tick(self, tg: TaskGroup) -> None:
         self.expire_lapsed()

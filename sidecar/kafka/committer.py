@@ -103,6 +103,8 @@ class KafkaCommitter:
         #: Retired queries whose groups the loop drops, closing their consumers.
         self._retiring: set[str] = set()
         self._loop = anyio.CancelScope()
+        #: The loop's passes so far (tests and debugging wait on it, not on a fixed time).
+        self.passes = 0
         self._loop_done = anyio.Event()
 
     def durable(self, checkpoint: Checkpoint) -> None:
@@ -146,6 +148,7 @@ class KafkaCommitter:
                     await self._retire()
                     await self._commit_due()
                     await self._poll_end_offsets()
+                    self.passes += 1
         finally:
             self._loop_done.set()
             if not self._loop.cancel_called:

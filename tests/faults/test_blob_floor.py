@@ -6,7 +6,7 @@ Real redis-server and Azurite; the daemon in this event loop (``running_daemon``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import anyio
 import pytest
@@ -15,11 +15,10 @@ import redis.asyncio as aioredis
 from sidecar.buffer.keys import Keys
 from sidecar.config import Config
 from sidecar.ops.client import SidecarClient
-from tests.helpers import blob_reader, running_daemon, seed, wait_blob_batch
+from tests.helpers import ConfigFactory, blob_reader, running_daemon, seed, wait_blob_batch
 from tests.services import Azurite, RedisServer
 from tests.sparkshapes import kafka_progress
 
-ConfigFactory = Callable[..., Config]
 QID = "5e1d0000-0000-4000-8000-0000000000f1"
 NEW = "5e1d0000-0000-4000-8000-0000000000f2"
 

@@ -18,7 +18,6 @@ import signal
 import socket
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -36,6 +35,7 @@ from sidecar.model.document import CheckpointDocument, Writer, encode_document
 from sidecar.ops.client import SidecarClient
 from sidecar.wire.protocol import ClientConnection, Reply, encode_request
 from tests.helpers import (
+    ConfigFactory,
     blob_reader,
     checkpoint_of,
     cli,
@@ -51,10 +51,10 @@ from tests.helpers import (
 from tests.services import DaemonProcess
 from tests.sparkshapes import kafka_progress
 
-ConfigFactory = Callable[..., Config]
 BAD = "c0aa0000-0000-4000-8000-00000000baad"
 GOOD = "c0aa0000-0000-4000-8000-000000009009"
 OTHER = "c0aa0000-0000-4000-8000-000000000123"
+FLUSH_CHECKS = "checkpoint_sidecar_flush_checks_total"
 BAD_RECORDS = "checkpoint_sidecar_bad_records_total"
 FLUSHES = "checkpoint_sidecar_flushes_total"
 #: A record cut short: what a partial write or a careless edit leaves.
@@ -116,7 +116,8 @@ async def test_an_unreadable_checkpoint_is_quarantined_and_a_newer_batch_replace
             assert (await c.progress(kafka_progress(GOOD, 1, name="good"))).applied
             await wait_blob_batch(store, GOOD, 1)  # the other query flushes
             await eventually(lambda: sample(daemon, BAD_RECORDS, where="redis") == 1)
-            await anyio.sleep(0.5)  # ~10 more flush passes (every 0.05 s) meet the record
+            checks = sample(daemon, FLUSH_CHECKS)  # 10 more flush passes meet the record
+            await eventually(lambda: sample(daemon, FLUSH_CHECKS) >= checks + 10)
             assert sample(daemon, BAD_RECORDS, where="redis") == 1
             assert sample(daemon, BAD_RECORDS, where="blob") == 0
             assert await record(config.redis_url, key) == damaged  # left exactly as it was

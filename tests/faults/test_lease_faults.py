@@ -7,21 +7,17 @@ clock, so "the lease's validity has ended" is a step of the test, not a race wit
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import anyio
 import pytest
 from anyio.abc import ByteStream, SocketAttribute, SocketStream, TaskStatus
 
-from sidecar.config import Config
 from sidecar.daemon.app import Daemon
 from sidecar.flush.lease import EXPIRY_MARGIN_S, RENEW_JITTER, LeaseState
 from sidecar.ops.client import SidecarClient
-from tests.helpers import eventually, sample, scrape
+from tests.helpers import ConfigFactory, eventually, sample, scrape
 from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, Azurite
 from tests.sparkshapes import kafka_progress
 
-ConfigFactory = Callable[..., Config]
 QID = "4b1d0c2e-0000-4000-8000-00000000d00d"
 LABEL = "orders-to-delta"
 HELD = "checkpoint_sidecar_lease_held"
@@ -132,7 +128,8 @@ async def test_a_lease_whose_renewal_hangs_is_lost_when_its_validity_ends_and_co
             clock.now = acquired + daemon.leases.renew_every_s * (1 + RENEW_JITTER)
             await eventually(lambda: proxy.held >= 1)  # ... and hangs in the proxy
             clock.now = valid_until - 0.1
-            await anyio.sleep(0.5)  # a few of the loop's checks: still valid
+            ticks = daemon.leases.ticks
+            await eventually(lambda: daemon.leases.ticks >= ticks + 2)  # the loop looked: valid
             assert sample(daemon, HELD, query=LABEL) == 1
             assert (await readyz(daemon))[0] == 200
 
@@ -144,7 +141,8 @@ async def test_a_lease_whose_renewal_hangs_is_lost_when_its_validity_ends_and_co
             # LOST by its own timer: the renewal neither failed nor was refused yet.
             assert sample(daemon, RENEWALS, result="error") == 0
             assert sample(daemon, RENEWALS, result="lost") == 0
-            await anyio.sleep(0.5)  # the store still does not answer: still not owned
+            ticks = daemon.leases.ticks  # the store still does not answer: still not owned
+            await eventually(lambda: daemon.leases.ticks >= ticks + 2)
             assert (await readyz(daemon))[0] == 503
             assert daemon.leases.state(QID) is not LeaseState.HELD
 

@@ -3,21 +3,17 @@ metrics and /readyz show it at once, not at the query's next write. Real Azurite
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import anyio
 import pytest
 
-from sidecar.config import Config
 from sidecar.errors import StoreUnavailable
 from sidecar.flush.lease import LeaseManager, LeaseState
 from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
 from sidecar.telemetry.metrics import Metrics
-from tests.helpers import eventually, running_daemon, sample, scrape
+from tests.helpers import ConfigFactory, eventually, running_daemon, sample, scrape
 from tests.sparkshapes import kafka_progress
 
-ConfigFactory = Callable[..., Config]
 OURS = "00000000-0000-0000-0000-0000000000bb"
 
 

@@ -3,20 +3,18 @@ losing the namespace's data while the daemon runs (FLUSHALL, a restart without A
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
 import redis.asyncio as aioredis
 
-from sidecar.config import Config
 from sidecar.ops.client import SidecarClient
-from tests.helpers import eventually, running_daemon, sample
+from tests.helpers import ConfigFactory, eventually, running_daemon, sample
 from tests.services import DaemonProcess, RedisServer, ServiceError
 from tests.sparkshapes import kafka_progress
 
-ConfigFactory = Callable[..., Config]
 Q1 = "5e1d0000-0000-4000-8000-0000000000a1"
 Q2 = "5e1d0000-0000-4000-8000-0000000000a2"
 

@@ -12,7 +12,6 @@ acknowledgement waiting is kept, however long it has been quiet.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import anyio
@@ -26,10 +25,15 @@ from sidecar.daemon.app import Daemon
 from sidecar.daemon.retirement import Retirement
 from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
-from tests.helpers import eventually, running_daemon, sample, scrape
-from tests.services import KafkaBroker
-from tests.sparkshapes import kafka_progress
-from tests.test_kafka import (
+from tests.helpers import (
+    ConfigFactory,
+    eventually,
+    running_daemon,
+    sample,
+    scrape,
+    wait_blob_batch,
+)
+from tests.kafkatools import (
     GROUP,
     committed,
     create_topic_with_records,
@@ -38,8 +42,9 @@ from tests.test_kafka import (
     progress,
     wait_committed,
 )
+from tests.services import KafkaBroker
+from tests.sparkshapes import kafka_progress
 
-ConfigFactory = Callable[..., Config]
 QID = "7e7e0000-0000-4000-8000-0000000000a1"
 NEW_ID = "7e7e0000-0000-4000-8000-0000000000a2"
 WAITING = "7e7e0000-0000-4000-8000-0000000000b1"
@@ -48,12 +53,6 @@ LEASE_HELD = "checkpoint_sidecar_lease_held"
 BATCH = "checkpoint_sidecar_checkpoint_batch_id"
 PENDING = "checkpoint_sidecar_pending_updates"
 QUERY_LAG = "checkpoint_sidecar_kafka_query_lag_records"
-
-
-@pytest.fixture
-def broker() -> Iterator[KafkaBroker]:
-    with KafkaBroker() as server:
-        yield server
 
 
 def retired(caplog: pytest.LogCaptureFixture, label: str, query_id: str) -> bool:
@@ -75,12 +74,6 @@ async def redis_record(config: Config, query_id: str) -> dict[bytes, bytes]:
         await r.aclose()
 
 
-async def wait_blob_batch(daemon: Daemon, query_id: str, batch: int) -> None:
-    with anyio.fail_after(10):
-        while (doc := await daemon.store.read(query_id)) is None or doc.batch_id < batch:  # noqa: ASYNC110 - polls the blob
-            await anyio.sleep(0.05)
-
-
 async def test_an_idle_query_is_retired_and_comes_back_under_a_new_lease(
     make_config: ConfigFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -90,7 +83,7 @@ async def test_an_idle_query_is_retired_and_comes_back_under_a_new_lease(
     async with running_daemon(config) as daemon:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(kafka_progress(QID, 1, name=name))).applied
-        await wait_blob_batch(daemon, QID, 1)
+        await wait_blob_batch(daemon.store, QID, 1, timeout_s=10)
         # every kind of per-query series exists (lag from Spark's own latestOffset)
         await eventually(lambda: sample(daemon, QUERY_LAG, query=name) == 15)
         assert sample(daemon, LEASE_HELD, query=name) == 1
@@ -108,7 +101,7 @@ async def test_an_idle_query_is_retired_and_comes_back_under_a_new_lease(
         # It sends again: stored, flushed under a newly acquired lease, series back.
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(kafka_progress(QID, 2, name=name))).applied
-        await wait_blob_batch(daemon, QID, 2)
+        await wait_blob_batch(daemon.store, QID, 2, timeout_s=10)
         assert await daemon.store.lease_state(QID) == "leased"
         await eventually(lambda: sample(daemon, QUERY_LAG, query=name) == 15)
         assert sample(daemon, LEASE_HELD, query=name) == 1
@@ -166,12 +159,12 @@ async def test_an_old_id_of_a_name_is_retired_without_the_series_of_the_new_id(
     async with running_daemon(config) as daemon:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(kafka_progress(QID, 7, name=name))).applied
-            await wait_blob_batch(daemon, QID, 7)
+            await wait_blob_batch(daemon.store, QID, 7, timeout_s=10)
             batch = 0
             while not retired(caplog, name, QID):  # the new id stays active meanwhile
                 assert (await c.progress(kafka_progress(NEW_ID, batch, name=name))).applied
                 batch += 1
-                await wait_blob_batch(daemon, NEW_ID, batch - 1)
+                await wait_blob_batch(daemon.store, NEW_ID, batch - 1, timeout_s=10)
                 await anyio.sleep(0.2)  # Spark's trigger interval, not a wait for a result
         assert await daemon.store.lease_state(QID) == "available"
         assert await daemon.store.lease_state(NEW_ID) == "leased"
@@ -200,7 +193,9 @@ async def test_a_retired_querys_kafka_consumer_is_closed_and_comes_back(
     config = make_config(
         kafka_bootstrap_servers=broker.bootstrap, count_threshold=1, query_idle_s=1
     )
-    qid = "4b1d0c2e-0000-4000-8000-00000000cafe"  # tests.test_kafka's query, group GROUP
+    qid = (
+        "4b1d0c2e-0000-4000-8000-00000000cafe"  # tests.integration.test_kafka's query, group GROUP
+    )
     async with running_daemon(config) as daemon, group_reader(broker.bootstrap) as reader:
         assert daemon.committer is not None
         async with await SidecarClient.connect(config.socket_path) as c:

@@ -10,21 +10,18 @@ import fcntl
 import os
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from sidecar.config import Config
 from sidecar.ingest.handler import Answer
 from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
 from sidecar.wire.protocol import Event, Ping
-from tests.helpers import running_daemon, sample
+from tests.helpers import ConfigFactory, running_daemon, sample
 from tests.services import DaemonProcess, ServiceError, free_port
 from tests.sparkshapes import kafka_progress
 
-ConfigFactory = Callable[..., Config]
 OTHER_OWNER = "00000000-0000-0000-0000-0000000000aa"
 
 

@@ -13,7 +13,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -28,10 +28,8 @@ from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
 from sidecar.wire.protocol import ClientConnection, encode_request
 from tests.faults.test_hostile_clients import Client
-from tests.helpers import eventually, read_blob, running_daemon, wait_blob, wait_for
-from tests.services import Azurite, DaemonProcess, KafkaBroker
-from tests.sparkshapes import kafka_progress
-from tests.test_kafka import (
+from tests.helpers import ConfigFactory, eventually, read_blob, running_daemon, wait_blob, wait_for
+from tests.kafkatools import (
     PARTS,
     TOPIC,
     committed,
@@ -39,8 +37,9 @@ from tests.test_kafka import (
     end_offsets_of,
     group_reader,
 )
+from tests.services import Azurite, DaemonProcess, KafkaBroker
+from tests.sparkshapes import kafka_progress
 
-ConfigFactory = Callable[..., Config]
 SUMMARY = re.compile(r"stopped in (\d+\.\d+)s .*: (.*)")
 CUT = re.compile(r"(\w[\w ]*) \d+\.\d+s \(cut\)")
 
@@ -225,12 +224,6 @@ async def test_an_outside_cancellation_during_the_stop_cuts_no_finalizer(
     finally:
         await store.aclose()
     assert leases == dict.fromkeys(queries, "available")
-
-
-@pytest.fixture
-def broker() -> Iterator[KafkaBroker]:
-    with KafkaBroker() as server:
-        yield server
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import java.util.Map;
 
 /**
  * Test-only driver of the listener's Sender, without Spark: the conformance tests
- * (tests/test_listener_conformance.py) run it as a child process and speak to it line by line.
+ * (tests/integration/test_listener_conformance.py) run it as a child process and speak to it line by line.
  *
  * <p>Arguments: settings as {@code key=value} (keys of {@link Settings}, no prefix). Commands on
  * stdin, one reply line each on stdout: {@code offer QUERY JSON} → {@code ok}; {@code flush MS},

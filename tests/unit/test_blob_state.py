@@ -1,7 +1,7 @@
 """Each query's blob state (``sidecar.flush.blob_state`` around the pure ``sidecar.flush.core``)
 with a fake blob store: the floor cache, blob-mode acks, and a rewind made elsewhere. The
 same paths run against Azurite and redis-server in tests/faults/test_blob_floor.py,
-tests/test_blob_acks.py and tests/test_reset.py."""
+tests/integration/test_blob_acks.py and tests/integration/test_reset.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``import-spark-checkpoint``: the parser of Spark's checkpoint directory on small
 hand-written directories (pure), and the command against Redis and Azurite, with no daemon
 (under the tool's own lease) and through a running daemon (no Spark: see
-``tests/test_spark_import.py`` for directories written by real queries)."""
+``tests/integration/test_spark_import.py`` for directories written by real queries)."""
 
 from __future__ import annotations
 

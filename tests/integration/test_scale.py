@@ -6,23 +6,28 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
 from typing import Any
 
 import anyio
 import msgspec
 
 from sidecar.backoff import spread
-from sidecar.config import Config
 from sidecar.flush.lease import EXPIRY_MARGIN_S, RENEW_JITTER, RENEW_RETRY_S, renew_delay
 from sidecar.kafka.lag import LagTracker
 from sidecar.model import checkpoint as ckpt
 from sidecar.ops.client import SidecarClient
 from sidecar.telemetry.metrics import FLUSH_RESULTS
-from tests.helpers import blob_reader, eventually, metric_value, running_daemon, sample, scrape
+from tests.helpers import (
+    ConfigFactory,
+    blob_reader,
+    eventually,
+    metric_value,
+    running_daemon,
+    sample,
+    scrape,
+)
 from tests.sparkshapes import kafka_progress
 
-ConfigFactory = Callable[..., Config]
 LAG = "checkpoint_sidecar_kafka_lag_records"
 QUERY_LAG = "checkpoint_sidecar_kafka_query_lag_records"
 LAG_SECONDS = "checkpoint_sidecar_kafka_lag_seconds"

@@ -2,7 +2,7 @@
 and not firing), documented (summary, description, a runbook section in deploy/README.md).
 
 The rules' expressions against a real Prometheus scraping a real daemon:
-tests/test_deploy_grafana.py.
+tests/integration/test_deploy_grafana.py.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from tests.prometheus_server import prometheus_binary
+from tests.services import REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 RULES_DIR = REPO / "deploy" / "prometheus"
 ALERTS = RULES_DIR / "alerts.yml"
 ALERTS_TEST = RULES_DIR / "alerts_test.yml"

@@ -3,111 +3,49 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import msgspec
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.structs import TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from sidecar.config import Config
-from sidecar.daemon.app import Daemon
 from sidecar.errors import ConfigError
 from sidecar.kafka.committer import TICK_S as COMMIT_TICK_S
 from sidecar.model.checkpoint import NULL, Checkpoint, SourceOffsets
-from sidecar.model.document import CheckpointDocument
 from sidecar.model.offsets import group_name, kafka_offsets
 from sidecar.ops.client import SidecarClient
 from tests.helpers import (
+    ConfigFactory,
     checkpoint_from,
     eventually,
     metric_value,
     running_daemon,
     sample,
     scrape,
+    wait_blob_batch,
+)
+from tests.kafkatools import (
+    GROUP,
+    PARTS,
+    QID,
+    TOPIC,
+    TPS,
+    committed,
+    create_topic_with_records,
+    end_offsets_of,
+    group_reader,
+    progress,
+    wait_committed,
 )
 from tests.services import KafkaBroker
 from tests.sparkshapes import kafka_progress, rate_progress
 
-ConfigFactory = Callable[..., Config]
-QID = "4b1d0c2e-0000-4000-8000-00000000cafe"
-TOPIC = "events"
-PARTS = 3
-GROUP = "spark-orders-to-delta"
-TPS = [TopicPartition(TOPIC, p) for p in range(PARTS)]
 COMMITS = "checkpoint_sidecar_kafka_commits_total"
 PENDING = "checkpoint_sidecar_pending_updates"
 QUERY_LAG = "checkpoint_sidecar_kafka_query_lag_records"
-
-
-@pytest.fixture
-def broker() -> Iterator[KafkaBroker]:
-    with KafkaBroker() as server:
-        yield server
-
-
-async def create_topic_with_records(bootstrap: str, per_partition: int = 50) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(TOPIC, PARTS, 1)])
-    finally:
-        await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        for p in range(PARTS):
-            for _ in range(per_partition):
-                await producer.send_and_wait(TOPIC, b"record", partition=p)
-    finally:
-        await producer.stop()
-
-
-@asynccontextmanager
-async def group_reader(bootstrap: str, group: str = GROUP) -> AsyncIterator[AIOKafkaConsumer]:
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
-    )
-    await consumer.start()
-    consumer.assign(TPS)
-    try:
-        yield consumer
-    finally:
-        await consumer.stop()
-
-
-async def committed(consumer: AIOKafkaConsumer) -> list[int | None]:
-    # the admin call listing group offsets fails against Tansu; committed() works
-    return [await consumer.committed(tp) for tp in TPS]
-
-
-def end_offsets_of(batch: int) -> list[int]:
-    return [(batch + 1) * 10 + p for p in range(PARTS)]  # kafka_progress(per_partition=10)
-
-
-def progress(batch: int, query_id: str = QID) -> dict[str, Any]:
-    return kafka_progress(query_id, batch, topic=TOPIC, partitions=PARTS, per_partition=10)
-
-
-async def wait_blob_batch(daemon: Daemon, query_id: str, batch: int) -> CheckpointDocument:
-    """Wait until the query's blob holds ``batch`` or newer."""
-    with anyio.fail_after(10):
-        while (doc := await daemon.store.read(query_id)) is None or doc.batch_id < batch:  # noqa: ASYNC110 - polls the blob
-            await anyio.sleep(0.05)
-    return doc
-
-
-async def wait_committed(
-    consumer: AIOKafkaConsumer, expected: list[int], timeout_s: float = 30
-) -> None:
-    with anyio.fail_after(timeout_s):
-        while await committed(consumer) != expected:  # noqa: ASYNC110 - polls the broker
-            await anyio.sleep(0.1)
 
 
 @pytest.fixture
@@ -207,7 +145,7 @@ async def test_a_commit_that_would_go_backwards_is_skipped_and_counted(
             assert (await c.progress(progress(3))).applied
             await wait_committed(reader, end_offsets_of(3))
             assert (await c.progress(progress(0, query_id=reset))).applied
-        doc = await wait_blob_batch(daemon, reset, 0)
+        doc = await wait_blob_batch(daemon.store, reset, 0, timeout_s=10)
         assert doc.batch_id == 0
         # A second refused pass (the idle re-commit) begins only after the first one, and
         # whatever it sent, has finished.
@@ -231,7 +169,9 @@ async def test_broker_outage_commits_resume_and_catch_up(
                 await wait_committed(reader, end_offsets_of(1))
             await anyio.to_thread.run_sync(broker.stop)
             assert (await c.progress(progress(2))).applied
-            await wait_blob_batch(daemon, QID, 2)  # flushing is unaffected by the broker
+            await wait_blob_batch(
+                daemon.store, QID, 2, timeout_s=10
+            )  # flushing is unaffected by the broker
             await eventually(lambda: sample(daemon, COMMITS, result="error") >= 1)
             await anyio.to_thread.run_sync(broker.start)  # memory-only: a new, empty broker
             await create_topic_with_records(broker.bootstrap)
@@ -307,7 +247,9 @@ async def test_no_kafka_connection_is_made_when_the_feature_is_off(
     async with running_daemon(config) as daemon:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(progress(3))).applied
-        await wait_blob_batch(daemon, QID, 3)  # durable: a committer would commit it now
+        await wait_blob_batch(
+            daemon.store, QID, 3, timeout_s=10
+        )  # durable: a committer would commit it now
     # The daemon has stopped, so its final commit (had it one) is over too.
     assert kafka_connections == []
 
@@ -500,7 +442,7 @@ async def test_an_unexpected_commit_error_is_contained_logged_once_and_retried(
             await eventually(lambda: sample(daemon, COMMITS, result="error") >= 2)
             assert sample(daemon, UP) == 0
             assert (await c.progress(progress(3))).applied  # flushing goes on meanwhile
-            assert (await wait_blob_batch(daemon, QID, 3)).batch_id == 3
+            assert (await wait_blob_batch(daemon.store, QID, 3, timeout_s=10)).batch_id == 3
             assert sample(daemon, UP) == 0
             assert await committed(reader) == end_offsets_of(1)
 
@@ -579,9 +521,11 @@ async def test_a_refused_commit_waits_the_cap_and_is_logged_as_an_error(
             await eventually(lambda: sample(daemon, COMMITS, result="error") == 1)
             assert sample(daemon, UP) == 0
             assert (await c.progress(progress(2))).applied
-            assert (await wait_blob_batch(daemon, QID, 2)).batch_id == 2
-        # a retriable error would have been retried within a second
-        await anyio.sleep(1.5)
+            assert (await wait_blob_batch(daemon.store, QID, 2, timeout_s=10)).batch_id == 2
+        # a retriable error would have been retried at the next pass of the commit loop
+        assert daemon.committer is not None
+        passes = daemon.committer.passes
+        await eventually(lambda: daemon.committer.passes >= passes + 2)  # type: ignore[union-attr]
         assert sample(daemon, COMMITS, result="ok") == 0 and refusals == 1
     (record,) = [r for r in caplog.records if "commit failed" in r.getMessage()]
     assert record.levelname == "ERROR"
@@ -655,7 +599,7 @@ async def test_the_tls_context_is_built_once_off_the_event_loop(
             assert (await c.progress(progress(1))).applied
             # two attempts, each with a new client: the context is shared, not rebuilt
             await eventually(lambda: sample(daemon, COMMITS, result="error") >= 2)
-            assert (await wait_blob_batch(daemon, QID, 1)).batch_id == 1
+            assert (await wait_blob_batch(daemon.store, QID, 1, timeout_s=10)).batch_id == 1
             assert (await c.ping()).ok
         assert sample(daemon, UP) == 0
     assert loads == [False]
@@ -680,5 +624,7 @@ async def test_unreadable_tls_files_leave_the_daemon_running_and_say_which(
         assert sample(daemon, UP) == 0
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(progress(1))).applied
-        assert (await wait_blob_batch(daemon, QID, 1)).batch_id == 1  # the core goes on
+        assert (
+            await wait_blob_batch(daemon.store, QID, 1, timeout_s=10)
+        ).batch_id == 1  # the core goes on
         await eventually(lambda: sample(daemon, COMMITS, result="error") == 1)

@@ -26,10 +26,10 @@ import yaml
 from sidecar.ops.client import SidecarClient
 from tests.helpers import wait_blob, wait_for
 from tests.prometheus_server import PrometheusServer
-from tests.services import DaemonProcess
+from tests.services import REPO_ROOT, DaemonProcess
 from tests.sparkshapes import kafka_progress
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 DASHBOARD_SCRIPT = REPO / "deploy" / "grafana" / "dashboard.py"
 DASHBOARD = REPO / "deploy" / "grafana" / "checkpoint-sidecar.json"
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -22,11 +21,10 @@ from sidecar.cli.commands import use_uvloop
 from sidecar.config import Config
 from sidecar.errors import ConfigError
 from sidecar.ops.client import SidecarClient
-from tests.helpers import blob_reader, metric_value, running_daemon, seed
+from tests.helpers import ConfigFactory, blob_reader, metric_value, running_daemon, seed
 from tests.services import Azurite, DaemonProcess
 from tests.sparkshapes import kafka_progress
 
-ConfigFactory = Callable[..., Config]
 QID = "5f2c9a41-7a0e-4c7b-9d51-0f6a8e2b3c10"
 OTHER = "7d0e4b8a-2c51-4f3e-9a6b-1e8d5c2f7a90"
 #: Flush tick and thresholds out of reach of these tests: only a waiting ack can flush.

@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import anyio
 import pytest
 
-from sidecar.config import Config
-from sidecar.flush.lease import IllegalTransition, LeaseManager, LeaseState, QueryLease
+from sidecar.flush.lease import (
+    RENEW_JITTER,
+    IllegalTransition,
+    LeaseManager,
+    LeaseState,
+    QueryLease,
+)
 from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
 from sidecar.telemetry.metrics import Metrics
-from tests.helpers import metric_value, running_daemon, scrape
+from tests.helpers import (
+    Clock,
+    ConfigFactory,
+    eventually,
+    metric_value,
+    running_daemon,
+    sample,
+    scrape,
+)
 from tests.sparkshapes import rate_progress
 
-ConfigFactory = Callable[..., Config]
+RENEWALS = "checkpoint_sidecar_lease_renewals_total"
 OURS = "11111111-2222-3333-4444-555555555555"
 THEIRS = "99999999-8888-7777-6666-555555555555"
 
@@ -47,14 +58,6 @@ def test_the_normal_lifecycle_is_allowed() -> None:
     ):
         lease.to(state, "test")
     assert lease.state is LeaseState.RELEASED
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def test_conflict_expiry_and_reacquire_against_azurite(make_config: ConfigFactory) -> None:
@@ -89,18 +92,21 @@ async def test_conflict_expiry_and_reacquire_against_azurite(make_config: Config
         await store.aclose()
 
 
-@pytest.mark.slow
 async def test_leases_are_renewed_in_the_background_past_their_duration(
     make_config: ConfigFactory,
 ) -> None:
     config = make_config(count_threshold=1, lease_duration_s=15)
-    async with running_daemon(config) as daemon:
+    clock = Clock()  # the lease deadlines' clock, moved by hand: no 21 s of waiting
+    async with running_daemon(config, lease_clock=clock) as daemon:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(rate_progress("q", 1))).applied
-        # Longer than the lease, so only renewals keep it; and longer than three renewal
-        # delays at their jittered longest (3 x 5 s x 1.25 = 18.75 s, each noticed within the
-        # 0.25 s lease loop, after the first flush acquired the lease), so three have run.
-        await anyio.sleep(21)
+        await eventually(lambda: daemon.leases.state("q") is LeaseState.HELD)
+        # Past the lease's duration (3 x 6.25 s > 15 s), a renewal delay at its jittered
+        # longest each time: only renewals, each accepted by the store, keep it.
+        for renewed in range(1, 4):
+            clock.now += daemon.leases.renew_every_s * (1 + RENEW_JITTER)
+            await eventually(lambda n=renewed: sample(daemon, RENEWALS, result="ok") >= n)  # type: ignore[misc]
+        assert daemon.leases.state("q") is LeaseState.HELD
         assert await daemon.store.lease_state("q") == "leased"
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(rate_progress("q", 2))).applied
@@ -157,7 +163,7 @@ async def test_a_lost_lease_is_taken_back_by_the_loop_without_a_flush(
         assert ours.not_owned() == ["q3"]
         async with anyio.create_task_group() as tg:
             await tg.start(ours.run)
-            await anyio.sleep(0.5)
+            await eventually(lambda: ours.ticks >= 2)
             assert ours.not_owned() == ["q3"]  # retried (and refused) meanwhile, still lost
             await theirs.release_all()
             with anyio.fail_after(10):

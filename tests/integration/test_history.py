@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +31,17 @@ from sidecar.model.document import (
 from sidecar.model.offsets import ResumeError
 from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
-from tests.helpers import blob_reader, checkpoint_from, eventually, running_daemon, sample
+from tests.helpers import (
+    ConfigFactory,
+    blob_reader,
+    checkpoint_from,
+    eventually,
+    running_daemon,
+    sample,
+)
 from tests.services import REPO_ROOT, Azurite
 from tests.sparkshapes import kafka_progress
 
-ConfigFactory = Callable[..., Config]
 QID = "3a7c5e10-2b4d-4f6a-8c9e-1d2f3a4b5c6d"
 NAME = "orders-to-delta"
 BATCH = "checkpoint_sidecar_checkpoint_batch_id"

@@ -7,7 +7,6 @@ the Redis record, the lease state, the metric, the exit code."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
 from sidecar.wire.protocol import BadRequest, Reply, Reset, parse_request
 from tests.helpers import (
+    ConfigFactory,
     acli,
     blob_reader,
     checkpoint_of,
@@ -43,7 +43,6 @@ from tests.helpers import (
 from tests.services import Azurite, free_port
 from tests.sparkshapes import kafka_progress
 
-ConfigFactory = Callable[..., Config]
 QID = "7b1e2c3d-4f5a-4b6c-8d7e-9f0a1b2c3d4e"
 OTHER = "7b1e2c3d-4f5a-4b6c-8d7e-9f0a1b2c3d4f"
 NAME = "orders-to-delta"

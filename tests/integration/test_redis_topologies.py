@@ -13,7 +13,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from sidecar.daemon.app import Daemon
 from sidecar.ops.client import SidecarClient
 from sidecar.wire.protocol import RETRIABLE_CODES
 from tests.helpers import (
+    ConfigFactory,
     blob_reader,
     eventually,
     running_daemon,
@@ -42,7 +43,6 @@ from tests.sparkshapes import kafka_progress
 
 pytestmark = pytest.mark.slow
 
-ConfigFactory = Callable[..., Config]
 QUERIES = [f"7090d000-0000-4000-8000-00000000000{i}" for i in range(3)]
 
 

@@ -6,7 +6,7 @@ daemon's counters; blob contents are read back with the Azure SDK.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
@@ -26,6 +26,7 @@ from sidecar.model.document import decode_document
 from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
 from tests.helpers import (
+    ConfigFactory,
     blob_reader,
     checkpoint_of,
     eventually,
@@ -39,7 +40,7 @@ from tests.helpers import (
 from tests.services import Azurite, RedisServer
 from tests.sparkshapes import kafka_progress, rate_progress
 
-ConfigFactory = Callable[..., Config]
+FLUSH_CHECKS = "checkpoint_sidecar_flush_checks_total"
 QID = "5f2c9a41-7a0e-4c7b-9d51-0f6a8e2b3c10"
 FLUSHES = "checkpoint_sidecar_flushes_total"
 PENDING = "checkpoint_sidecar_pending_updates"
@@ -113,15 +114,18 @@ async def test_time_threshold_writes_once_when_the_oldest_update_is_old_enough(
     make_config: ConfigFactory, azurite: Azurite
 ) -> None:
     config = make_config(count_threshold=1000, time_threshold_s=1.0)
-    async with running_daemon(config), blob_reader(config) as store:
+    async with running_daemon(config) as daemon, blob_reader(config) as store:
         async with await SidecarClient.connect(config.socket_path) as c:
             for b in range(3):
                 assert (await c.progress(rate_progress(QID, b))).applied
             assert await blob_batch(store) is None  # not yet: neither threshold reached
             doc = await wait_blob_batch(store, QID, 2)
-        # A write that must not happen has no event to wait for: let the time threshold
-        # pass once more (1 s, plus some flush passes) with nothing pending.
-        await anyio.sleep(1.5)
+        # A write that must not happen has no event to wait for: let the flush checks of
+        # the time threshold once more (1 s: 20 checks, every 0.05 s) find nothing pending.
+        checks = sample(daemon, "checkpoint_sidecar_flush_checks_total")
+        await eventually(
+            lambda: sample(daemon, "checkpoint_sidecar_flush_checks_total") >= checks + 30
+        )
         assert writes(azurite, config) == 1
         assert await redis_field(config, "pending") == b"0"
     assert doc.batch_id == 2

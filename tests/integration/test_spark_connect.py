@@ -2,10 +2,10 @@
 
 The server (``spark-submit --class …SparkConnectServer``) runs as its own process with the
 listener jar and ``spark.sql.streaming.streamingQueryListeners``; the clients are separate
-Python processes (``python -m tests.test_spark_connect``, see ``main``) that use nothing but
-PySpark's Connect API and the server's ``sc://`` address: no jar, conf or listener on the
-client side. (A client in this process could meet the classic SparkSession of
-tests/test_spark.py.)
+Python processes (``python -m tests.integration.test_spark_connect``, see ``main``) that use
+nothing but PySpark's Connect API and the server's ``sc://`` address: no jar, conf or listener
+on the client side. (A client in this process could meet the classic SparkSession of
+tests/integration/test_spark.py.)
 
 The client and the test talk through small JSON files in the client's directory:
 ``started.json`` (session and query ids), ``reached.json`` (every query ran the requested
@@ -161,7 +161,7 @@ class ConnectClient:
                 [
                     sys.executable,
                     "-m",
-                    "tests.test_spark_connect",
+                    "tests.integration.test_spark_connect",
                     server_url,
                     str(work_dir),
                     f"--sessions={sessions}",

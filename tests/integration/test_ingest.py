@@ -16,11 +16,9 @@ from sidecar.buffer.keys import Keys
 from sidecar.config import Config
 from sidecar.ops.client import SidecarClient
 from sidecar.wire.protocol import encode_request
-from tests.helpers import eventually, metric_value, running_daemon, sample, scrape
+from tests.helpers import ConfigFactory, eventually, metric_value, running_daemon, sample, scrape
 from tests.services import RedisServer, free_port
 from tests.sparkshapes import idle_progress_spark34, kafka_progress, rate_progress
-
-ConfigFactory = Callable[..., Config]
 
 
 async def stored(config: Config, query_id: str) -> dict[bytes, bytes]:
