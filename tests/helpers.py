@@ -48,11 +48,12 @@ async def running_daemon(config: Config, **options: Any) -> AsyncIterator[Daemon
 
 
 class Clock:
-    """A monotonic clock a test moves by hand (``clock.now += 5``): lease deadlines without
-    waiting for them."""
+    """A monotonic clock a test moves by hand (``clock.now += 5``): lease deadlines, backoffs
+    and listings' ages without waiting for them. Starts at ``now`` (default: the real
+    monotonic time)."""
 
-    def __init__(self) -> None:
-        self.now = time.monotonic()
+    def __init__(self, now: float | None = None) -> None:
+        self.now = time.monotonic() if now is None else now
 
     def __call__(self) -> float:
         return self.now

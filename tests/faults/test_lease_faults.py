@@ -14,7 +14,7 @@ from anyio.abc import ByteStream, SocketAttribute, SocketStream, TaskStatus
 from sidecar.daemon.app import Daemon
 from sidecar.flush.lease import EXPIRY_MARGIN_S, RENEW_JITTER, LeaseState
 from sidecar.ops.client import SidecarClient
-from tests.helpers import ConfigFactory, eventually, sample, scrape
+from tests.helpers import Clock, ConfigFactory, eventually, sample, scrape
 from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, Azurite
 from tests.sparkshapes import kafka_progress
 
@@ -80,14 +80,6 @@ class StallingProxy:
             scope.cancel()  # one side is gone: close both
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def readyz(daemon: Daemon) -> tuple[int, str]:
     return await anyio.to_thread.run_sync(scrape, daemon, "/readyz")
 
@@ -96,7 +88,7 @@ async def readyz(daemon: Daemon) -> tuple[int, str]:
 async def test_a_lease_whose_renewal_hangs_is_lost_when_its_validity_ends_and_comes_back(
     make_config: ConfigFactory, azurite: Azurite
 ) -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     async with anyio.create_task_group() as tg:
         proxy = StallingProxy(azurite.port)
         await tg.start(proxy.run)

@@ -11,18 +11,10 @@ from sidecar.flush.lease import LeaseManager, LeaseState
 from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
 from sidecar.telemetry.metrics import Metrics
-from tests.helpers import ConfigFactory, eventually, running_daemon, sample, scrape
+from tests.helpers import Clock, ConfigFactory, eventually, running_daemon, sample, scrape
 from tests.sparkshapes import kafka_progress
 
 OURS = "00000000-0000-0000-0000-0000000000bb"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def test_a_lease_past_its_validity_is_lost_by_the_timer_then_reacquired(
@@ -30,7 +22,7 @@ async def test_a_lease_past_its_validity_is_lost_by_the_timer_then_reacquired(
 ) -> None:
     store = BlobStore(make_config())
     await store.ensure_container()
-    clock, metrics = Clock(), Metrics()
+    clock, metrics = Clock(1000.0), Metrics()
     leases = LeaseManager(store, OURS, 15, metrics, clock=clock)
     try:
         assert await leases.ensure_held("q-lapse", "lapse") is not None

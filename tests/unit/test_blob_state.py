@@ -13,22 +13,15 @@ from sidecar.flush.blob_state import LISTING_MAX_AGE_S, RECHECK_EVERY_S, BlobSta
 from sidecar.flush.lease import LeaseManager, QueryLease
 from sidecar.model.document import CheckpointDocument
 from sidecar.telemetry.metrics import Metrics
+from tests.helpers import Clock
 from tests.unit.fakes import FakeBlobStore, document
 
 QID = "5e1d0000-0000-4000-8000-0000000000f1"
 NEW = "5e1d0000-0000-4000-8000-0000000000f2"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def states_of(store: FakeBlobStore, clock: Clock | None = None) -> BlobStates:
-    clock = clock or Clock()
+    clock = clock or Clock(0.0)
     leases = LeaseManager(store, "ours", 15, Metrics(), clock=clock)
     return BlobStates(store, leases, clock=clock)
 
@@ -116,7 +109,7 @@ async def test_queries_without_a_blob_cost_one_listing_not_a_read_each() -> None
             self.listings.append(clock.now)
             return await super().query_ids()
 
-    clock = Clock()
+    clock = Clock(0.0)
     store = Listed()
     store.put(QID, 4)
     states = states_of(store, clock)
@@ -136,7 +129,7 @@ async def test_queries_without_a_blob_cost_one_listing_not_a_read_each() -> None
 
 async def test_a_floor_refusal_reads_a_rewound_blob_again_at_most_every_few_seconds() -> None:
     # A standby read the floor (batch 9); the owner then reset the blob to batch 4.
-    clock = Clock()
+    clock = Clock(0.0)
     store = FakeBlobStore()
     store.put(QID, 9)
     states = states_of(store, clock)
