@@ -26,7 +26,7 @@ PACKAGES: dict[str, set[str]] = {
     "buffer": {"model"},
     "store": {"model"},
     "ingest": {"wire", "model", "buffer", "telemetry"},
-    "flush": {"model", "buffer", "store", "telemetry"},
+    "flush": {"model", "buffer", "telemetry"},  # the store through protocols only
     "kafka": {"model", "telemetry"},
     "ops": {"wire", "model", "buffer", "store", "kafka"},
     "daemon": {"ingest", "flush", "kafka", "ops", "buffer", "store", "telemetry", "wire", "model"},
