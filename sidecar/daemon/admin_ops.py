@@ -18,7 +18,7 @@ from sidecar.config import Config
 from sidecar.daemon.retirement import Retirement
 from sidecar.errors import AdminRefused, InvalidRequest, NotFound, SidecarError, StoreUnavailable
 from sidecar.flush.blob_state import BlobStates
-from sidecar.flush.lease import QueryLease
+from sidecar.flush.lease import Held
 from sidecar.model.document import Writer
 from sidecar.ops.admin_steps import (
     AdminResult,
@@ -93,7 +93,7 @@ class DaemonAdmin:
             since = time.monotonic() - at
             raise running(label, query_id, since, self._config, "this daemon received a progress")
 
-    async def _held(self, query_id: str, label: str) -> QueryLease:
+    async def _held(self, query_id: str, label: str) -> Held:
         lease = await self._blobs.held(query_id, label)
         if lease is None:
             state = self._blobs.leases.state(query_id)
@@ -112,6 +112,11 @@ class DaemonAdmin:
             lease = await self._held(query_id, label)
             current = await self._blobs.document(query_id, lease)
             target = target_of(request, query_id, name, current)
+            if not self._blobs.leases.holds(lease):
+                raise AdminRefused(
+                    f"the lease on {self._store.blob_name(query_id)} was lost while the blob was "
+                    "read; nothing was changed: run the command again"
+                )
             try:
                 doc, dropped = await reset_under_lease(
                     self._buffer,

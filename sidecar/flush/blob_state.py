@@ -40,7 +40,7 @@ from sidecar.backoff import Backoff
 from sidecar.buffer.lua import NO_BLOB
 from sidecar.errors import CorruptRecord
 from sidecar.flush.core import Ack, FlushCore
-from sidecar.flush.lease import LeaseManager, QueryLease
+from sidecar.flush.lease import Held, LeaseManager
 from sidecar.model.document import CheckpointDocument
 
 log = logging.getLogger(__name__)
@@ -214,11 +214,11 @@ class BlobStates:
         """Redis' flushed batch of the query, read at stamp ``since``."""
         self._answer(self.core.flushed_in_redis(query_id, batch_id, since))
 
-    async def held(self, query_id: str, label: str) -> QueryLease | None:
+    async def held(self, query_id: str, label: str) -> Held | None:
         """The query's lease when HELD (acquired if due), else None: do not write."""
         return await self.leases.ensure_held(query_id, label)
 
-    async def document(self, query_id: str, lease: QueryLease) -> CheckpointDocument | None:
+    async def document(self, query_id: str, lease: Held) -> CheckpointDocument | None:
         """What the query's blob holds, read under ``lease`` unless known for its term.
 
         Raises:
@@ -232,7 +232,7 @@ class BlobStates:
             return doc
         return q.document
 
-    def written(self, query_id: str, lease: QueryLease, doc: CheckpointDocument) -> None:
+    def written(self, query_id: str, lease: Held, doc: CheckpointDocument) -> None:
         """``doc`` is in the blob: acks waiting for it or older are answered now."""
         self._answer(self.core.written(query_id, lease.term, doc))
 
@@ -274,7 +274,7 @@ class BlobStates:
             finally:
                 self.core.admin_op(query_id)
 
-    def reset(self, query_id: str, lease: QueryLease, doc: CheckpointDocument) -> None:
+    def reset(self, query_id: str, lease: Held, doc: CheckpointDocument) -> None:
         """A reset wrote ``doc`` under ``lease``: floor and acks follow it down."""
         self._answer(self.core.reset(query_id, lease.term, doc))
 

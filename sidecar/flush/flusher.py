@@ -330,6 +330,12 @@ class Flusher:
                 self._blobs.skipped(q.query_id)
             else:
                 doc = self._documents.build(checkpoint, plan.previous, self._core.view(q.query_id))
+                if not self._blobs.leases.holds(lease):
+                    # Lost (and maybe taken again, under a new term) while the blob was read:
+                    # what was read may be stale. The next pass starts over.
+                    m.flushes.labels("not_owned").inc()
+                    log.info("flush query=%s batch=%d: lease lost meanwhile", label, q.batch_id)
+                    return True
                 started = time.perf_counter()
                 await self._store.write(
                     q.query_id,

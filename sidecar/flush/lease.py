@@ -2,9 +2,11 @@
 ``sidecar.daemon.retirement``) or the daemon stops.
 
 Invariant: **a checkpoint blob is written only while its lease is HELD.** The flusher gets a
-lease only from :meth:`LeaseManager.ensure_held`, which returns it only in HELD and only
-while the lease is known to be valid (renewed in time); every write also carries the lease
-id, so the store itself refuses a stale owner.
+lease only from :meth:`LeaseManager.ensure_held`, which returns a :class:`Held` (the query and
+its term) only in HELD and only while the lease is known to be valid (renewed in time); right
+before it writes, :meth:`LeaseManager.holds` checks that the same term is still HELD and valid
+(a read may have taken long enough for the lease to be lost and taken again). Every write
+also carries the lease id, so the store itself refuses a stale owner.
 
 States and transitions (anything else raises :class:`IllegalTransition`)::
 
@@ -132,6 +134,15 @@ class QueryLease:
         self.state = new
 
 
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A lease as :meth:`LeaseManager.ensure_held` returned it: what was learnt under it is
+    valid only while :meth:`LeaseManager.holds` says the same term is still held."""
+
+    query_id: str
+    term: int
+
+
 class LeaseStore(Protocol):
     """The lease calls of the blob store (``sidecar.store.blobs.BlobStore``)."""
 
@@ -197,7 +208,18 @@ class LeaseManager:
         lease = self._leases.get(query_id)
         return lease.state if lease else None
 
-    async def ensure_held(self, query_id: str, label: str) -> QueryLease | None:
+    def holds(self, held: Held) -> bool:
+        """Whether ``held``'s term is still HELD and valid: no write without it, right before
+        the write (no await between)."""
+        lease = self._leases.get(held.query_id)
+        return (
+            lease is not None
+            and lease.state is LeaseState.HELD
+            and lease.term == held.term
+            and self._clock() < lease.valid_until
+        )
+
+    async def ensure_held(self, query_id: str, label: str) -> Held | None:
         """The query's lease when HELD (acquiring it if due), else None: do not write."""
         while True:
             lease = self._leases.get(query_id)
@@ -206,7 +228,8 @@ class LeaseManager:
             lease.label = label
             async with lease.lock:
                 if self._leases.get(query_id) is lease:
-                    return await self._ensure_held(lease)
+                    held = await self._ensure_held(lease)
+                    return None if held is None else Held(query_id, held.term)
             # Retired while we waited for its lock: start again with a new lease.
 
     async def _ensure_held(self, lease: QueryLease) -> QueryLease | None:

@@ -69,7 +69,7 @@ async def test_conflict_expiry_and_reacquire_against_azurite(make_config: Config
     theirs = LeaseManager(store, THEIRS, 15, Metrics())
     try:
         lease = await ours.ensure_held("q1", "query-one")
-        assert lease is not None and lease.state is LeaseState.HELD
+        assert lease is not None and ours.state("q1") is LeaseState.HELD and ours.holds(lease)
         assert await store.lease_state("q1") == "leased"
 
         assert await theirs.ensure_held("q1", "query-one") is None
@@ -80,9 +80,11 @@ async def test_conflict_expiry_and_reacquire_against_azurite(make_config: Config
         # ours: it is treated as lost, then re-acquired with our id (nobody else took it).
         term = lease.term
         clock.now += 15
+        assert not ours.holds(lease)  # no write under it now
         again = await ours.ensure_held("q1", "query-one")
-        assert again is lease and lease.state is LeaseState.HELD
-        assert lease.term != term  # a new term: what was known of the blob must be re-read
+        assert again is not None and ours.state("q1") is LeaseState.HELD
+        assert again.term != term  # a new term: what was known of the blob must be re-read
+        assert ours.holds(again) and not ours.holds(lease)
 
         await ours.release_all()
         assert ours.state("q1") is LeaseState.RELEASED

@@ -5,12 +5,14 @@ tests/integration/test_blob_acks.py and tests/integration/test_reset.py."""
 
 from __future__ import annotations
 
+import asyncio
+
 import anyio
 
 from sidecar.buffer.lua import NO_BLOB
 from sidecar.errors import CorruptRecord
 from sidecar.flush.blob_state import LISTING_MAX_AGE_S, RECHECK_EVERY_S, BlobStates
-from sidecar.flush.lease import LeaseManager, QueryLease
+from sidecar.flush.lease import Held, LeaseManager
 from sidecar.model.document import CheckpointDocument
 from sidecar.telemetry.metrics import Metrics
 from tests.helpers import Clock
@@ -78,7 +80,7 @@ async def test_a_blob_read_begun_before_a_reset_does_not_raise_its_floor_back() 
         tg.start_soon(load)
         await anyio.wait_all_tasks_blocked()
         async with states.exclusive(QID):
-            states.reset(QID, QueryLease(QID, QID, term=1), document(QID, 4))
+            states.reset(QID, Held(QID, term=1), document(QID, 4))
         store.release.set()
     assert got == [4] and states.known(QID) == 4  # batches 5..9 are stored again
 
@@ -158,7 +160,7 @@ async def test_an_ack_deferred_while_its_query_is_in_a_pass_wakes_the_loop_once_
         states.wake.clear()
         states.end(QID)  # released again with nothing deferred: no second wake
         assert not states.wake.is_set()
-        states.written(QID, QueryLease(QID, QID, term=1), document(QID, 5))
+        states.written(QID, Held(QID, term=1), document(QID, 5))
     assert states.waiting() == []  # answered and gone
 
 
@@ -166,5 +168,21 @@ async def test_an_ack_times_out_when_its_batch_never_reaches_the_blob() -> None:
     states = states_of(FakeBlobStore())
     assert await states.wait_durable(QID, 3, 0.01) is False
     assert states.waiting() == []
-    states.written(QID, QueryLease(QID, QID, term=1), document(QID, 3))
+    states.written(QID, Held(QID, term=1), document(QID, 3))
     assert await states.wait_durable(QID, 2, 0.01) is True  # durable already: no wait
+
+
+async def test_redis_flushed_batch_read_before_newer_blob_evidence_answers_no_ack() -> None:
+    # The flusher read Redis' flushed batch (9) at stamp ``since``; meanwhile a read under the
+    # lease found the blob at batch 3 (another owner rewound it). Redis' older word is no
+    # evidence now: the ack of batch 5 keeps waiting. Read after the lease's word, it counts.
+    states = states_of(FakeBlobStore())
+    core = states.core
+    waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    core.ack(QID, 5, waiter)
+    since = core.stamp
+    assert core.read(QID, 1, document(QID, 3)) == []
+    assert core.flushed_in_redis(QID, 9, since) == []
+    assert core.waiting() == [QID]
+    assert core.flushed_in_redis(QID, 9, core.stamp) == [waiter]
+    assert core.waiting() == []

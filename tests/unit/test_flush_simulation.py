@@ -613,6 +613,20 @@ FOUND = {
         "redis_loses_its_data()",
         "update(query='q1', back=1, blob_ack=True)",
     ],
+    # A reset read the blob slowly; meanwhile the lease's renewal was refused (another owner
+    # had broken it and let go), and the reset wrote with a lease its manager knew was lost.
+    # (Azure refuses that write while nobody holds the lease; had the lease been taken again
+    # under a new term meanwhile, a write planned from the old term's read would land.) Every
+    # write now checks, right before it, that the term it planned under is still held.
+    "a write after the lease was lost during a slow read": [
+        "store_latency(latency_s=1.5)",
+        "update(query='q1', back=0, blob_ack=False)",
+        "restart(killed=False)",
+        "a_write_times_out_after_landing()",
+        "reset(query='q1', back=0)",
+        "failover_and_back(query='q1', flush=False, reset_back=None)",
+        "reset(query='q1', back=0)",
+    ],
 }
 
 
