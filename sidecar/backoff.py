@@ -46,14 +46,18 @@ class Backoff:
         nominal: float = min(self.cap_s, self.base_s * 2 ** min(max(failures, 1) - 1, 32))
         return nominal * (0.5 + 0.5 * self._jitter())
 
-    def failed(self, key: Hashable = None, *, give_up_ramp: bool = False) -> float:
+    def failed(
+        self, key: Hashable = None, *, give_up_ramp: bool = False, at_least_s: float = 0.0
+    ) -> float:
         """Record a failure of ``key``; return the delay before its next attempt.
 
         ``give_up_ramp``: wait the full cap at once (for errors that retrying soon will not
-        fix, e.g. a refused credential, which an operator must correct first).
+        fix, e.g. a refused credential, which an operator must correct first). ``at_least_s``:
+        the server asked for that long (``Retry-After``; capped at ``cap_s`` too).
         """
         failures = self._failures[key] = self._failures.get(key, 0) + 1
         delay = self.cap_s if give_up_ramp else self.delay(failures)
+        delay = max(delay, min(at_least_s, self.cap_s))
         self._retry_at[key] = self._clock() + delay
         return delay
 

@@ -216,7 +216,12 @@ class BlobStates:
 
     async def held(self, query_id: str, label: str) -> Held | None:
         """The query's lease when HELD (acquired if due), else None: do not write."""
-        return await self.leases.ensure_held(query_id, label)
+        held = await self.leases.ensure_held(query_id, label)
+        if held is not None and self._with_blob is not None:
+            # Acquiring created the blob if absent: a listing made before must not say
+            # "no blob" any more (a write of unknown outcome may have filled it since).
+            self._with_blob.add(query_id)
+        return held
 
     async def document(self, query_id: str, lease: Held) -> CheckpointDocument | None:
         """What the query's blob holds, read under ``lease`` unless known for its term.
@@ -240,9 +245,21 @@ class BlobStates:
         """The blob already held the row's batch (or newer) under the lease: acks answered."""
         self._answer(self.core.skipped(query_id))
 
-    def failed(self, query_id: str, *, retriable: bool, outcome_unknown: bool) -> float:
+    def failed(
+        self,
+        query_id: str,
+        *,
+        retriable: bool,
+        outcome_unknown: bool,
+        retry_after_s: float | None = None,
+    ) -> float:
         """A flush failed: seconds until its next try."""
-        return self.core.failed(query_id, retriable=retriable, outcome_unknown=outcome_unknown)
+        return self.core.failed(
+            query_id,
+            retriable=retriable,
+            outcome_unknown=outcome_unknown,
+            retry_after_s=retry_after_s,
+        )
 
     def lost(self, query_id: str, reason: str) -> None:
         """The store refused the lease on a write: stop writing until it is re-acquired."""

@@ -288,27 +288,39 @@ class FlushCore(Generic[W]):
         if q is not None:
             q.recovering = False
 
-    def failed(self, query_id: str, *, retriable: bool, outcome_unknown: bool) -> float:
+    def failed(
+        self,
+        query_id: str,
+        *,
+        retriable: bool,
+        outcome_unknown: bool,
+        retry_after_s: float | None = None,
+    ) -> float:
         """A flush failed: seconds until its next try. Not ``retriable`` (an operator must act
-        first) waits the full cap. ``outcome_unknown`` (timed out, connection lost mid-call):
-        the blob may hold the write or not, so read it again before the next one."""
+        first) waits the full cap; ``retry_after_s`` (the store's ``Retry-After``) at least
+        that long. ``outcome_unknown`` (timed out, connection lost mid-call, a 5xx): the blob
+        may hold the write or not, so read it again before the next one."""
         if outcome_unknown:
             self.unknown(query_id)
-        return self.backoff.failed(query_id, give_up_ramp=not retriable)
+        return self.backoff.failed(
+            query_id, give_up_ramp=not retriable, at_least_s=retry_after_s or 0.0
+        )
 
     def unknown(self, query_id: str, *, lowered_to: int | None = None) -> None:
         """What the blob holds is unknown until read again: the store refused the lease, or
-        a write's outcome is unknown (it timed out, or lost its connection mid-call). A write
-        that may have lowered the blob (a reset to ``lowered_to``) lowers what is known
-        too: an ack is then answered only once the blob is read or written again."""
+        a write's outcome is unknown (it timed out, or lost its connection mid-call). The
+        floor is forgotten too: the write may have raised the blob (ingest reads it again
+        before it stores an update Redis does not know: after Redis lost its data, an older
+        batch must not pass under a write that landed). A write that may have lowered the
+        blob (a reset to ``lowered_to``) lowers the durable batch: an ack is then answered
+        only once the blob is read or written again."""
         q = self._queries.get(query_id)
         if q is None:
             return
         q.term = None
+        q.floor = None
         if lowered_to is not None:
             q.durable = min(q.durable, lowered_to)
-            if q.floor is not None:
-                q.floor = min(q.floor, lowered_to)
 
     # --- admin ops ---------------------------------------------------------------------------
 

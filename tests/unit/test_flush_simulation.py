@@ -627,6 +627,19 @@ FOUND = {
         "failover_and_back(query='q1', flush=False, reset_back=None)",
         "reset(query='q1', back=0)",
     ],
+    # A write timed out after landing batch 1; Redis then lost its data, and batch 0 was
+    # stored under the floor known before that write (no blob; and the namespace's listing,
+    # made before the lease created the blob, said "no blob" too): `get` went from 1 back to
+    # 0. A write whose outcome is unknown now forgets the floor, and acquiring a lease adds
+    # its blob to the listing, so the blob is read before such an update is stored.
+    "an older batch after a write of unknown outcome and a Redis loss": [
+        "a_write_times_out_after_landing()",
+        "update(query='q1', back=0, blob_ack=True)",
+        "redis_loses_its_data()",
+        "get(query='q1')",
+        "update(query='q1', back=1, blob_ack=True)",
+        "get(query='q1')",
+    ],
 }
 
 
