@@ -53,6 +53,7 @@ bench: setup
 	$(PY) bench/hotpath.py
 	$(PY) bench/blob_acks.py --rounds 3 --out bench/results/blob_acks.json
 	$(PY) bench/scale.py
+	$(PY) bench/restart.py
 
 ## The container image checkpoint-sidecar:<version>: docker when its daemon answers, else
 ## podman (installed from apt when missing); a local Debian base when no registry answers.

@@ -57,6 +57,15 @@ class StoreUnavailable(SidecarError):
     retriable = True
     code = "unavailable"
 
+    def __init__(
+        self, message: str, *, reason: str = "unavailable", retry_after_s: float | None = None
+    ) -> None:
+        """``reason``: ``timeout``, ``connection``, or the status and Azure's error code
+        (``503 ServerBusy``); ``retry_after_s``: the store's ``Retry-After``, when it sent one."""
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
 
 class StoreError(SidecarError):
     """The blob store refused a call for a reason retrying will not fix (auth, bad request)."""

@@ -70,7 +70,10 @@ def make_config(
     """Build a daemon Config for this test; keyword args override SIDECAR_* settings."""
 
     def make(**overrides: Any) -> Config:
+        # Each config is its own daemon (its own pod): two daemons on one namespace are two
+        # instances. The same Config run again is the same instance (a restart in its pod).
         env = {
+            "SIDECAR_INSTANCE_ID": f"test-{uuid.uuid4().hex[:12]}",
             "SIDECAR_SOCKET_PATH": str(short_tmp / "sidecar.sock"),
             "SIDECAR_REDIS_URL": redis_server.url,
             "SIDECAR_NAMESPACE": namespace,

@@ -24,6 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from signal import SIGTERM
@@ -336,6 +337,10 @@ class DaemonProcess(Service):
         self.settings = dict(settings)
         self.admin_port = int(self.settings.get("SIDECAR_METRICS_PORT") or 0) or free_port()
         self.settings["SIDECAR_METRICS_PORT"] = str(self.admin_port)
+        # Each launcher is its own pod unless told otherwise: two daemons started from one
+        # environment are two instances (on this one host they would share HOSTNAME). A
+        # restart from ``settings`` (same identity, same admin port) is the same instance.
+        self.settings.setdefault("SIDECAR_INSTANCE_ID", f"daemon-{uuid.uuid4().hex[:12]}")
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SIDECAR_")}
         self.env.update(self.settings)
         self.env["PYTHONPATH"] = str(REPO_ROOT)  # this checkout's sidecar, installed or not

@@ -231,6 +231,15 @@ def build() -> dashboard.Dashboard:
         )
         .with_panel(
             single(
+                "Blob store down",
+                "Daemons whose blob store did not answer the last call (pinged when idle)",
+                f"count(checkpoint_sidecar_store_up{{{NS}}} == 0) or vector(0)",
+                "none",
+                1,
+            )
+        )
+        .with_panel(
+            single(
                 "Unreadable records (1h)",
                 "Stored records found unreadable in the last hour (quarantined; see the log)",
                 f"sum(increase(checkpoint_sidecar_bad_records_total{{{NS}}}[1h]))",
@@ -399,11 +408,16 @@ def build() -> dashboard.Dashboard:
         board.with_row(dashboard.Row("Redis and Kafka"))
         .with_panel(
             up_down(
-                "Redis and Kafka up",
-                "Redis: the last call succeeded; AOF: appendonly on; Kafka: the last commit "
-                "succeeded (shown only for daemons that have committed)",
+                "Redis, blob store and Kafka up",
+                "Redis, blob store: the last call succeeded; AOF: appendonly on; Instance: the "
+                "live daemon of its SIDECAR_INSTANCE_ID; Kafka: the last commit succeeded "
+                "(shown only for daemons that have committed)",
                 [
                     target(f"checkpoint_sidecar_redis_up{{{NS}}}", "Redis {{pod}}", "A"),
+                    target(f"checkpoint_sidecar_store_up{{{NS}}}", "Blob store {{pod}}", "D"),
+                    target(
+                        f"checkpoint_sidecar_instance_lock_held{{{NS}}}", "Instance {{pod}}", "E"
+                    ),
                     target(f"checkpoint_sidecar_redis_aof_enabled{{{NS}}}", "AOF {{pod}}", "B"),
                     target(
                         f"checkpoint_sidecar_kafka_up{{{NS}}} and on (job, instance) "

@@ -218,3 +218,28 @@ end
 return {0, removed}
 """
 )
+
+# KEYS[1] instance hash. ARGV[1] our token, ARGV[2] our holder JSON, ARGV[3] TTL (ms),
+# ARGV[4] the token of a holder known to be dead ("" if none). Claims or refreshes the
+# instance lock: taken when free, ours, or held by that dead holder. Returns nil when it is
+# ours now, else the live holder's JSON.
+CLAIM_INSTANCE = """
+local cur = redis.call('HGET', KEYS[1], 'token')
+if cur and cur ~= ARGV[1] and cur ~= ARGV[4] then
+  return redis.call('HGET', KEYS[1], 'holder') or ''
+end
+if cur ~= ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'token', ARGV[1], 'holder', ARGV[2])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return false
+"""
+
+# KEYS[1] instance hash, ARGV[1] our token: deleted if still ours. Returns 1 if deleted.
+RELEASE_INSTANCE = """
+if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""

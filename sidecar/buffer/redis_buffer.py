@@ -19,7 +19,7 @@ from typing import Any
 
 import redis.exceptions as rex
 
-from sidecar.buffer import lua
+from sidecar.buffer import lua, refusals
 from sidecar.buffer.keys import Keys
 from sidecar.buffer.rows import PendingEntry as PendingEntry
 from sidecar.buffer.rows import PendingQuery as PendingQuery
@@ -44,6 +44,15 @@ _TRANSIENT_ERRORS = (
     rex.ClusterDownError,
 )
 _TRANSIENT_PREFIXES = ("BUSY", "MISCONF", "CLUSTERDOWN", "NOREPLICAS", "LOADING")
+
+
+def _refusal(exc: Exception) -> str:
+    """What a transient refusal means (``refusals``), with Redis' own words."""
+    return refusals.explain(
+        str(exc),
+        loading=isinstance(exc, rex.BusyLoadingError),
+        oom=isinstance(exc, rex.OutOfMemoryError),
+    )
 
 
 class RedisBuffer:
@@ -82,6 +91,8 @@ class RedisBuffer:
         self._snapshot = self._redis.register_script(lua.SNAPSHOT)
         self._pending = self._redis.register_script(lua.PENDING)
         self._mark_flushed = self._redis.register_script(lua.MARK_FLUSHED)
+        self._claim_instance = self._redis.register_script(lua.CLAIM_INSTANCE)
+        self._release_instance = self._redis.register_script(lua.RELEASE_INSTANCE)
         self._admin = {op: self._redis.register_script(lua.RESET if op == "reset" else lua.RETIRE)
                        for op in ("reset", "retire")}  # fmt: skip
         #: Outcome of the last Redis call (None before the first); transitions are logged once.
@@ -104,6 +115,12 @@ class RedisBuffer:
     def _translate(self, what: str) -> Iterator[None]:
         try:
             yield
+        except rex.BusyLoadingError as exc:  # a ConnectionError to redis-py; an answer to us
+            self._mark(False, _refusal(exc))
+            raise BufferUnavailable(
+                f"Redis at {self._url} refused {what}: {_refusal(exc)}; nothing was stored, "
+                "retry — it answers once loaded"
+            ) from exc
         except (rex.ConnectionError, rex.TimeoutError, OSError, rex.RedisClusterException) as exc:
             self._mark(False, str(exc))
             raise BufferUnavailable(
@@ -116,9 +133,11 @@ class RedisBuffer:
                 _TRANSIENT_PREFIXES
             )
             if hint or transient:
-                self._mark(False, hint or str(exc))
+                reason = hint or _refusal(exc)
+                self._mark(False, reason)
                 raise BufferUnavailable(
-                    f"Redis at {self._url} refused {what}: {hint or exc}; retry later"
+                    f"Redis at {self._url} refused {what}: {reason}; nothing was stored, "
+                    "retry later"
                 ) from exc
             raise BufferError_(f"Redis at {self._url} rejected {what}: {exc}") from exc
         self._mark(True)
@@ -295,6 +314,25 @@ class RedisBuffer:
         """Mark the namespace's data: if the marker vanishes, Redis lost the namespace."""
         with self._translate("marker write"):
             await self._redis.set(self.keys.marker, token)
+
+    async def claim_instance(
+        self, identity: str, token: str, holder: str, ttl_ms: int, dead: str = ""
+    ) -> str | None:
+        """Claim or refresh the lock of instance ``identity`` for ``token`` (described by
+        ``holder``) for ``ttl_ms``; a holder whose token is ``dead`` is replaced. None when
+        the lock is ours now, else the live holder's description."""
+        with self._translate("instance lock"):
+            other = await self._claim_instance(
+                keys=[self.keys.instance(identity)], args=[token, holder, ttl_ms, dead]
+            )
+        return None if other is None else _text(other)
+
+    async def release_instance(self, identity: str, token: str) -> bool:
+        """Delete the lock of instance ``identity`` if ``token`` still holds it."""
+        with self._translate("instance lock release"):
+            return bool(
+                await self._release_instance(keys=[self.keys.instance(identity)], args=[token])
+            )
 
     async def stored_batch(self, query_id: str) -> int | None:
         """The batch id Redis holds for ``query_id`` (None: unknown to Redis)."""

@@ -43,6 +43,9 @@ HELP = {
         "(managed/workload identity); used when no connection string is set",
         "container": "blob container for checkpoints (created if missing)",
         "lease_duration_s": "blob lease duration, seconds (15-60); renewed every third of it",
+        "instance_id": "this daemon's identity (default: HOSTNAME, the pod name): a daemon "
+        "restarted with the same identity re-acquires its own leases at once; two live "
+        "daemons with one identity are refused",
         "write_timeout_s": "timeout of one blob call (write, lease, read), seconds",
         "history_size": "earlier flushed checkpoints each blob keeps for rewinding, newest "
         "first (0: none); thinned to fit 256 KiB for very wide queries",

@@ -105,6 +105,8 @@ RedisUrl = Annotated[str, Meta(pattern=r"(?i)^(rediss?|unix):", extra={
     "redact": redact_url, "must": "must be a redis://, rediss:// or unix:// URL"})]
 Namespace = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", extra={
     "must": "must be 1-64 characters of A-Z a-z 0-9 . _ - (starting alphanumeric)"})]
+InstanceId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$", extra={
+    "must": "must be 1-253 characters of A-Z a-z 0-9 . _ - (starting alphanumeric)"})]
 ConnectionString = Annotated[str, Meta(pattern=r"(?:^|;)(?:AccountName|BlobEndpoint)=", extra={
     "redact": redact_connection_string,
     "must": "must be an Azure Storage connection string (AccountName=...;...)"})]
@@ -150,6 +152,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     account_url: HttpsUrl | None = None
     container: ContainerName = "spark-checkpoints"
     lease_duration_s: Annotated[int, Meta(ge=15, le=60)] = 30
+    instance_id: InstanceId | None = None
     write_timeout_s: Annotated[float, Meta(ge=0.1, le=600)] = 10.0
     history_size: Annotated[int, Meta(ge=0, le=1000)] = 20
     # flushing and acknowledgements

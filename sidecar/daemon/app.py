@@ -36,11 +36,13 @@ from sidecar.backoff import Backoff
 from sidecar.buffer.redis_buffer import RedisBuffer
 from sidecar.buffer.topology import Topology
 from sidecar.config import Config
+from sidecar.daemon import instance
 from sidecar.daemon.admin_ops import DaemonAdmin
 from sidecar.daemon.durability import DurabilityWatch
 from sidecar.daemon.http import AdminServer
 from sidecar.daemon.retirement import Retirement
 from sidecar.daemon.shutdown import StopBudget
+from sidecar.daemon.store_watch import StoreWatch
 from sidecar.errors import SidecarError
 from sidecar.flush.blob_state import BlobStates
 from sidecar.flush.flusher import Flusher
@@ -75,7 +77,12 @@ class Daemon:
     ) -> None:
         """``lease_clock``: the monotonic clock of the lease deadlines (tests inject one)."""
         self.config = config
-        self.instance_id = str(uuid.uuid4())
+        #: This daemon's identity (the pod name) and the lease id derived from it: stable
+        #: across restarts (``sidecar.daemon.instance``).
+        self.identity = instance.identity(config.instance_id)
+        self.instance_id = instance.lease_id(config.namespace, self.identity)
+        #: This process (the durability marker's token).
+        self.run_id = str(uuid.uuid4())
         self.writer = Writer(
             host=socket.gethostname(), pid=os.getpid(), instance_id=self.instance_id
         )
@@ -104,10 +111,23 @@ class Daemon:
             min_replicas=config.redis_min_replicas,
         )
         self.store = BlobStore(config)
+        self.store_watch = StoreWatch(self.store, config.write_timeout_s)
+        self.store.on_failure = lambda call, reason: self.metrics.store_failures.labels(
+            call, reason
+        ).inc()
         self.coalescer = WriteCoalescer(self.buffer)
-        # The lease id is this process's instance id: a restarted daemon is a new owner.
+        self.instance = instance.InstanceLock(
+            self.buffer, self.identity, self.metrics, admin_port=lambda: self.admin.port
+        )
+        # The lease id comes from the instance identity: a daemon restarted in its pod
+        # re-acquires its own leases at once, and only while it is the live instance.
         self.leases = LeaseManager(
-            self.store, self.instance_id, config.lease_duration_s, self.metrics, clock=lease_clock
+            self.store,
+            self.instance_id,
+            config.lease_duration_s,
+            self.metrics,
+            clock=lease_clock,
+            allowed=self.instance.held,
         )
         #: Each query's blob state (lease, floor, acks, document): the one owner.
         self.blobs = BlobStates(self.store, self.leases)
@@ -125,7 +145,7 @@ class Daemon:
         self.durability = DurabilityWatch(
             self.buffer,
             self.metrics,
-            token=self.instance_id,
+            token=self.run_id,
             require_aof=config.redis_require_aof,
             blob_batch=self._blob_batch,
         )
@@ -157,11 +177,17 @@ class Daemon:
             config.metrics_host,
             config.metrics_port,
             self.metrics,
-            checks=[self._socket_ready, self._redis_ready, self._leases_ready],
+            checks=[
+                self._socket_ready,
+                self._redis_ready,
+                self._instance_ready,
+                self._leases_ready,
+            ],
         )
         self.metrics.buffer_queue.set_function(lambda: self.coalescer.queued)
         self.buffer.on_replicas = self.metrics.redis_replicas_acked.observe
         self.metrics.redis_up.set_function(lambda: 1.0 if self.buffer.available else 0.0)
+        self.metrics.store_up.set_function(lambda: 0.0 if self.store.available is False else 1.0)
         self._stop = anyio.Event()
         self._budget: StopBudget | None = None
         #: Set once :meth:`run` has returned (stopped, cleanly or not).
@@ -192,8 +218,9 @@ class Daemon:
         loop = event_loop_name()
         self.metrics.build_info.info({"version": __version__, "event_loop": loop})
         log.info(
-            "checkpoint-sidecar %s starting (instance %s, %s event loop): %r",
+            "checkpoint-sidecar %s starting (instance %s, lease id %s, %s event loop): %r",
             __version__,
+            self.identity,
             self.instance_id,
             loop,
             cfg,
@@ -210,7 +237,10 @@ class Daemon:
                 await self.durability.start()  # AOF check (may refuse to start), marker
                 await tg.start(self.durability.run)
                 await tg.start(self.coalescer.run)
+                await self._wait_for("Redis (instance lock)", self.instance.claim)
+                await tg.start(self.instance.run)
                 await tg.start(self.leases.run)
+                await tg.start(self.store_watch.run)
                 if self.committer is not None:
                     await tg.start(self.committer.run)  # builds the TLS context once
                 tg.start_soon(self._doctor)  # in the background: never delays the start
@@ -277,7 +307,7 @@ class Daemon:
         doc = await self.store.find(query_id, name)
         return ckpt.encode(doc.checkpoint()) if doc is not None else None
 
-    async def _wait_for(self, what: str, probe: Callable[[], Awaitable[None]]) -> bool:
+    async def _wait_for(self, what: str, probe: Callable[[], Awaitable[object]]) -> bool:
         """Retry ``probe`` until it succeeds (True) or a stop is requested first (False)."""
         backoff = Backoff(0.1, RETRY_MAX_S)
         while True:
@@ -334,6 +364,7 @@ class Daemon:
                     )
             with budget.phase("release") as release:
                 await self.leases.release_all()
+                await self.instance.release()
             if release.cancelled_caught:
                 log.warning(
                     "stop: releasing leases cut at %.1fs; lease(s) of %s left to expire by "
@@ -374,16 +405,19 @@ class Daemon:
             with anyio.fail_after(1):
                 await self.buffer.ping()
         except (SidecarError, TimeoutError) as exc:
-            return f"Redis unreachable: {exc}"
+            return f"Redis: {exc}"
         return None
 
+    async def _instance_ready(self) -> str | None:
+        return self.instance.readiness()
+
     async def _leases_ready(self) -> str | None:
-        lost = self.leases.not_owned()
-        if lost:
-            return (
-                "lease not held (another owner, the store refused, or it lapsed unrenewed) "
-                f"for: {', '.join(lost)}"
-            )
+        # A store that does not answer is not a reason (sidecar.daemon.store_watch): Redis
+        # keeps buffering, and checkpoint_sidecar_store_up says it.
+        contested = self.leases.contested()
+        if contested:
+            owners = ", ".join(contested)
+            return f"lease not held (another owner holds it, or ours was broken) for: {owners}"
         return None
 
 

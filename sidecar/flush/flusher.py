@@ -364,6 +364,7 @@ class Flusher:
                 q.query_id,
                 retriable=exc.retriable,
                 outcome_unknown=isinstance(exc, StoreUnavailable),
+                retry_after_s=exc.retry_after_s if isinstance(exc, StoreUnavailable) else None,
             )
             level = logging.WARNING if exc.retriable else logging.ERROR
             if isinstance(exc, CorruptRecord) and not self._quarantined.add(q.query_id, exc):

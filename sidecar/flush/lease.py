@@ -119,6 +119,9 @@ class QueryLease:
     #: The current acquisition (0: never acquired); new on every acquisition, so knowledge
     #: of the blob tied to an older term is known to be stale.
     term: int = 0
+    #: Not owned because the store said so — another lease holds the blob, or ours was
+    #: broken — rather than because the store did not answer (``LeaseManager.contested``).
+    contested: bool = False
     #: Serialises acquire, release and the loop's state changes of this lease (a flush tick,
     #: the final flush and the lease loop may overlap).
     lock: anyio.Lock = field(default_factory=anyio.Lock)
@@ -167,15 +170,19 @@ class LeaseManager:
         *,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
+        allowed: Callable[[], bool] = lambda: True,
     ) -> None:
         """``clock``: monotonic seconds, for every lease deadline (tests inject their own);
-        ``jitter``: uniform in [0, 1), spreads renewals (:func:`renew_delay`)."""
+        ``jitter``: uniform in [0, 1), spreads renewals (:func:`renew_delay`); ``allowed``:
+        whether this daemon may own leases now (``sidecar.daemon.instance``: it is the live
+        daemon of its lease id) — else none is acquired, written under or released."""
         self._store = store
         self.lease_id = lease_id
         self._duration_s = duration_s
         self._metrics = metrics
         self._clock = clock
         self._jitter = jitter
+        self._allowed = allowed
         self._leases: dict[str, QueryLease] = {}
         self._terms = itertools.count(1)
         #: Queries with a renewal or a re-acquisition under way in the loop (one at a time).
@@ -200,6 +207,17 @@ class LeaseManager:
             if q.state is LeaseState.LOST or (q.state is LeaseState.ACQUIRING and q.failures)
         ]
 
+    def contested(self) -> list[str]:
+        """Labels of the not-owned queries (:meth:`not_owned`) the store refused: another
+        lease holds the blob, or ours was broken. A store that does not answer is not here:
+        that is the store's health (``BlobStore.available``), not ownership."""
+        return [
+            q.label
+            for q in self._leases.values()
+            if q.contested
+            and (q.state is LeaseState.LOST or (q.state is LeaseState.ACQUIRING and q.failures))
+        ]
+
     def held(self) -> list[str]:
         """Labels of the queries whose lease this daemon holds (after a stop: not released)."""
         return [q.label for q in self._leases.values() if q.state is LeaseState.HELD]
@@ -214,6 +232,7 @@ class LeaseManager:
         lease = self._leases.get(held.query_id)
         return (
             lease is not None
+            and self._allowed()
             and lease.state is LeaseState.HELD
             and lease.term == held.term
             and self._clock() < lease.valid_until
@@ -233,6 +252,8 @@ class LeaseManager:
             # Retired while we waited for its lock: start again with a new lease.
 
     async def _ensure_held(self, lease: QueryLease) -> QueryLease | None:
+        if not self._allowed():
+            return None
         query_id = lease.query_id
         now = self._clock()
         if lease.state is LeaseState.HELD:
@@ -250,14 +271,14 @@ class LeaseManager:
             started = self._clock()
             await self._store.acquire_lease(query_id, self.lease_id, self._duration_s)
         except LeaseConflict:
-            self._lose(lease, "another owner holds the lease")
+            self._lose(lease, "another owner holds the lease", contested=True)
             return None
         except SidecarError as exc:
             self._lose(lease, f"could not acquire: {exc}")
             return None
         lease.valid_until = started + self._duration_s - EXPIRY_MARGIN_S
         lease.renew_at = started + renew_delay(self.renew_every_s, self._jitter())
-        lease.failures = 0
+        lease.failures, lease.contested = 0, False
         lease.term = next(self._terms)  # someone else may have written while we did not own it
         lease.to(LeaseState.HELD, f"acquired for {self._duration_s}s")
         self._metrics.lease_held.labels(lease.label).set(1)
@@ -267,7 +288,7 @@ class LeaseManager:
         """A write was refused for the lease: stop writing until it is re-acquired."""
         lease = self._leases.get(query_id)
         if lease is not None and lease.state is LeaseState.HELD:
-            self._lose(lease, reason)
+            self._lose(lease, reason, contested=True)
 
     def _expire(self, lease: QueryLease) -> None:
         """HELD past its validity: we can no longer be sure it is ours. Try again at once
@@ -279,7 +300,10 @@ class LeaseManager:
             immediately=True,
         )
 
-    def _lose(self, lease: QueryLease, reason: str, *, immediately: bool = False) -> None:
+    def _lose(
+        self, lease: QueryLease, reason: str, *, immediately: bool = False, contested: bool = False
+    ) -> None:
+        lease.contested = contested
         if lease.state is LeaseState.LOST:
             return
         lease.to(LeaseState.LOST, reason)
@@ -356,7 +380,7 @@ class LeaseManager:
                 self._metrics.lease_renewals.labels("lost").inc()
                 async with lease.lock:
                     if lease.state is LeaseState.HELD:
-                        self._lose(lease, f"renewal refused: {exc}")
+                        self._lose(lease, f"renewal refused: {exc}", contested=True)
                 return
             except SidecarError as exc:
                 self._metrics.lease_renewals.labels("error").inc()
@@ -414,7 +438,8 @@ class LeaseManager:
     async def _release_locked(
         self, lease: QueryLease, reason: str = "shutdown", *, metric: bool = True
     ) -> None:
-        if lease.state is LeaseState.HELD:
+        # Not the live daemon of this lease id: the lease is the other daemon's to release.
+        if lease.state is LeaseState.HELD and self._allowed():
             try:
                 await self._store.release_lease(lease.query_id, self.lease_id)
             except SidecarError as exc:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from sidecar.buffer import refusals
 from sidecar.store.probe import Probe
 
 Status = Literal["ok", "warn", "fail"]
@@ -77,7 +78,8 @@ def redis_checks(
                 "redis_reachable",
                 "fail",
                 f"{info} (no other Redis check ran)",
-                "check SIDECAR_REDIS_URL (and SIDECAR_REDIS_MODE) and that Redis runs; the "
+                refusals.fix(info)
+                or "check SIDECAR_REDIS_URL (and SIDECAR_REDIS_MODE) and that Redis runs; the "
                 "daemon waits for it at start",
             )
         ]
@@ -92,7 +94,14 @@ def redis_checks(
             if role == "slave"
             else ""
         )
-        out.append(Check("redis_writable", "fail", f"{replica}{write_error}", _PRIMARY))
+        out.append(
+            Check(
+                "redis_writable",
+                "fail",
+                f"{replica}{write_error}",
+                refusals.fix(write_error) or _PRIMARY,
+            )
+        )
     aof = info.get("aof_enabled")
     if aof is None:
         out.append(

@@ -113,23 +113,62 @@ class BlobStore:
         self._container: ContainerClient = self._service.get_container_client(config.container)
         self.container = config.container
         self.where = f"{self._service.url.split('?')[0]}{config.container}"
+        #: Whether the store answered the last call that ended (None before any). Any answer
+        #: counts, a refusal too (a lease held elsewhere, a missing blob); a timeout, a lost
+        #: connection, 408, 429 or 5xx is "down". Transitions are logged once.
+        self.available: bool | None = None
+        #: Monotonic time the last call ended, either way (an idle store is probed).
+        self.last_call_at = 0.0
+        #: Told (call, reason) of every call the store did not answer (the daemon counts them).
+        self.on_failure: Callable[[str, str], None] | None = None
 
     def blob_name(self, query_id: str) -> str:
         return f"{self._namespace}/{query_id}.json"
 
+    def _mark(self, available: bool, detail: str = "") -> None:
+        self.last_call_at = anyio.current_time()
+        if available != self.available:
+            if available:
+                if self.available is not None:
+                    log.info("blob store %s answers again", self.where)
+            else:
+                log.warning("blob store %s is unavailable: %s", self.where, detail)
+        self.available = available
+
     @asynccontextmanager
     async def _call(self, what: str) -> AsyncIterator[None]:
-        """Time-limit one SDK call and translate its errors."""
+        """Time-limit one SDK call, translate its errors, and note whether the store answered."""
+        try:
+            async with self._translated(what):
+                yield
+        except StoreUnavailable as exc:
+            self._mark(False, str(exc))
+            if self.on_failure is not None:
+                self.on_failure(what, exc.reason)
+            raise
+        except SidecarError:
+            self._mark(True)  # refused: the store answered
+            raise
+        self._mark(True)
+
+    async def ping(self) -> None:
+        """One cheap call (the container's properties): whether the store answers."""
+        async with self._call("ping"):
+            await self._container.get_container_properties()
+
+    @asynccontextmanager
+    async def _translated(self, what: str) -> AsyncIterator[None]:
         try:
             with anyio.fail_after(self._timeout_s):
                 yield
         except TimeoutError as exc:
             raise StoreUnavailable(
-                f"blob store {self.where}: {what} timed out after {self._timeout_s}s"
+                f"blob store {self.where}: {what} timed out after {self._timeout_s}s",
+                reason="timeout",
             ) from exc
         except (ServiceRequestError, ServiceResponseError, OSError) as exc:
             raise StoreUnavailable(
-                f"blob store {self.where} unreachable during {what}: {exc}"
+                f"blob store {self.where} unreachable during {what}: {exc}", reason="connection"
             ) from exc
         except HttpResponseError as exc:
             raise _translate(exc, what, self.where) from exc
@@ -384,6 +423,16 @@ def _written(info: BlobInfo) -> str:
     return info.last_modified.isoformat(timespec="milliseconds") if info.last_modified else ""
 
 
+def _retry_after(exc: HttpResponseError) -> float | None:
+    """The response's ``Retry-After`` in seconds (Azure sends it with 503 ServerBusy)."""
+    response = getattr(exc, "response", None)
+    value = response.headers.get("Retry-After") if response is not None else None
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: not sent by Azure Storage
+
+
 def _translate(exc: HttpResponseError, what: str, where: str) -> Exception:
     status = exc.status_code or 0
     raw_code = getattr(exc, "error_code", None)  # set by the storage SDK's error mapping
@@ -394,7 +443,11 @@ def _translate(exc: HttpResponseError, what: str, where: str) -> Exception:
     if status in (409, 412) and code.startswith("Lease"):
         return LeaseLost(f"{detail}: our lease is no longer valid")
     if status in _TRANSIENT_STATUS:
-        return StoreUnavailable(f"{detail}; will retry")
+        return StoreUnavailable(
+            f"{detail}; will retry",
+            reason=f"{status} {code}".strip(),
+            retry_after_s=_retry_after(exc),
+        )
     if status in (401, 403):
         return StoreError(f"{detail}: check the credentials and their role on the container")
     return StoreError(detail)

@@ -79,6 +79,18 @@ class Metrics:
         self.redis_up = Gauge(
             "checkpoint_sidecar_redis_up", "1 when the last Redis call succeeded", registry=r
         )
+        self.store_up = Gauge(
+            "checkpoint_sidecar_store_up",
+            "1 when the blob store answered its last call (pinged when idle)",
+            registry=r,
+        )
+        self.store_failures = Counter(
+            "checkpoint_sidecar_store_failures",
+            "Blob store calls not answered, by call and reason: timeout, connection, or the "
+            "status and Azure error code (503 ServerBusy, 500 OperationTimedOut, ...)",
+            ["call", "reason"],
+            registry=r,
+        )
         self.redis_resets = Counter(
             "checkpoint_sidecar_redis_resets",
             "Times Redis lost the namespace's data while the daemon ran (restart without AOF, "
@@ -135,6 +147,11 @@ class Metrics:
             "by where: redis (a query's hash) or blob (a query's document). Each is counted "
             "once, left as it is and not flushed; the log names it",
             ["where"],
+            registry=r,
+        )
+        self.instance_lock_held = Gauge(
+            "checkpoint_sidecar_instance_lock_held",
+            "1 while this daemon is the live daemon of its instance identity (may write blobs)",
             registry=r,
         )
         self.lease_held = Gauge(

@@ -128,15 +128,16 @@ async def test_a_lease_whose_renewal_hangs_is_lost_when_its_validity_ends_and_co
             clock.now = valid_until  # the lease may lapse now: not ours to write any more
             with anyio.fail_after(1):
                 await eventually(lambda: sample(daemon, HELD, query=LABEL) == 0)
-                status, body = await readyz(daemon)
-            assert status == 503 and "lease not held" in body and LABEL in body
+            # A store that does not answer is not a reason to be unready (Redis buffers):
+            # the store's gauge says it once the hanging call times out.
+            assert (await readyz(daemon)) == (200, "ready\n")
             # LOST by its own timer: the renewal neither failed nor was refused yet.
             assert sample(daemon, RENEWALS, result="error") == 0
             assert sample(daemon, RENEWALS, result="lost") == 0
             ticks = daemon.leases.ticks  # the store still does not answer: still not owned
             await eventually(lambda: daemon.leases.ticks >= ticks + 2)
-            assert (await readyz(daemon))[0] == 503
             assert daemon.leases.state(QID) is not LeaseState.HELD
+            assert daemon.leases.contested() == []  # nobody else holds it
 
             proxy.resume()
             clock.now += 60  # any retry backoff has elapsed

@@ -242,7 +242,7 @@ def test_image_runs_with_the_pods_security_settings(
     own_redis.stop()
     wait_ready(503, "while Redis is stopped", 30)
     answer = get(f"{admin}/readyz")
-    assert answer is not None and "Redis unreachable" in answer[1]
+    assert answer is not None and "is unreachable" in answer[1]
     own_redis.start()
     wait_ready(200, "after Redis restarted")
 

@@ -41,8 +41,8 @@ BATCHES = 5
 POD = "orders-driver-0"
 #: Panels (title, refId) expected to return nothing under this load, and why.
 EXPECTED_EMPTY = {
-    ("Redis and Kafka up", "C"): "Kafka is not configured: no daemon has committed, so the "
-    "panel leaves out kafka_up (0 without Kafka, which would read as down)",
+    ("Redis, blob store and Kafka up", "C"): "Kafka is not configured: no daemon has "
+    "committed, so the panel leaves out kafka_up (0 without Kafka, which would read as down)",
 }
 #: Grafana's built-in interval, as it would be with a 1 s scrape interval and a short range.
 RATE_INTERVAL = "1m"

@@ -40,6 +40,7 @@ DEFAULTS = {
     "account_url": None,
     "container": "spark-checkpoints",
     "lease_duration_s": 30,
+    "instance_id": None,
     "count_threshold": 100,
     "time_threshold_s": 10.0,
     "flush_interval_s": 1.0,

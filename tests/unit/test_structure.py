@@ -40,6 +40,7 @@ PURE_MODULES = {
     "errors",
     "backoff",
     "buffer.keys",
+    "buffer.refusals",
     "buffer.lua",
     "buffer.rows",
     "store.probe",
