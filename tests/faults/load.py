@@ -24,7 +24,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -70,6 +70,18 @@ class QueryLoad:
     next_batch: int = 0
     #: The highest batch acknowledged ``ok``; -1 before the first.
     acked: int = -1
+    #: (when, batch) of acks not yet seen in the blob, oldest first (one per 50 ms at most).
+    acked_at: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def ack(self, batch: int) -> None:
+        if batch <= self.acked:
+            return
+        self.acked = batch
+        now = time.monotonic()
+        if self.acked_at and now - self.acked_at[-1][0] < 0.05:
+            self.acked_at[-1] = (self.acked_at[-1][0], batch)  # the older time: lag not hidden
+        else:
+            self.acked_at.append((now, batch))
 
 
 @dataclass
@@ -102,6 +114,8 @@ class Load:
     sending: bool = True
     #: Sender tasks still running.
     senders: int = 0
+    #: The longest any acknowledged batch waited until the watcher saw it in its blob.
+    blob_lag_max_s: float = 0.0
 
     # --- what the tests use ----------------------------------------------------------------
 
@@ -238,7 +252,7 @@ class Load:
                         failed = 0
                         for (q, b), reply in zip(window, replies, strict=True):
                             if reply.ok:
-                                q.acked = max(q.acked, b)
+                                q.ack(b)
                                 self.acks += 1
                                 self.acks_by_socket[socket_path] += 1
                                 self.stale_acks += reply.applied is False
@@ -271,6 +285,11 @@ class Load:
         else:
             w.highest = value
         w.last = value
+
+    def _in_blob(self, q: QueryLoad, batch: int | None) -> None:
+        now = time.monotonic()
+        while batch is not None and q.acked_at and q.acked_at[0][1] <= batch:
+            self.blob_lag_max_s = max(self.blob_lag_max_s, now - q.acked_at.popleft()[0])
 
     def _failed(self, where: str, q: QueryLoad) -> None:
         self.watched.setdefault((where, q.query_id), Watched()).errors += 1
@@ -306,7 +325,9 @@ class Load:
                             else:
                                 self._failed(where, q)
                         try:
-                            self._see("blob", q, await _blob_batch(store, q.query_id))
+                            batch = await _blob_batch(store, q.query_id)
+                            self._see("blob", q, batch)
+                            self._in_blob(q, batch)
                         except SidecarError:
                             self._failed("blob", q)
                     await anyio.sleep(WATCH_EVERY_S)
