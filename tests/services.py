@@ -201,6 +201,15 @@ class RedisServer(_Process):
         return f"redis://127.0.0.1:{self.port}/0"
 
 
+def azurite_connection_string(port: int) -> str:
+    """The connection string of Azurite's well-known account at ``127.0.0.1:port`` (Azurite
+    itself, or a proxy in front of it)."""
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+        f"BlobEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};"
+    )
+
+
 class Azurite(_Process):
     """A private Azurite blob service (Azure Storage emulator) with its own data dir."""
 
@@ -248,10 +257,7 @@ class Azurite(_Process):
 
     @property
     def connection_string(self) -> str:
-        return (
-            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
-            f"AccountKey={AZURITE_KEY};BlobEndpoint={self.blob_endpoint};"
-        )
+        return azurite_connection_string(self.port)
 
     def blob_writes(self, container: str, blob_name: str) -> int:
         """Writes of a blob made under a lease, counted from Azurite's own request log."""

@@ -199,4 +199,6 @@ class InstanceLock:
                 f"instance {self.identity} held by another live daemon on host "
                 f"{self.other.get('host', '?')} (SIDECAR_INSTANCE_ID must differ)"
             )
+        if self._first:
+            return f"instance lock of {self.identity} not claimed yet (starting)"
         return f"instance lock of {self.identity} not held (Redis unreachable?)"

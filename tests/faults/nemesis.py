@@ -39,7 +39,7 @@ from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
 from tests.faults.load import Load, run_load
 from tests.faults.store_proxy import Fault, StoreFaultProxy
-from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, Azurite, DaemonProcess, RedisServer
+from tests.services import Azurite, DaemonProcess, RedisServer
 
 log = logging.getLogger("tests.soak")
 
@@ -125,9 +125,7 @@ class Soak:
                 | {
                     "SIDECAR_INSTANCE_ID": f"soak-{name}",
                     "SIDECAR_SOCKET_PATH": str(self.tmp / f"{name}.sock"),
-                    "AZURE_STORAGE_CONNECTION_STRING": proxy.connection_string(
-                        AZURITE_ACCOUNT, AZURITE_KEY
-                    ),
+                    "AZURE_STORAGE_CONNECTION_STRING": proxy.connection_string(),
                 },
                 self.tmp / f"daemon-{name}.log",
             )

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from typing import Literal, Self
 from urllib.parse import parse_qs, urlsplit
 
+from tests.services import azurite_connection_string
+
 Action = Literal["status", "reset", "drop", "delay_headers", "delay_body"]
 _REASONS = {503: "Service Unavailable", 500: "Internal Server Error", 408: "Request Timeout"}
 _CODES = {503: "ServerBusy", 500: "OperationTimedOut", 408: "RequestTimeout"}
@@ -99,12 +101,9 @@ class StoreFaultProxy:
         self._thread.join(timeout=10)
         self._loop.close()
 
-    def connection_string(self, account: str, key: str) -> str:
-        endpoint = f"http://127.0.0.1:{self.port}/{account}"
-        return (
-            f"DefaultEndpointsProtocol=http;AccountName={account};AccountKey={key};"
-            f"BlobEndpoint={endpoint};"
-        )
+    def connection_string(self) -> str:
+        """Azurite's account, reached through this proxy."""
+        return azurite_connection_string(self.port)
 
     async def _start(self) -> int:
         self._server = await asyncio.start_server(self._client, "127.0.0.1", 0)

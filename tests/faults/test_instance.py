@@ -77,10 +77,10 @@ def test_a_second_live_daemon_with_the_same_identity_writes_nothing_until_the_fi
             status, text = http_get(twin.admin_url + "/readyz")
         except OSError:  # not listening yet
             return None
-        return text if status == 503 and "instance" in text else None
+        return text if status == 503 and "held by another live daemon" in text else None
 
-    reason = wait_for(unready, 30, "the twin's /readyz to name the instance lock")
-    assert "held by another live daemon" in reason
+    # (Before its first claim, the twin says it has not claimed the lock yet.)
+    wait_for(unready, 30, "the twin's /readyz to name the live holder")
     assert lock_held(twin) == 0
     assert "held by another live daemon" in twin.log()
 

@@ -15,7 +15,7 @@ from sidecar.daemon.app import Daemon
 from sidecar.flush.lease import EXPIRY_MARGIN_S, RENEW_JITTER, LeaseState
 from sidecar.ops.client import SidecarClient
 from tests.helpers import Clock, ConfigFactory, eventually, sample, scrape
-from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, Azurite
+from tests.services import Azurite, azurite_connection_string
 from tests.sparkshapes import kafka_progress
 
 QID = "4b1d0c2e-0000-4000-8000-00000000d00d"
@@ -92,12 +92,8 @@ async def test_a_lease_whose_renewal_hangs_is_lost_when_its_validity_ends_and_co
     async with anyio.create_task_group() as tg:
         proxy = StallingProxy(azurite.port)
         await tg.start(proxy.run)
-        endpoint = f"http://127.0.0.1:{proxy.port}/{AZURITE_ACCOUNT}"
         config = make_config(
-            azure_connection_string=(
-                f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
-                f"AccountKey={AZURITE_KEY};BlobEndpoint={endpoint};"
-            ),
+            azure_connection_string=azurite_connection_string(proxy.port),
             count_threshold=1,
             lease_duration_s=15,
             # Longer than the steps below: the renewal still hangs when the lease lapses.

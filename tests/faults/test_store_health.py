@@ -14,7 +14,7 @@ from sidecar.daemon.app import Daemon
 from sidecar.ops.client import SidecarClient
 from tests.faults.test_lease_faults import StallingProxy, readyz
 from tests.helpers import ConfigFactory, eventually, sample
-from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, Azurite
+from tests.services import Azurite, azurite_connection_string
 from tests.sparkshapes import kafka_progress
 
 QID = "5707e000-0000-4000-8000-000000000001"
@@ -29,12 +29,8 @@ async def test_an_idle_daemon_shows_a_stalled_store_within_seconds_and_stays_rea
     async with anyio.create_task_group() as tg:
         proxy = StallingProxy(azurite.port)
         await tg.start(proxy.run)
-        endpoint = f"http://127.0.0.1:{proxy.port}/{AZURITE_ACCOUNT}"
         config = make_config(
-            azure_connection_string=(
-                f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
-                f"AccountKey={AZURITE_KEY};BlobEndpoint={endpoint};"
-            ),
+            azure_connection_string=azurite_connection_string(proxy.port),
             count_threshold=1,
             lease_duration_s=60,  # no renewal falls in the test: only the ping can tell
             write_timeout_s=1,
@@ -52,7 +48,9 @@ async def test_an_idle_daemon_shows_a_stalled_store_within_seconds_and_stays_rea
             await eventually(lambda: sample(daemon, STORE_UP) == 1)
 
             proxy.stall()  # idle from here: nothing to flush, the next renewal 20 s away
+            stalled_at = anyio.current_time()
             await eventually(lambda: sample(daemon, STORE_UP) == 0, timeout_s=15)
+            print(f"store_up 0 after {anyio.current_time() - stalled_at:.2f}s (write timeout 1s)")
             # The ping told (no write, no renewal was due).
             assert sample(daemon, FAILURES, call="ping", reason="timeout") >= 1
             assert math.isnan(sample(daemon, FAILURES, call="write checkpoint", reason="timeout"))

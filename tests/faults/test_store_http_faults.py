@@ -17,7 +17,7 @@ import pytest
 from tests.faults.load import metric, run_load, scrape_process
 from tests.faults.store_proxy import Fault, StoreFaultProxy
 from tests.helpers import eventually
-from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, Azurite, DaemonProcess
+from tests.services import Azurite, DaemonProcess
 
 FAILURES = "checkpoint_sidecar_store_failures_total"
 FLUSHES = "checkpoint_sidecar_flushes_total"
@@ -68,7 +68,7 @@ async def test_cloud_store_faults_under_load_lose_nothing_and_are_counted(
 ) -> None:
     faults, counted = SCENARIOS[scenario]
     env = daemon_env | {
-        "AZURE_STORAGE_CONNECTION_STRING": proxy.connection_string(AZURITE_ACCOUNT, AZURITE_KEY),
+        "AZURE_STORAGE_CONNECTION_STRING": proxy.connection_string(),
         "SIDECAR_COUNT_THRESHOLD": "25",
         "SIDECAR_TIME_THRESHOLD_S": "0.2",
         "SIDECAR_WRITE_TIMEOUT_S": "1",

@@ -13,10 +13,19 @@ import pytest
 import redis.asyncio as aioredis
 
 from sidecar.buffer.keys import Keys
+from sidecar.buffer.refusals import OOM
 from sidecar.config import Config
 from sidecar.ops.client import SidecarClient
 from sidecar.wire.protocol import encode_request
-from tests.helpers import ConfigFactory, eventually, metric_value, running_daemon, sample, scrape
+from tests.helpers import (
+    ConfigFactory,
+    acli,
+    eventually,
+    metric_value,
+    running_daemon,
+    sample,
+    scrape,
+)
 from tests.services import RedisServer, free_port
 from tests.sparkshapes import idle_progress_spark34, kafka_progress, rate_progress
 
@@ -305,14 +314,21 @@ async def test_redis_refusing_writes_is_unavailable_not_fatal(
 ) -> None:
     config = make_config(redis_url=own_redis.url)
     admin = aioredis.Redis.from_url(own_redis.url)
-    async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
+    async with running_daemon(config) as daemon:
+        c = await SidecarClient.connect(config.socket_path)
         assert (await c.progress(kafka_progress("q", 1))).applied
         await admin.config_set("maxmemory-policy", "noeviction")
         await admin.config_set("maxmemory", "1")  # every write now fails with OOM
         reply = await c.progress(kafka_progress("q", 2))
         assert reply.error is not None and reply.error.code == "unavailable"
+        assert OOM in reply.error.message  # named, with Redis' own words
+        status, body = await anyio.to_thread.run_sync(scrape, daemon, "/readyz")
+        assert status == 503 and OOM in body
+        doctor = (await acli(config, "doctor")).stdout
+        assert any(OOM in line and "-> raise maxmemory" in line for line in doctor.splitlines())
         await admin.config_set("maxmemory", "0")
         assert (await c.progress(kafka_progress("q", 2))).applied
+        await c.aclose()
     await admin.aclose()
 
 
