@@ -127,6 +127,7 @@ class DaemonAdmin:
                     target,
                     lease_id=self._blobs.leases.lease_id,
                     writer=self._writer,
+                    still_held=lambda: self._blobs.leases.holds(lease),
                 )
             except StoreUnavailable:
                 # The write may have landed (the blob lowered to the target) or not.
@@ -152,10 +153,14 @@ class DaemonAdmin:
         archived = None
         async with self._blobs.exclusive(query_id):
             has_blob = query_id in await self._store.query_ids()
-            if has_blob:
-                await self._held(query_id, label)
+            lease = await self._held(query_id, label) if has_blob else None
             removed = await retire_in_redis(self._buffer, self._config, request, query_id, label)
-            if has_blob and request.archive:
+            if lease is not None and request.archive:
+                if not self._blobs.leases.holds(lease):
+                    raise AdminRefused(
+                        f"the lease on {self._store.blob_name(query_id)} was lost before the "
+                        "blob was archived (Redis' keys are removed): run the command again"
+                    )
                 archived = await self._store.archive(
                     query_id, self._blobs.leases.lease_id, archive_stamp()
                 )

@@ -117,7 +117,11 @@ class Daemon:
         ).inc()
         self.coalescer = WriteCoalescer(self.buffer)
         self.instance = instance.InstanceLock(
-            self.buffer, self.identity, self.metrics, admin_port=lambda: self.admin.port
+            self.buffer,
+            self.identity,
+            self.metrics,
+            admin_port=lambda: self.admin.port,
+            write_timeout_s=config.write_timeout_s,
         )
         # The lease id comes from the instance identity: a daemon restarted in its pod
         # re-acquires its own leases at once, and only while it is the live instance.
@@ -127,7 +131,7 @@ class Daemon:
             config.lease_duration_s,
             self.metrics,
             clock=lease_clock,
-            allowed=self.instance.held,
+            live=self.instance.live,
         )
         #: Each query's blob state (lease, floor, acks, document): the one owner.
         self.blobs = BlobStates(self.store, self.leases)

@@ -90,6 +90,8 @@ class BlobStates:
         self._reading: dict[str, anyio.Lock] = {}
         #: Ids with a blob as last listed, and when (monotonic); None: not listed yet.
         self._with_blob: set[str] | None = None
+        #: Queries whose blob this daemon's lease acquisition created (or found).
+        self._leased: set[str] = set()
         self._listed_at = 0.0
         self._listing = anyio.Lock()
 
@@ -158,7 +160,7 @@ class BlobStates:
             if self._with_blob is None or (stale and query_id not in self._with_blob):
                 self._with_blob = await self._store.query_ids()
                 self._listed_at = self._clock()
-        return query_id in self._with_blob
+        return query_id in self._with_blob or query_id in self._leased
 
     # --- blob-mode acks -------------------------------------------------------------------
 
@@ -217,10 +219,10 @@ class BlobStates:
     async def held(self, query_id: str, label: str) -> Held | None:
         """The query's lease when HELD (acquired if due), else None: do not write."""
         held = await self.leases.ensure_held(query_id, label)
-        if held is not None and self._with_blob is not None:
-            # Acquiring created the blob if absent: a listing made before must not say
-            # "no blob" any more (a write of unknown outcome may have filled it since).
-            self._with_blob.add(query_id)
+        if held is not None:
+            # Acquiring created the blob if absent: a listing made before (or under way) must
+            # not say "no blob" any more (a write of unknown outcome may have filled it).
+            self._leased.add(query_id)
         return held
 
     async def document(self, query_id: str, lease: Held) -> CheckpointDocument | None:
@@ -304,6 +306,7 @@ class BlobStates:
     def forget(self, query_id: str) -> None:
         """Drop everything known of the query's blob (retired); read again if it returns."""
         self.core.forget(query_id)
+        self._leased.discard(query_id)
 
     @asynccontextmanager
     async def _lock(self, query_id: str) -> AsyncIterator[None]:

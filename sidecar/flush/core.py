@@ -317,6 +317,7 @@ class FlushCore(Generic[W]):
         q = self._queries.get(query_id)
         if q is None:
             return
+        self._evidence(q)  # a read begun before cannot set the floor back either
         q.term = None
         q.floor = None
         if lowered_to is not None:

@@ -122,6 +122,8 @@ class QueryLease:
     #: Not owned because the store said so — another lease holds the blob, or ours was
     #: broken — rather than because the store did not answer (``LeaseManager.contested``).
     contested: bool = False
+    #: The instance lock's epoch it was acquired under (``LeaseManager``'s ``live``).
+    epoch: int | None = None
     #: Serialises acquire, release and the loop's state changes of this lease (a flush tick,
     #: the final flush and the lease loop may overlap).
     lock: anyio.Lock = field(default_factory=anyio.Lock)
@@ -170,19 +172,21 @@ class LeaseManager:
         *,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
-        allowed: Callable[[], bool] = lambda: True,
+        live: Callable[[], int | None] = lambda: 0,
     ) -> None:
         """``clock``: monotonic seconds, for every lease deadline (tests inject their own);
-        ``jitter``: uniform in [0, 1), spreads renewals (:func:`renew_delay`); ``allowed``:
-        whether this daemon may own leases now (``sidecar.daemon.instance``: it is the live
-        daemon of its lease id) — else none is acquired, written under or released."""
+        ``jitter``: uniform in [0, 1), spreads renewals (:func:`renew_delay`); ``live``:
+        the epoch of this daemon's instance lock while it is the live daemon of its lease id
+        (``sidecar.daemon.instance``), None while not — then no lease is acquired, written
+        under or released; a lease acquired under an older epoch is acquired again (a new
+        term) before it is written under."""
         self._store = store
         self.lease_id = lease_id
         self._duration_s = duration_s
         self._metrics = metrics
         self._clock = clock
         self._jitter = jitter
-        self._allowed = allowed
+        self._live = live
         self._leases: dict[str, QueryLease] = {}
         self._terms = itertools.count(1)
         #: Queries with a renewal or a re-acquisition under way in the loop (one at a time).
@@ -232,7 +236,8 @@ class LeaseManager:
         lease = self._leases.get(held.query_id)
         return (
             lease is not None
-            and self._allowed()
+            and lease.epoch is not None
+            and lease.epoch == self._live()
             and lease.state is LeaseState.HELD
             and lease.term == held.term
             and self._clock() < lease.valid_until
@@ -252,14 +257,20 @@ class LeaseManager:
             # Retired while we waited for its lock: start again with a new lease.
 
     async def _ensure_held(self, lease: QueryLease) -> QueryLease | None:
-        if not self._allowed():
+        epoch = self._live()
+        if epoch is None:
             return None
         query_id = lease.query_id
         now = self._clock()
         if lease.state is LeaseState.HELD:
-            if now < lease.valid_until:
+            if lease.epoch != epoch:
+                # Held through a time this daemon was not live: acquire again, a new term.
+                self._lose(lease, "the instance lock lapsed meanwhile", immediately=True)
+                lease.to(LeaseState.ACQUIRING, "the instance lock is back")
+            elif now < lease.valid_until:
                 return lease
-            self._expire(lease)
+            else:
+                self._expire(lease)
         if lease.state is LeaseState.RELEASED:
             return None
         if lease.state is LeaseState.LOST:
@@ -279,6 +290,7 @@ class LeaseManager:
         lease.valid_until = started + self._duration_s - EXPIRY_MARGIN_S
         lease.renew_at = started + renew_delay(self.renew_every_s, self._jitter())
         lease.failures, lease.contested = 0, False
+        lease.epoch = epoch
         lease.term = next(self._terms)  # someone else may have written while we did not own it
         lease.to(LeaseState.HELD, f"acquired for {self._duration_s}s")
         self._metrics.lease_held.labels(lease.label).set(1)
@@ -439,7 +451,7 @@ class LeaseManager:
         self, lease: QueryLease, reason: str = "shutdown", *, metric: bool = True
     ) -> None:
         # Not the live daemon of this lease id: the lease is the other daemon's to release.
-        if lease.state is LeaseState.HELD and self._allowed():
+        if lease.state is LeaseState.HELD and self._live() is not None:
             try:
                 await self._store.release_lease(lease.query_id, self.lease_id)
             except SidecarError as exc:

@@ -24,6 +24,7 @@ lease) ─▶ dropped from every component's memory, lease released.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import msgspec
@@ -193,12 +194,14 @@ async def reset_under_lease(
     *,
     lease_id: str,
     writer: Writer,
+    still_held: Callable[[], bool] = lambda: True,
 ) -> tuple[CheckpointDocument, int]:
-    """Redis, then the blob (the lease ``lease_id`` held); the document written and how many
-    unflushed updates Redis dropped.
+    """Redis, then the blob (the lease ``lease_id`` held, which ``still_held`` checks right
+    before the write); the document written and how many unflushed updates Redis dropped.
 
     Raises:
-        AdminRefused: an update was applied within the quiet time (nothing changed).
+        AdminRefused: an update was applied within the quiet time (nothing changed), or the
+            lease was lost before the blob was written (Redis was reset: run it again).
     """
     doc = reset_document(
         current, target, writer, reason=request.reason, history_size=config.history_size
@@ -210,6 +213,11 @@ async def reset_under_lease(
             label, target.query_id, int(answer[1]) / 1000, config, "Redis applied an update"
         )
     body = encode_document(doc)
+    if not still_held():
+        raise AdminRefused(
+            f"the lease on {store.blob_name(target.query_id)} was lost while Redis was reset; "
+            "the blob is unchanged: run the command again"
+        )
     await store.write(target.query_id, body, lease_id=lease_id, query_name=target.name)
     return doc, int(answer[2])
 

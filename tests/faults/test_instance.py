@@ -56,7 +56,7 @@ def test_a_daemon_killed_and_restarted_in_its_pod_resumes_its_own_leases_at_once
     post(second, 2)
     doc = wait_blob(env, QID, 2, timeout_s=30)  # well inside the killed daemon's 60 s lease
     assert doc.batch_id == 2 and doc.writer.instance_id == written_by
-    assert "took over from a previous run on this host and port" in second.log()
+    assert "took over from a previous run in this network namespace" in second.log()
     assert lock_held(second) == 1
 
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sidecar.buffer.redis_buffer import RedisBuffer
-from sidecar.daemon.instance import MARGIN_S, TTL_S, InstanceLock, identity, lease_id
+from sidecar.daemon.instance import LIVE_S, MARGIN_S, InstanceLock, identity, lease_id
 from sidecar.telemetry.metrics import Metrics
 from tests.helpers import Clock
 from tests.services import RedisServer
@@ -42,6 +42,7 @@ async def test_one_live_daemon_per_identity(buffer: RedisBuffer) -> None:
     # A clean stop lets the twin in at once; a release by a stale token deletes nothing.
     await first.release()
     assert not first.held()
+    assert not await first.claim()  # released: it claims no more (a refresh in flight neither)
     assert await twin.claim() and twin.readiness() is None
     assert not await buffer.release_instance("pod-0", first.token)
     assert not await first.claim()  # the twin holds it now
@@ -63,6 +64,11 @@ async def test_a_predecessor_on_this_host_and_admin_port_is_dead_and_replaced_at
     # Without a bound port (0: ephemeral) nothing proves the holder dead: wait it out.
     unproven = lock(buffer, None)
     assert not await unproven.claim()
+    # Nor does the same host name and port in another network namespace (a pod recreated
+    # while the old one still runs on another node, with the pod's name as host name).
+    elsewhere = lock(buffer, 9400)
+    elsewhere._netns = "another-boot:4026532999"
+    assert not await elsewhere.claim() and elsewhere.other is not None
 
 
 async def test_validity_is_the_holders_own_clock_and_lapses_before_redis_ttl(
@@ -71,12 +77,16 @@ async def test_validity_is_the_holders_own_clock_and_lapses_before_redis_ttl(
     clock = Clock()
     holder = lock(buffer, 9400, clock)
     assert await holder.claim()
-    clock.now += TTL_S - MARGIN_S - 0.1
-    assert holder.held()
+    clock.now += LIVE_S - MARGIN_S - 0.1
+    assert holder.held() and holder.live() == 1
     clock.now += 0.2  # not refreshed in time (Redis unreachable, a stalled loop)
-    assert not holder.held() and "not held" in (holder.readiness() or "")
+    assert not holder.held() and holder.live() is None
+    assert "not held" in (holder.readiness() or "")
+    # Redis keeps it a write timeout (10 s) longer than the holder may start writes: a write
+    # started last is over before anyone else could take the lock.
     ttl_ms = await buffer._redis.pttl(buffer.keys.instance("pod-0"))
-    assert 0 < ttl_ms <= TTL_S * 1000
+    assert (LIVE_S - MARGIN_S) * 1000 + 10_000 < ttl_ms <= holder.ttl_s * 1000
+    assert await holder.claim() and holder.live() == 2  # regained after a lapse: a new epoch
 
 
 async def test_a_lock_lost_with_redis_data_is_taken_again_by_its_holder(
