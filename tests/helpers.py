@@ -88,11 +88,7 @@ def sample(daemon: Daemon, name: str, **labels: str) -> float:
 
 def scrape(daemon: Daemon, path: str = "/metrics") -> tuple[int, str]:
     """GET an admin endpoint (blocking; call from a thread in async tests)."""
-    return http_get(f"http://127.0.0.1:{daemon.admin.port}{path}")
-
-
-def http_get(url: str) -> tuple[int, str]:
-    """GET ``url``: its status and text, errors included (blocking)."""
+    url = f"http://127.0.0.1:{daemon.admin.port}{path}"
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
             return resp.status, resp.read().decode()

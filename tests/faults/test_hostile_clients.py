@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import spark_bridge
-from sidecar.wire.protocol import MAX_JSON_DEPTH, ClientConnection, Reply
+from sidecar.wire.protocol import MAX_JSON_DEPTH, ClientConnection, Reply, encode_request
 from tests.services import DaemonProcess
 from tests.sparkshapes import kafka_progress
 
@@ -72,6 +72,19 @@ class Client:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def post(socket_path: str, query_id: str, batch: int, name: str = "orders") -> Reply:
+    """One ``progress`` of ``kafka_progress(query_id, batch)`` on a connection of its own;
+    its reply."""
+    client = Client(socket_path)
+    try:
+        client.send(
+            encode_request("progress", batch, progress=kafka_progress(query_id, batch, name=name))
+        )
+        return client.replies(1)[0]
+    finally:
+        client.close()
 
 
 def progress(query_id: str, batch: int, rid: int) -> dict[str, Any]:

@@ -6,29 +6,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sidecar.wire.protocol import encode_request
-from tests.faults.test_hostile_clients import Client
-from tests.helpers import http_get, metric_value, wait_blob, wait_for
+from tests.faults.load import scrape_process
+from tests.faults.test_hostile_clients import post as post_progress
+from tests.helpers import metric_value, wait_blob, wait_for
 from tests.services import DaemonProcess
-from tests.sparkshapes import kafka_progress
 
 QID = "1a570000-0000-4000-8000-000000000001"
 
 
 def post(proc: DaemonProcess, batch: int) -> None:
-    client = Client(proc.socket_path)
-    try:
-        frame = encode_request("progress", batch, progress=kafka_progress(QID, batch, name="pod"))
-        client.send(frame)
-        assert client.replies(1)[0].ok
-    finally:
-        client.close()
+    assert post_progress(proc.socket_path, QID, batch, name="pod").ok
 
 
 def lock_held(proc: DaemonProcess) -> float:
-    return metric_value(
-        http_get(proc.admin_url + "/metrics")[1], "checkpoint_sidecar_instance_lock_held"
-    )
+    return metric_value(scrape_process(proc)[1], "checkpoint_sidecar_instance_lock_held")
 
 
 def test_a_daemon_killed_and_restarted_in_its_pod_resumes_its_own_leases_at_once(
@@ -73,10 +64,7 @@ def test_a_second_live_daemon_with_the_same_identity_writes_nothing_until_the_fi
     twin.start(wait=False)
 
     def unready() -> str | None:
-        try:
-            status, text = http_get(twin.admin_url + "/readyz")
-        except OSError:  # not listening yet
-            return None
+        status, text = twin.readyz() or (0, "")  # None: not listening yet
         return text if status == 503 and "held by another live daemon" in text else None
 
     # (Before its first claim, the twin says it has not claimed the lock yet.)

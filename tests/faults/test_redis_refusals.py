@@ -12,22 +12,16 @@ from pathlib import Path
 import redis
 
 from sidecar.buffer.refusals import LOADING, MISCONF
-from sidecar.wire.protocol import Reply, encode_request
-from tests.faults.test_hostile_clients import Client
-from tests.helpers import cli, http_get, wait_blob, wait_for
+from sidecar.wire.protocol import Reply
+from tests.faults.test_hostile_clients import post as post_progress
+from tests.helpers import cli, wait_blob, wait_for
 from tests.services import DaemonProcess, RedisServer
-from tests.sparkshapes import kafka_progress
 
 QID = "4ed15000-0000-4000-8000-000000000001"
 
 
 def post(proc: DaemonProcess, batch: int) -> Reply:
-    client = Client(proc.socket_path)
-    try:
-        client.send(encode_request("progress", batch, progress=kafka_progress(QID, batch)))
-        return client.replies(1)[0]
-    finally:
-        client.close()
+    return post_progress(proc.socket_path, QID, batch)
 
 
 def doctor_line(env: dict[str, str], refusal: str) -> str:
@@ -67,7 +61,7 @@ def test_misconf_a_failed_background_save_is_a_named_retriable_refusal(
         reply = post(proc, 2)
         assert not reply.ok and reply.error is not None
         assert reply.error.code == "unavailable" and MISCONF in reply.error.message
-        status, text = http_get(proc.admin_url + "/readyz")
+        status, text = proc.readyz() or (0, "")
         assert status == 503 and MISCONF in text
         line = doctor_line(env, MISCONF)
         assert line.startswith("fail") and "-> free disk space" in line
@@ -81,7 +75,7 @@ def test_misconf_a_failed_background_save_is_a_named_retriable_refusal(
         )
         assert post(proc, 2).ok  # the listener's resend
         assert wait_blob(env, QID, 2).batch_id == 2
-        assert http_get(proc.admin_url + "/readyz")[0] == 200
+        assert (proc.readyz() or (0, ""))[0] == 200
         assert proc.stop() == 0
 
 
@@ -118,7 +112,7 @@ def test_loading_a_redis_replaying_its_dataset_is_a_named_retriable_refusal(
 
         reply = wait_for(refused, 8, "an update refused while Redis loads")
         assert reply.error is not None and reply.error.code == "unavailable"
-        status, text = http_get(proc.admin_url + "/readyz")
+        status, text = proc.readyz() or (0, "")
         assert status == 503 and LOADING in text
         line = doctor_line(env, LOADING)
         assert line.startswith("fail") and "-> wait: Redis answers once loaded" in line
