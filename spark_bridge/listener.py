@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
@@ -31,11 +32,33 @@ log = logging.getLogger(__name__)
 DRAIN_ON_TERMINATE_S = 2.0
 
 
+def tracking_of(spark: SparkSession, query_id: str) -> str | None:
+    """How the query tracks progress ("sync", "async", "real_time"), from its execution's class
+    and trigger in the JVM (as the JVM listener's ``Tracking`` reads it); None when unknown."""
+    try:
+        query = spark.streams.get(query_id)
+        if query is None:
+            return None
+        execution = query._jsq.streamingQuery()
+        kind = execution.getClass().getSimpleName()
+        trigger = execution.trigger().getClass().getSimpleName()
+    except Exception:  # another Spark, Spark Connect, the query gone: unknown
+        return None
+    if trigger.startswith("RealTime"):
+        return "real_time"
+    if kind.startswith("AsyncProgressTracking"):
+        return "async"
+    return "sync" if kind == "MicroBatchExecution" else None
+
+
 class CheckpointListener(StreamingQueryListener):
     """Posts every query progress to the checkpoint-sidecar daemon (through a Sender)."""
 
-    def __init__(self, sender: Sender) -> None:
+    def __init__(
+        self, sender: Sender, tracking: Callable[[str], str | None] = lambda _: None
+    ) -> None:
         self._sender = sender
+        self._tracking = tracking
         self.errors = 0
         self._cond = threading.Condition()
         self._running: set[str] = set()  # started or progressing, not yet terminated
@@ -46,6 +69,7 @@ class CheckpointListener(StreamingQueryListener):
         try:
             with self._cond:
                 self._running.add(str(event.id))
+            self._sender.set_tracking(str(event.id), self._tracking(str(event.id)))
         except Exception:
             self.errors += 1
 
@@ -76,6 +100,7 @@ class CheckpointListener(StreamingQueryListener):
             with self._cond:
                 self._running.discard(query_id)
                 self._cond.notify_all()
+            self._sender.set_tracking(query_id, None)
         except Exception:
             log.exception("checkpoint-sidecar listener failed on query termination")
 
@@ -114,6 +139,6 @@ class PythonHandle(BridgeHandle):
 
 def attach_python(spark: SparkSession, socket_path: str) -> PythonHandle:
     sender = Sender(socket_path)
-    listener = CheckpointListener(sender)
+    listener = CheckpointListener(sender, lambda query_id: tracking_of(spark, query_id))
     spark.streams.addListener(listener)
     return PythonHandle(spark, listener, sender)

@@ -60,6 +60,7 @@ class Sender:
         self._work = threading.Condition(self._lock)
         self._idle = threading.Condition(self._lock)
         self._latest: dict[str, bytes] = {}
+        self._tracking: dict[str, str] = {}  # query id → how it tracks progress, when known
         self._in_flight: set[str] = set()
         self._closing = False
         self._ids = itertools.count(1)
@@ -98,6 +99,15 @@ class Sender:
                 return
             self._latest[query_id] = progress_json
             self._work.notify()
+
+    def set_tracking(self, query_id: str, tracking: str | None) -> None:
+        """How ``query_id`` tracks progress ("sync", "async", "real_time"), sent with each of
+        its updates; None forgets it (the query ended)."""
+        with self._lock:
+            if tracking is None:
+                self._tracking.pop(query_id, None)
+            else:
+                self._tracking[query_id] = tracking
 
     # --- control -----------------------------------------------------------------------------
 
@@ -185,6 +195,8 @@ class Sender:
         """Send a batch; return (updates to retry, number sent, number refused for good)."""
         items = list(batch.items())
         ids = [next(self._ids) for _ in items]
+        with self._lock:
+            how = {q: self._tracking[q] for q, _ in items if q in self._tracking}
         replies: list[Reply] = []
         try:
             sock = self._connect()
@@ -192,8 +204,13 @@ class Sender:
             self._send_all(
                 sock,
                 b"".join(
-                    encode_request("progress", rid, progress=msgspec.Raw(payload))
-                    for rid, (_, payload) in zip(ids, items, strict=True)
+                    encode_request(
+                        "progress",
+                        rid,
+                        progress=msgspec.Raw(payload),
+                        **({"tracking": how[q]} if q in how else {}),
+                    )
+                    for rid, (q, payload) in zip(ids, items, strict=True)
                 ),
                 deadline,
             )

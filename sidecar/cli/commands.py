@@ -22,12 +22,14 @@ from sidecar.errors import (
     EXIT_OK,
     EXIT_USAGE,
     AdminForbidden,
+    AdminRefused,
     ConfigError,
     InvalidRequest,
     SidecarError,
 )
 from sidecar.model import checkpoint as ckpt
 from sidecar.model.offsets import kafka_starting_offsets, rewind
+from sidecar.model.stateful import rewind_refusal
 from sidecar.ops import admin_tool, diagnosis, inspection, spark_import
 from sidecar.ops import doctor as doctor_checks
 from sidecar.wire.protocol import Reset, Retire, SourceSpec
@@ -110,11 +112,16 @@ def inspect(args: argparse.Namespace, config: Config) -> int:
             doc = info.document
             assert doc is not None
             rewound = args.batch is not None or args.before is not None
+            if rewound:
+                target = rewind(doc, batch=args.batch, before=args.before)
+                refusal = rewind_refusal(doc, to_batch=target["batch_id"], explicit=False)
+                if refusal is not None and not args.force:
+                    raise AdminRefused(f"starting-offsets of an earlier batch refused: {refusal}")
+            else:
+                target = ckpt.as_builtins(doc.checkpoint())
             print(
                 kafka_starting_offsets(
-                    rewind(doc, batch=args.batch, before=args.before)
-                    if rewound
-                    else ckpt.as_builtins(doc.checkpoint()),
+                    target,
                     source=args.source,
                     partitions=partitions,
                     missing=args.missing,
@@ -197,7 +204,12 @@ def import_spark(args: argparse.Namespace, config: Config) -> int:
             spark_import.check_write(found, force=args.force)
             reason = f"imported from Spark checkpoint {args.path} (last committed batch)"
             write = functools.partial(
-                admin_tool.apply_reset, config, found.checkpoint, reason=reason, force=args.force
+                admin_tool.apply_reset,
+                config,
+                found.checkpoint,
+                reason=reason,
+                force=args.force,
+                from_spark=True,
             )
             result = anyio.run(write)
     except SidecarError as exc:

@@ -121,9 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the startingOffsets JSON for a query's Kafka source, built from "
         "the saved end offsets (the next offsets to read: no gap, no overlap); with --batch "
         "or --before, those of an earlier checkpoint the blob retains (see `history`). Reads "
-        "the blobs directly.",
+        "the blobs directly. A stateful query (its progress lists state operators) is not "
+        "rewound unless --force: its state store must be rewound to the same batch.",
     )
     resume.add_argument("query", metavar="QUERY", help="query name or query id")
+    resume.add_argument(
+        "--force",
+        action="store_true",
+        help="rewind a stateful query too (its state store must match the batch)",
+    )
     when = resume.add_mutually_exclusive_group()
     when.add_argument(
         "--batch",
@@ -243,7 +249,11 @@ def _add_admin_commands(sub: Any) -> None:
         help="with --offsets: the batch id to record them as (default: the blob's batch)",
     )
     reset.add_argument("--reason", metavar="TEXT", help="why (logged and kept in the blob)")
-    reset.add_argument("--force", action="store_true", help="even if the query may be running")
+    reset.add_argument(
+        "--force",
+        action="store_true",
+        help="even if the query may be running, or is stateful and would move back",
+    )
     _add_settings(reset)
     retire = sub.add_parser(
         "retire",

@@ -29,6 +29,7 @@ replace the last real offsets with nulls and make that batch's real update look 
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Iterator
 from typing import Annotated, Any
@@ -76,6 +77,36 @@ class SparkProgress(msgspec.Struct, rename="camel"):
     timestamp: str
     sources: list[SparkSourceProgress]
     name: str | None = None
+    #: Only whether there are any: a query with state operators is stateful.
+    state_operators: list[msgspec.Raw] | None = None
+
+
+class Tracking(enum.StrEnum):
+    """How the query tracks progress, as the listener saw it (``tracking`` of a progress
+    request): it decides which position a checkpoint is (:class:`Position`)."""
+
+    SYNC = "sync"  # Spark's default: the offsets and commits logs are written every batch
+    ASYNC = "async"  # asyncProgressTrackingEnabled: the logs are written every interval
+    REAL_TIME = "real_time"  # Spark 4.1's real-time mode (async progress tracking within)
+
+
+class Position(enum.StrEnum):
+    """Which position a checkpoint holds, next to Spark's own checkpoint directory."""
+
+    #: The batch is in Spark's commit log too (synchronous progress tracking): a restart from
+    #: Spark's directory resumes from the same offsets.
+    COMMITTED = "committed"
+    #: The sink wrote the batch, but Spark's own logs may still hold an earlier one (async
+    #: progress tracking, real-time mode): Spark's restart replays what lies between, a
+    #: restart from this checkpoint does not.
+    PROCESSED = "processed"
+
+
+def position_of(tracking: Tracking | None) -> Position | None:
+    """The position a progress of a query tracked so holds; None: the listener did not say."""
+    if tracking is None:
+        return None
+    return Position.COMMITTED if tracking is Tracking.SYNC else Position.PROCESSED
 
 
 class SourceOffsets(msgspec.Struct, frozen=True):
@@ -89,15 +120,27 @@ class SourceOffsets(msgspec.Struct, frozen=True):
     num_input_rows: int | None = None
 
 
-class Checkpoint(msgspec.Struct, frozen=True):
-    """The latest known position of one streaming query."""
-
+class _Position(msgspec.Struct, frozen=True):
     query_id: str
     run_id: str
     name: str | None
     batch_id: int
     timestamp: str
     sources: list[SourceOffsets]
+
+
+class Checkpoint(_Position, frozen=True, kw_only=True, omit_defaults=True):
+    """The latest known position of one streaming query.
+
+    ``stateful``: the query keeps state (its progress lists state operators): rewinding it
+    needs its state store rewound too, so admin tools refuse without ``--force``.
+    ``position``: which position this is next to Spark's own checkpoint (:class:`Position`;
+    None: the listener did not say). Both are left out of the JSON when unset (older records
+    and readers are unchanged).
+    """
+
+    stateful: bool = False
+    position: Position | None = None
 
     @property
     def label(self) -> str:
@@ -125,10 +168,12 @@ def has_position(checkpoint: Checkpoint) -> bool:
     return any(source.end_offset != NULL for source in checkpoint.sources)
 
 
-def from_progress(progress: SparkProgress) -> Checkpoint:
+def from_progress(progress: SparkProgress, tracking: Tracking | None = None) -> Checkpoint:
     """Build the checkpoint record for a validated Spark progress event (its offsets checked
-    by :func:`offsets_error`)."""
+    by :func:`offsets_error`), of a query tracked as ``tracking`` (None: not said)."""
     return Checkpoint(
+        stateful=bool(progress.state_operators),
+        position=position_of(tracking),
         query_id=progress.id,
         run_id=progress.run_id,
         name=progress.name,

@@ -59,7 +59,7 @@ class HistoryEntry(msgspec.Struct, frozen=True):
     end_offsets: tuple[Offset, ...]
 
 
-class CheckpointDocument(Checkpoint, frozen=True):
+class CheckpointDocument(Checkpoint, frozen=True, omit_defaults=False):
     """The JSON document stored in a query's blob: the checkpoint's fields plus these.
 
     ``history``: the earlier flushed checkpoints (schema version 2), newest first, each
@@ -121,7 +121,15 @@ class CheckpointDocument(Checkpoint, frozen=True):
             )
             for i, end in enumerate(entry.end_offsets)
         ]
-        return Checkpoint(self.query_id, self.run_id, self.name, batch_id, entry.timestamp, sources)
+        return Checkpoint(
+            self.query_id,
+            self.run_id,
+            self.name,
+            batch_id,
+            entry.timestamp,
+            sources,
+            stateful=self.stateful,
+        )
 
     def checkpoint(self) -> Checkpoint:
         """The checkpoint alone, without the document's own fields (nor its history)."""

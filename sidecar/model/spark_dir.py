@@ -12,7 +12,18 @@ offsets/<N>         v1                                the write-ahead log: batch
                     <source 1's …>                    source order; "-": no offset yet
 commits/<N>         v1                                written once batch N's output is
                     {"nextBatchWatermarkMs":…}        committed
+state/              only for a stateful query         its state store's own checkpoint
 ```
+
+Spark 4 may write a second version of each log (``spark.sql.streaming.offsetLog.formatVersion
+=2``, and source evolution: sources named with ``.name()``): ``offsets/<N>`` is ``v2``, the same
+metadata line, then one ``<source id>:<offset JSON>`` line per source — the id is the source's
+ordinal (``0``, ``1``, …, in no particular line order) or its name — and ``commits/<N>`` is
+``v2`` with ``stateUniqueIds`` (the state store checkpoint ids of state format v2). Both are
+read (:data:`OFFSETS_LOG_VERSIONS`): ordinal ids are put in source order, named sources keep
+the file's order and their names (:attr:`SparkBatch.source_ids`). A query is *stateful*
+(:attr:`SparkBatch.stateful`) when its directory has ``state/`` or its last commit names state
+ids: rewinding it needs its state rewound too (``docs/spark-bridge.md``).
 
 (plus ``.<N>.crc`` checksums and ``.<N>.<uuid>.tmp`` files being renamed into place, which
 Spark itself ignores: only names that are batch ids count, as here.) On restart, Spark takes
@@ -39,12 +50,14 @@ from typing import Any
 import msgspec
 
 from sidecar.errors import SidecarError
-from sidecar.model.checkpoint import NULL, Checkpoint, Id, SourceOffsets, raw_offset
+from sidecar.model.checkpoint import NULL, Checkpoint, Id, Position, SourceOffsets, raw_offset
 from sidecar.model.offsets import is_kafka_offsets
 
-#: Offsets log versions read here. Spark 2.x to 4.x write v1; Spark 4.1+ writes v2 (named
-#: sources, ``name:offset`` lines) only when source evolution is enabled.
-OFFSETS_LOG_VERSIONS = (1,)
+#: Offsets log versions read here. Spark 2.x to 4.x write v1; Spark 4.1+ writes v2 (``id:offset``
+#: lines) when ``offsetLog.formatVersion`` is 2 or source evolution is enabled.
+OFFSETS_LOG_VERSIONS = (1, 2)
+#: Commit log versions read here: v1, and v2 (Spark 4.1+: ``stateUniqueIds``).
+COMMIT_LOG_VERSIONS = (1, 2)
 #: Spark's line for a source that has no offset in that batch.
 VOID_OFFSET = "-"
 #: The ``run_id`` of an imported checkpoint: Spark's log keeps no run id (a run's, not the
@@ -70,6 +83,25 @@ class SparkBatch(msgspec.Struct, frozen=True):
     end_offsets: tuple[Any, ...]
     #: Batches planned in ``offsets/`` after it but not committed (Spark runs them again).
     uncommitted: tuple[int, ...] = ()
+    #: The offsets log's version (1 or 2).
+    log_version: int = 1
+    #: Each source's id in a v2 log (its ordinal as text, or its name), in the order of
+    #: ``end_offsets``; empty for v1 (sources by position only).
+    source_ids: tuple[str, ...] = ()
+    #: The query keeps state (``state/`` exists, or the commit names state store ids).
+    stateful: bool = False
+
+
+class SparkOffsets(msgspec.Struct, frozen=True):
+    """One ``offsets/<N>`` file, read."""
+
+    version: int
+    #: Spark's ``batchTimestampMs`` as ISO text (UTC); empty when absent.
+    timestamp: str
+    #: Each source's offset (its JSON value; None for "-"), in source order.
+    end_offsets: tuple[Any, ...]
+    #: v2: each source's id, in the same order; v1: empty.
+    source_ids: tuple[str, ...] = ()
 
 
 class _QueryMetadata(msgspec.Struct):
@@ -78,6 +110,11 @@ class _QueryMetadata(msgspec.Struct):
 
 class _OffsetsMetadata(msgspec.Struct, rename="camel"):
     batch_timestamp_ms: int | None = None
+
+
+class _CommitMetadata(msgspec.Struct, rename="camel"):
+    #: v2, stateful: operator id → per-partition state store checkpoint ids.
+    state_unique_ids: dict[str, Any] | None = None
 
 
 def batch_ids(names: Iterable[str]) -> list[int]:
@@ -133,26 +170,39 @@ def _version(header: str, path: str) -> int:
     return int(text[1:])
 
 
-def parse_commit(data: bytes, path: str) -> None:
-    """Check a ``commits/<N>`` file: a version line (``v1``; any version: only the file's
-    existence matters), then its metadata.
+def parse_commit(data: bytes, path: str) -> bool:
+    """Check a ``commits/<N>`` file — a version line (:data:`COMMIT_LOG_VERSIONS`), then its
+    metadata — and say whether it names state store ids (a v2 commit of a stateful query).
 
     Raises:
-        SparkCheckpointError: an empty or damaged file.
+        SparkCheckpointError: an empty or damaged file, or an unknown version.
     """
     lines = data.decode(errors="replace").splitlines()
     if not lines:
         raise SparkCheckpointError(f"{path} is empty: the checkpoint is damaged")
-    _version(lines[0], path)
+    version = _version(lines[0], path)
+    if version not in COMMIT_LOG_VERSIONS:
+        raise SparkCheckpointError(
+            f"{path} is a commit log v{version}; this checkpoint-sidecar reads "
+            f"{', '.join(f'v{v}' for v in COMMIT_LOG_VERSIONS)}: a newer Spark wrote it; "
+            "upgrade checkpoint-sidecar, or start the query with the sidecar's listener"
+        )
+    if len(lines) < 2 or not lines[1].strip():
+        return False
+    try:
+        meta = msgspec.json.decode(lines[1], type=_CommitMetadata)
+    except msgspec.DecodeError as exc:
+        raise SparkCheckpointError(f"{path} line 2 is not the commit metadata: {exc}") from exc
+    return bool(meta.state_unique_ids)
 
 
-def parse_offsets(data: bytes, path: str) -> tuple[str, tuple[Any, ...]]:
-    """Spark's timestamp of the batch (ISO, UTC; empty if absent) and each source's offset
-    (the JSON value of its line; None for "-") from an ``offsets/<N>`` file.
+def parse_offsets(data: bytes, path: str) -> SparkOffsets:
+    """Read an ``offsets/<N>`` file of log version 1 or 2 (see the module's docstring).
 
     Raises:
         SparkCheckpointError: a version other than :data:`OFFSETS_LOG_VERSIONS`, no metadata
-            line, no source line, or a line that is not JSON (its number is named).
+            line, no source line, a line that is not JSON (its number is named), a v2 line
+            without its source id, or a source id twice.
     """
     try:
         lines = data.decode().split("\n")
@@ -166,9 +216,9 @@ def parse_offsets(data: bytes, path: str) -> tuple[str, tuple[Any, ...]]:
     if version not in OFFSETS_LOG_VERSIONS:
         raise SparkCheckpointError(
             f"{path} is an offsets log v{version}; this checkpoint-sidecar reads "
-            f"{', '.join(f'v{v}' for v in OFFSETS_LOG_VERSIONS)} (Spark writes v2 when "
-            "source evolution is enabled): start the query with the sidecar's listener "
-            "instead; its next batch is stored as usual"
+            f"{', '.join(f'v{v}' for v in OFFSETS_LOG_VERSIONS)}: a newer Spark wrote it; "
+            "upgrade checkpoint-sidecar, or start the query with the sidecar's listener "
+            "instead (its next batch is stored as usual)"
         )
     if len(lines) < 3:
         raise SparkCheckpointError(
@@ -180,37 +230,67 @@ def parse_offsets(data: bytes, path: str) -> tuple[str, tuple[Any, ...]]:
         meta = msgspec.json.decode(lines[1] or "{}", type=_OffsetsMetadata)
     except msgspec.DecodeError as exc:
         raise SparkCheckpointError(f"{path} line 2 is not the batch metadata: {exc}") from exc
+    ids: list[str] = []
     offsets: list[Any] = []
     for number, line in enumerate(lines[2:], start=3):
-        if line.strip() == VOID_OFFSET:
-            offsets.append(None)
-            continue
-        try:
-            offsets.append(msgspec.json.decode(line))
-        except msgspec.DecodeError as exc:
-            shown = line if len(line) <= 60 else line[:60] + "…"
-            raise SparkCheckpointError(
-                f"{path} line {number} ({shown!r}) is not a source offset (JSON or '-'): "
-                f"{exc}; the checkpoint is damaged"
-            ) from exc
+        text = line
+        if version == 2:
+            source_id, colon, text = line.partition(":")
+            if not colon or not source_id.strip():
+                raise SparkCheckpointError(
+                    f"{path} line {number} ({_shown(line)!r}) is not '<source id>:<offset>' "
+                    "as a v2 offsets log has; the checkpoint is damaged"
+                )
+            if source_id in ids:
+                raise SparkCheckpointError(
+                    f"{path} line {number} names source {source_id!r} twice; the checkpoint "
+                    "is damaged"
+                )
+            ids.append(source_id)
+        offsets.append(_offset(text, path, number, line))
+    if ids and all(i.isascii() and i.isdigit() for i in ids):
+        order = sorted(range(len(ids)), key=lambda k: int(ids[k]))
+        ids, offsets = [ids[k] for k in order], [offsets[k] for k in order]
     timestamp = ""
     if meta.batch_timestamp_ms is not None:
         when = datetime.fromtimestamp(meta.batch_timestamp_ms / 1000, UTC)
         timestamp = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return timestamp, tuple(offsets)
+    return SparkOffsets(version, timestamp, tuple(offsets), tuple(ids))
 
 
-def describe(end_offsets: Sequence[Any], known: Sequence[str] | None) -> list[str]:
+def _shown(line: str) -> str:
+    return line if len(line) <= 60 else line[:60] + "…"
+
+
+def _offset(text: str, path: str, number: int, line: str) -> Any:
+    if text.strip() == VOID_OFFSET:
+        return None
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError as exc:
+        raise SparkCheckpointError(
+            f"{path} line {number} ({_shown(line)!r}) is not a source offset (JSON or '-'): "
+            f"{exc}; the checkpoint is damaged"
+        ) from exc
+
+
+def describe(
+    end_offsets: Sequence[Any], known: Sequence[str] | None, source_ids: Sequence[str] = ()
+) -> list[str]:
     """Each source's description: ``known`` (the query's existing descriptions) when it has
-    one per source; else ``KafkaV2[<topics>]`` for a Kafka-shaped offset, ``source[i]`` for
-    any other, each followed by :data:`PLACEHOLDER_NOTE`."""
-    if known is not None and len(known) == len(end_offsets):
+    one per source and the sources are not named (named sources of a v2 log are in the file's
+    order, which need not be the query's); else ``KafkaV2[<topics>]`` for a Kafka-shaped
+    offset, ``source[i]`` (or ``source 'name'``) for any other, each followed by
+    :data:`PLACEHOLDER_NOTE`."""
+    named = any(not (i.isascii() and i.isdigit()) for i in source_ids)
+    if known is not None and len(known) == len(end_offsets) and not named:
         return list(known)
     out = []
     for i, offset in enumerate(end_offsets):
-        kafka = is_kafka_offsets(offset)
-        name = f"KafkaV2[{','.join(sorted(offset))}]" if kafka else f"source[{i}]"
-        out.append(f"{name} {PLACEHOLDER_NOTE}")
+        label = f"source {source_ids[i]!r}" if named else f"source[{i}]"
+        if is_kafka_offsets(offset):
+            label = f"KafkaV2[{','.join(sorted(offset))}]" + (f" {label}" if named else "")
+        out.append(f"{label} {PLACEHOLDER_NOTE}")
     return out
 
 
@@ -226,6 +306,8 @@ def to_checkpoint(batch: SparkBatch, name: str, descriptions: Sequence[str]) -> 
             "resume; let the query finish a batch that reads something, then import"
         )
     return Checkpoint(
+        stateful=batch.stateful,
+        position=Position.COMMITTED,
         query_id=batch.query_id,
         run_id=IMPORTED_RUN_ID,
         name=name,

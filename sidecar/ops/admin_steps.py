@@ -33,8 +33,9 @@ from sidecar.buffer.redis_buffer import RedisBuffer
 from sidecar.config import Config
 from sidecar.errors import AdminRefused, CorruptRecord, InvalidRequest, NotFound
 from sidecar.model import checkpoint as ckpt
-from sidecar.model.checkpoint import Checkpoint, SourceOffsets
+from sidecar.model.checkpoint import Checkpoint, Position, SourceOffsets
 from sidecar.model.document import CheckpointDocument, Writer, encode_document, reset_document
+from sidecar.model.stateful import rewind_refusal
 from sidecar.store.blobs import BlobStore, newest_named
 from sidecar.wire.protocol import AdminRequest, Reset, Retire
 
@@ -139,8 +140,16 @@ def target_of(
     Raises:
         NotFound: ``to_batch`` is not retained (or there is no document).
         InvalidRequest: explicit offsets for another number of sources than the query has.
+        AdminRefused: the query is stateful and the reset moves it back, not forced
+            (``sidecar.model.stateful``).
     """
     label = name or query_id
+    if current is not None and not (request.force or request.from_spark):
+        refusal = rewind_refusal(
+            current, to_batch=request.to_batch, explicit=request.to_batch is None
+        )
+        if refusal is not None:
+            raise AdminRefused(f"reset refused, nothing changed: {refusal}")
     if request.to_batch is not None:
         found = current.at_batch(request.to_batch) if current is not None else None
         if found is None:
@@ -170,7 +179,10 @@ def target_of(
         for i, s in enumerate(request.sources)
     ]
     now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    stateful = current is not None and current.stateful
     return Checkpoint(
+        stateful=stateful if request.stateful is None else request.stateful,
+        position=Position.COMMITTED if request.from_spark else None,
         query_id=query_id,
         run_id=request.run_id or (current.run_id if current else "reset"),
         name=(current.name if current else None) or name,

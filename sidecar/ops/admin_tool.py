@@ -61,12 +61,18 @@ _NO_DAEMON = (errno.ENOENT, errno.ECONNREFUSED)
 
 
 async def apply_reset(
-    config: Config, checkpoint: Checkpoint, *, reason: str, force: bool = False
+    config: Config,
+    checkpoint: Checkpoint,
+    *,
+    reason: str,
+    force: bool = False,
+    from_spark: bool = False,
 ) -> AdminResult:
     """Make ``checkpoint`` (its query id, name, batch id, run id, timestamp and sources) the
     query's position, as a reset: through the daemon when one runs on the configured socket,
     else under the blob's lease. ``force``: even if the query was heard from within
-    ``SIDECAR_ADMIN_QUIET_S``. What was done (``.summary()`` says it in one line).
+    ``SIDECAR_ADMIN_QUIET_S``; ``from_spark``: the offsets are Spark's own committed batch
+    (``Reset.from_spark``). What was done (``.summary()`` says it in one line).
 
     Raises:
         AdminForbidden: the daemon runs without ``SIDECAR_ADMIN_OPS=true``.
@@ -84,6 +90,8 @@ async def apply_reset(
         timestamp=checkpoint.timestamp,
         force=force,
         by=who(),
+        from_spark=from_spark,
+        stateful=checkpoint.stateful if from_spark else None,
     )
     return await reset(config, request)
 

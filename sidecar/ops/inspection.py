@@ -16,6 +16,7 @@ import msgspec
 
 from sidecar.config import Config
 from sidecar.errors import SidecarError
+from sidecar.model.checkpoint import Checkpoint, Position
 from sidecar.model.document import CheckpointDocument
 from sidecar.store.blobs import BlobInfo, BlobStore, newest_named
 
@@ -120,6 +121,8 @@ def print_show(info: BlobInfo, *, as_json: bool, out: TextIO = sys.stdout) -> No
         f"batch       {doc.batch_id}   (Spark timestamp {doc.timestamp})",
         f"written     {doc.written_at} by {w.host} pid {w.pid} (instance {w.instance_id})",
         f"blob        {info.blob_name}   lease {info.lease_state}",
+        f"position    {position_text(doc)}",
+        f"state       {state_text(doc)}",
         *(
             [f"reset       from {_was(doc.reset_from)} at {doc.reset_at}: {doc.reset_reason}"]
             if doc.reset_at
@@ -148,7 +151,13 @@ def print_history(info: BlobInfo, *, as_json: bool, out: TextIO = sys.stdout) ->
             {**msgspec.json.decode(msgspec.json.encode(e)), "current": i == 0}  # offsets: values
             for i, e in enumerate(retained)
         ]
-        head = {"query_id": doc.query_id, "name": doc.name, "schema_version": doc.schema_version}
+        head = {
+            "query_id": doc.query_id,
+            "name": doc.name,
+            "schema_version": doc.schema_version,
+            "position": doc.position,
+            "stateful": doc.stateful,
+        }
         out.write(msgspec.json.encode({**head, "checkpoints": rows}).decode() + "\n")
         return
     out.write(
@@ -163,6 +172,26 @@ def print_history(info: BlobInfo, *, as_json: bool, out: TextIO = sys.stdout) ->
     for row in table:
         cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
         out.write("  ".join([*cells, row[-1]]).rstrip() + "\n")
+    out.write(f"position {position_text(doc)}; {state_text(doc)}\n")
+
+
+def position_text(doc: Checkpoint) -> str:
+    """Which position the checkpoint is, next to Spark's own checkpoint directory."""
+    if doc.position is Position.COMMITTED:
+        return "committed (in Spark's commit log too: synchronous progress tracking)"
+    if doc.position is Position.PROCESSED:
+        return (
+            "processed (async progress tracking or real-time mode: written by the sink; Spark's "
+            "own offsets/commits logs may hold an earlier batch, which its restart replays)"
+        )
+    return "not reported (a listener that cannot tell; Spark's default is committed)"
+
+
+def state_text(doc: Checkpoint) -> str:
+    """Whether the query keeps state, and what that means for moving it back."""
+    if doc.stateful:
+        return "stateful (rewinding it needs its state store rewound: --force)"
+    return "stateless"
 
 
 def _was(batch_id: int | None) -> str:

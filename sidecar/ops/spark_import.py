@@ -77,18 +77,22 @@ def read_spark_checkpoint(location: str | Path) -> SparkBatch:
         commits = os.listdir(path / "commits") if (path / "commits").is_dir() else []
         offsets = os.listdir(path / "offsets") if (path / "offsets").is_dir() else []
         last = last_committed(commits, offsets, where)
-        parse_commit((path / "commits" / str(last)).read_bytes(), f"{where}/commits/{last}")
-        timestamp, ends = parse_offsets(
-            (path / "offsets" / str(last)).read_bytes(), f"{where}/offsets/{last}"
+        state_ids = parse_commit(
+            (path / "commits" / str(last)).read_bytes(), f"{where}/commits/{last}"
         )
+        read = parse_offsets((path / "offsets" / str(last)).read_bytes(), f"{where}/offsets/{last}")
+        has_state = (path / "state").is_dir()
     except OSError as exc:
         raise SparkCheckpointError(f"{where}: cannot read the checkpoint: {exc}") from exc
     return SparkBatch(
         query_id=query_id,
         batch_id=last,
-        timestamp=timestamp,
-        end_offsets=ends,
+        timestamp=read.timestamp,
+        end_offsets=read.end_offsets,
         uncommitted=tuple(b for b in batch_ids(offsets) if b > last),
+        log_version=read.version,
+        source_ids=read.source_ids,
+        stateful=state_ids or has_state,
     )
 
 
@@ -125,7 +129,10 @@ async def plan(config: Config, spark_checkpoint: str, batch: SparkBatch, name: s
                 f"placeholders: {whose} has {len(descriptions)} source(s), Spark's log "
                 f"{len(batch.end_offsets)}"
             )
-    checkpoint = to_checkpoint(batch, name, describe(batch.end_offsets, descriptions))
+    if any(not i.isdigit() for i in batch.source_ids):  # a v2 log's named sources
+        described_by = "placeholders and names: Spark's log names its sources, in its own order"
+    described = describe(batch.end_offsets, descriptions, batch.source_ids)
+    checkpoint = to_checkpoint(batch, name, described)
     return Adoption(spark_checkpoint, batch, checkpoint, blob, own, described_by)
 
 
@@ -181,6 +188,9 @@ def print_adoption(
             "blob": a.blob,
             "blob_batch_id": a.existing.batch_id if a.existing is not None else None,
             "descriptions": a.described_by,
+            "offsets_log_version": a.batch.log_version,
+            "source_ids": a.batch.source_ids,
+            "stateful": c.stateful,
             "written": written,
             "via": via,
             "checkpoint": c,
@@ -198,6 +208,8 @@ def print_adoption(
         f"spark checkpoint  {a.spark_checkpoint}",
         f"query id          {c.query_id}",
         f"last committed    batch {c.batch_id} (Spark timestamp {c.timestamp or '-'}){planned}",
+        f"logs              offsets v{a.batch.log_version}"
+        + ("; stateful (state/ or state ids in commits/)" if c.stateful else "; stateless"),
         f"sources           described by {a.described_by}",
     ]
     for i, s in enumerate(c.sources):

@@ -10,7 +10,8 @@ Requests may carry ``"id"`` (string, integer or null), echoed in the reply.
 
 Requests::
 
-    {"op": "progress", "id": 1, "progress": {...Spark StreamingQueryProgress JSON...}}
+    {"op": "progress", "id": 1, "progress": {...Spark StreamingQueryProgress JSON...},
+     "tracking": "sync" | "async" | "real_time"}  (optional: how the query tracks progress)
     {"op": "get", "id": 2, "query_id": "…"}      (or "name": "…")
     {"op": "ping", "id": 3}
     {"op": "reset", "id": 4, "name": "…", "to_batch": 36, "reason": "…"}   (admin: see below)
@@ -46,6 +47,7 @@ from sidecar.model.checkpoint import (
     Checkpoint,
     Id,
     SparkProgress,
+    Tracking,
     from_progress,
     offsets_error,
     source_offsets,
@@ -141,6 +143,8 @@ class _GetMsg(msgspec.Struct, tag_field="op", tag="get"):
 class _ProgressMsg(msgspec.Struct, tag_field="op", tag="progress"):
     progress: SparkProgress
     id: RequestId = None
+    #: How the query tracks progress, when the listener could tell (``Tracking``).
+    tracking: Tracking | None = None
 
 
 class SourceSpec(msgspec.Struct, frozen=True):
@@ -158,7 +162,11 @@ class Reset(msgspec.Struct, frozen=True, tag_field="op", tag="reset"):
     """Admin: make a checkpoint the query's position, recorded as a reset (docs/operator-ops.md).
     Exactly one of ``to_batch`` (a checkpoint the blob retains) or ``sources`` (explicit
     offsets, stored as batch ``batch_id``: by default the batch the blob holds). ``by``: who
-    asks, as the client says (user@host, pid), for the log."""
+    asks, as the client says (user@host, pid), for the log. ``from_spark``: the offsets are
+    Spark's own last committed batch (``import-spark-checkpoint``), so they match the query's
+    state store and the stateful-rewind rule (``sidecar.model.stateful``) does not apply,
+    the position is Spark's committed one and ``stateful`` says whether the query keeps state
+    (else it is the blob's); ``force`` also overrides that rule."""
 
     reason: str
     query_id: Id | None = None
@@ -170,6 +178,8 @@ class Reset(msgspec.Struct, frozen=True, tag_field="op", tag="reset"):
     timestamp: str | None = None
     force: bool = False
     by: str | None = None
+    from_spark: bool = False
+    stateful: bool | None = None
     id: RequestId = None
 
 
@@ -218,7 +228,7 @@ def parse_request(line: bytes, admin_refusal: str | None = None) -> Event:
         bad = offsets_error(source_offsets(msg.progress.sources))
         if bad is not None:
             return _diagnose(line, bad)
-        return Progress(msg.id, from_progress(msg.progress))
+        return Progress(msg.id, from_progress(msg.progress, msg.tracking))
     if isinstance(msg, _GetMsg):
         if (msg.query_id is None) == (msg.name is None):
             return BadRequest(

@@ -23,7 +23,13 @@ from sidecar.model.checkpoint import (
     raw_offset,
 )
 from sidecar.model.offsets import kafka_offsets, kafka_starting_offsets
-from sidecar.model.spark_dir import SparkBatch, SparkCheckpointError, describe, to_checkpoint
+from sidecar.model.spark_dir import (
+    SparkBatch,
+    SparkCheckpointError,
+    describe,
+    parse_offsets,
+    to_checkpoint,
+)
 from sidecar.ops import admin_tool
 from sidecar.ops.client import SidecarClient
 from sidecar.ops.spark_import import read_spark_checkpoint
@@ -84,6 +90,37 @@ def test_the_last_committed_batch_not_the_last_planned(tmp_path: Path) -> None:
     )
 
 
+def test_logs_v2_ordinal_lines_in_source_order_state_ids_mean_stateful(tmp_path: Path) -> None:
+    """Spark 4's v2 offsets lines are ``<ordinal>:<offset>`` in no fixed order (4.3 wrote
+    ``1:`` before ``0:``); a v2 commit with ``stateUniqueIds`` is a stateful query's."""
+    root = spark_dir(tmp_path / "ck", {0: ['{"offset":1}']}, commits=[0])
+    (root / "offsets" / "0").write_text(f'v2\n{META}\n1:{kafka_line(4)}\n0:{{"offset":30}}\n2:-\n')
+    (root / "commits" / "0").write_text(
+        'v2\n{"nextBatchWatermarkMs":0,"stateUniqueIds":{"0":[["bd59"],["f936"]]}}\n'
+    )
+    batch = read_spark_checkpoint(root)
+    assert batch.end_offsets == ({"offset": 30}, {"events": {"0": 4, "1": 5}}, None)
+    assert (batch.log_version, batch.source_ids, batch.stateful) == (2, ("0", "1", "2"), True)
+    checkpoint = to_checkpoint(batch, "orders", describe(batch.end_offsets, None))
+    assert (checkpoint.stateful, checkpoint.position) == (True, "committed")
+    # A stateless v2 commit (empty stateUniqueIds) and no state/: not stateful.
+    (root / "commits" / "0").write_text('v2\n{"nextBatchWatermarkMs":0,"stateUniqueIds":{}}\n')
+    assert read_spark_checkpoint(root).stateful is False
+    (root / "state").mkdir()  # a v1 stateful query: its state store's directory
+    assert read_spark_checkpoint(root).stateful is True
+
+
+def test_named_v2_sources_keep_the_logs_order_and_their_names() -> None:
+    data = f'v2\n{META}\nbeta:{{"offset":5}}\nalpha:{kafka_line(1)}\n'.encode()
+    read = parse_offsets(data, "offsets/3")
+    assert read.source_ids == ("beta", "alpha")
+    assert read.end_offsets == ({"offset": 5}, {"events": {"0": 1, "1": 2}})
+    assert describe(read.end_offsets, ["x", "y"], read.source_ids) == [
+        "source 'beta' (from Spark's offsets log)",
+        "KafkaV2[events] source 'alpha' (from Spark's offsets log)",
+    ]
+
+
 def test_a_kafka_shaped_source_is_named_kafka_so_commits_and_resume_work() -> None:
     batch = SparkBatch(QID, 7, "", ({"offset": 3}, {"events": {"0": 5}, "audit": {"0": 1}}))
     names = describe(batch.end_offsets, None)
@@ -109,7 +146,10 @@ def test_a_kafka_shaped_source_is_named_kafka_so_commits_and_resume_work() -> No
         (lambda r: (r / "commits" / "1").unlink(), "no committed batch in commits/"),
         (lambda r: (r / "offsets" / "1").unlink(), "offsets/1 is missing"),
         (lambda r: (r / "commits" / "1").write_text(""), "commits/1 is empty"),
-        (lambda r: (r / "offsets" / "1").write_text("v2\n{}\na:1\n"), "offsets log v2"),
+        (lambda r: (r / "offsets" / "1").write_text("v3\n{}\na:1\n"), "offsets log v3"),
+        (lambda r: (r / "offsets" / "1").write_text("v2\n{}\n1\n"), "is not '<source id>:"),
+        (lambda r: (r / "offsets" / "1").write_text("v2\n{}\n0:1\n0:2\n"), "source '0' twice"),
+        (lambda r: (r / "commits" / "1").write_text("v3\n{}\n"), "commit log v3"),
         (lambda r: (r / "offsets" / "1").write_text("{}\n{}\n1\n"), "not a log version"),
         (lambda r: (r / "offsets" / "1").write_text(f"v1\n{META}\n"), "has 2 line(s)"),
         (

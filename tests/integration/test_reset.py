@@ -479,3 +479,55 @@ def test_admin_requests_decode_and_are_forbidden_where_refused() -> None:
     refused = parse_request(line, "off here")
     assert isinstance(refused, BadRequest)
     assert (refused.code, refused.message, refused.op) == ("forbidden", "off here", "reset")
+
+
+# --- the stateful-rewind rule (issue #20) ---------------------------------------------------
+
+
+def stateful_progress(qid: str, batch: int) -> dict[str, Any]:
+    """A progress of a query with an aggregation: Spark lists its state operators."""
+    operator = {"operatorName": "stateStoreSave", "numRowsTotal": 3, "numRowsUpdated": 1}
+    return {**kafka_progress(qid, batch, name=NAME), "stateOperators": [operator]}
+
+
+async def test_a_stateful_query_is_not_moved_back_by_hand_unless_forced(
+    make_config: ConfigFactory,
+) -> None:
+    config = make_config(admin_ops="true", count_threshold=1, history_size=5, admin_quiet_s=0)
+    async with running_daemon(config) as daemon, blob_reader(config) as store:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            for b in range(5):
+                assert (await c.progress(stateful_progress(QID, b))).applied is True
+                await eventually(lambda b=b: sample(daemon, BATCH, query=NAME) == b)  # type: ignore[misc]
+        doc = await store.read(QID)
+        assert doc is not None and doc.stateful is True
+        assert ckpt.decode((await record(config, QID))[b"checkpoint"]).stateful is True
+
+        back = await admin(config, "reset", name=NAME, to_batch=2, reason="replay")
+        explicit = await admin(
+            config, "reset", name=NAME, sources=[{"end_offset": end_of(1)}], reason="replay"
+        )
+        for refused in (back, explicit):
+            assert refused.error is not None and refused.error.code == "conflict"
+            assert f"query {NAME} is stateful" in refused.error.message
+            assert "restore the checkpoint directory's state/" in refused.error.message
+        assert "moving it to batch 2 (it is at batch 4)" in back.error.message  # type: ignore[union-attr]
+        assert "explicit offsets" in explicit.error.message  # type: ignore[union-attr]
+        assert (await store.read(QID)).batch_id == 4  # type: ignore[union-attr]
+        assert sample(daemon, ADMIN, op="reset", result="refused") == 2
+
+        # starting-offsets of an earlier batch: the same rule, the same way out.
+        refused_cli = await acli(config, "starting-offsets", NAME, "--batch", "2")
+        assert refused_cli.returncode == 1 and refused_cli.stdout == ""
+        assert "is stateful" in refused_cli.stderr and "--force" in refused_cli.stderr
+        latest = await acli(config, "starting-offsets", NAME)  # not a rewind: allowed
+        assert latest.returncode == 0 and json.loads(latest.stdout) == end_of(4)
+        forced_cli = await acli(config, "starting-offsets", NAME, "--batch", "2", "--force")
+        assert forced_cli.returncode == 0, forced_cli.stderr
+        assert json.loads(forced_cli.stdout) == end_of(2)
+
+        forced = await admin(config, "reset", name=NAME, to_batch=2, reason="rewound", force=True)
+        assert forced.ok, forced.error
+        after = await store.read(QID)
+        assert after is not None and (after.batch_id, after.stateful) == (2, True)
+        assert [ckpt.offset_value(s.end_offset) for s in after.sources] == [end_of(2)]

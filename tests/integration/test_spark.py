@@ -159,6 +159,7 @@ def test_blob_holds_sparks_last_batch_and_end_offsets(
     end = ckpt.offset_value(doc.sources[0].end_offset)
     assert end == end_offsets(last)
     assert end["offset"] == ROWS_PER_BATCH * (doc.batch_id + 1)
+    assert (doc.position, doc.stateful) == ("committed", False)
     # ... and equal to what Spark itself logged in its checkpoint's offsets/ log
     offsets_log = (short_tmp / "ck" / "offsets" / str(doc.batch_id)).read_text().splitlines()
     assert json.loads(offsets_log[-1]) == end
@@ -265,3 +266,51 @@ def test_query_unaffected_when_the_daemon_is_absent(spark: SparkSession, short_t
     started = time.monotonic()
     assert handle.close(timeout_s=0.5) is False
     assert time.monotonic() - started < 3  # close is bounded
+
+
+@pytest.mark.spark4
+@pytest.mark.parametrize("kind", ["jvm", "python"])
+def test_async_progress_tracking_and_state_are_recorded_in_the_checkpoint(
+    spark: SparkSession,
+    env: dict[str, str],
+    daemon: DaemonProcess,
+    short_tmp: Path,
+    kind: Literal["jvm", "python"],
+) -> None:
+    """The listener tells how each query tracks progress (read from its execution in the
+    JVM): an ``asyncProgressTrackingEnabled`` query's checkpoint is the *processed* position
+    (Spark's own logs are written once a second), a default query's the *committed* one; a
+    query with an aggregation is marked stateful."""
+    handle = spark_bridge.attach(spark, env["SIDECAR_SOCKET_PATH"], listener=kind)
+    source = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", "10").load()
+    fast = (
+        source.selectExpr("value")
+        .writeStream.format("noop")
+        .queryName(f"async_{kind}")
+        .trigger(processingTime="100 milliseconds")
+        .option("checkpointLocation", str(short_tmp / "async"))
+        .option("asyncProgressTrackingEnabled", "true")
+        .option("asyncProgressTrackingCheckpointIntervalMs", "1000")
+        .start()
+    )
+    counted = (
+        source.groupBy((source.value % 3).alias("key"))
+        .count()
+        .writeStream.format("noop")
+        .outputMode("update")
+        .queryName(f"stateful_{kind}")
+        .trigger(processingTime="100 milliseconds")
+        .option("checkpointLocation", str(short_tmp / "stateful"))
+        .start()
+    )
+    lasts = [stop_after(q, 6) for q in (fast, counted)]
+    for last in lasts:
+        delivered(handle, last)
+    assert handle.close()
+    async_doc = wait_blob(env, str(fast.id), lasts[0]["batchId"])
+    stateful_doc = wait_blob(env, str(counted.id), lasts[1]["batchId"])
+    assert (async_doc.position, async_doc.stateful) == ("processed", False)
+    assert (stateful_doc.position, stateful_doc.stateful) == ("committed", True)
+    # Spark's own commit log of the async query is never ahead of the sidecar's position.
+    commits = [int(p.name) for p in (short_tmp / "async" / "commits").iterdir() if p.name.isdigit()]
+    assert max(commits) <= async_doc.batch_id

@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 import spark_bridge
@@ -88,13 +90,30 @@ def run_batches(q: StreamingQuery, batches: int) -> None:
     assert q.exception() is None
 
 
-def sparks_log(ck: Path) -> tuple[int, list[Any]]:
+def sparks_log(ck: Path, version: str = "v1") -> tuple[int, list[Any]]:
     """Read independently of the code under test: the highest batch in commits/ and the
-    source lines of offsets/<that batch> (the version and metadata lines skipped)."""
+    source lines of offsets/<that batch> (the version and metadata lines skipped; a v2 log's
+    ``<ordinal>:<offset>`` lines put in ordinal order)."""
     committed = max(int(p.name) for p in (ck / "commits").iterdir() if p.name.isdigit())
     lines = (ck / "offsets" / str(committed)).read_text().splitlines()
-    assert lines[0] == "v1"
+    assert lines[0] == version
+    if version == "v2":
+        by_id = dict(line.split(":", 1) for line in lines[2:])
+        lines = lines[:2] + [by_id[k] for k in sorted(by_id, key=int)]
     return committed, [None if line == "-" else json.loads(line) for line in lines[2:]]
+
+
+@contextmanager
+def spark_conf(spark: SparkSession, **conf: str) -> Iterator[None]:
+    """SQL settings (dots written as ``__``) for the queries started inside, unset after."""
+    keys = {k.replace("__", "."): v for k, v in conf.items()}
+    for key, value in keys.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key in keys:
+            spark.conf.unset(key)
 
 
 def first_new_batch(spark: SparkSession, source: Source, name: str, ck: Path, batch: int) -> Any:
@@ -125,14 +144,19 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def import_and_check(
-    spark: SparkSession, env: dict[str, str], source: Source, name: str, ck: Path
+    spark: SparkSession,
+    env: dict[str, str],
+    source: Source,
+    name: str,
+    ck: Path,
+    version: str = "v1",
 ) -> dict[str, Any]:
     """Run the query, import its checkpoint, check the import against Spark's log, Spark's
     restart and the blob; the imported checkpoint (as ``show --json`` prints it)."""
     q = start(spark, source, name, ck)
     query_id = str(q.id)
     run_batches(q, 3)
-    committed, ends = sparks_log(ck)
+    committed, ends = sparks_log(ck, version)
 
     out = json.loads(
         cli(env, "import-spark-checkpoint", str(ck), "--query-name", name, "--json").stdout
@@ -140,6 +164,7 @@ def import_and_check(
     assert out["written"] is True
     assert out["checkpoint"]["query_id"] == query_id
     assert out["batch_id"] == committed >= 2
+    assert out["offsets_log_version"] == int(version[1:])
     assert [s["end_offset"] for s in out["checkpoint"]["sources"]] == ends
 
     # Spark's own restart from the same directory starts its next batch where the import says.
@@ -208,3 +233,165 @@ def test_two_sources_in_one_query(
     ]
     resume = cli(daemon_env, "starting-offsets", "import_union", "--source", "1").stdout
     assert json.loads(resume) == shown["sources"][1]["end_offset"]
+
+
+# --- Spark 4: offsets log v2, commit log v2 (state store checkpoint ids) ------------------
+
+
+def two_rates(spark: SparkSession) -> DataFrame:
+    return rate(spark).union(
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", "5")
+        .load()
+        .selectExpr("value")
+    )
+
+
+def counts(spark: SparkSession) -> DataFrame:
+    """A stateful query: a running count per key (state kept in Spark's state store)."""
+    return rate(spark).groupBy((F.col("value") % 3).alias("key")).count()
+
+
+def start_update(spark: SparkSession, source: Source, name: str, ck: Path) -> StreamingQuery:
+    return (
+        source(spark)
+        .writeStream.format("noop")
+        .outputMode("update")
+        .queryName(name)
+        .trigger(processingTime="100 milliseconds")
+        .option("checkpointLocation", str(ck))
+        .start()
+    )
+
+
+V2 = {"spark__sql__streaming__offsetLog__formatVersion": "2"}
+
+
+@pytest.mark.spark4
+def test_offsets_log_v2_two_sources(
+    spark: SparkSession, daemon_env: dict[str, str], short_tmp: Path
+) -> None:
+    """v2 lines are ``<ordinal>:<offset>`` in no fixed order (Spark 4.3 wrote ``1:`` first
+    here); the import puts them in source order, as Spark's restart reads them."""
+    ck = short_tmp / "ck"
+    with spark_conf(spark, **V2):
+        shown = import_and_check(spark, daemon_env, two_rates, "import_v2", ck, "v2")
+    batch = shown["batch_id"]
+    assert [s["end_offset"]["offset"] for s in shown["sources"]] == [
+        10 * (batch + 1),
+        5 * (batch + 1),
+    ]
+    assert shown["stateful"] is False and shown["position"] == "committed"
+
+
+@pytest.mark.spark4
+def test_stateful_query_with_state_store_checkpoint_v2_is_imported_as_stateful(
+    spark: SparkSession, daemon_env: dict[str, str], short_tmp: Path
+) -> None:
+    """RocksDB with state store checkpoint format v2 writes ``commits/<N>`` as v2 with
+    ``stateUniqueIds``: read, and the imported checkpoint is marked stateful, so moving it
+    back by hand is refused without --force."""
+    ck = short_tmp / "ck"
+    conf = {
+        **V2,
+        "spark__sql__streaming__stateStore__providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
+        "spark__sql__streaming__stateStore__checkpointFormatVersion": "2",
+    }
+    with spark_conf(spark, **conf):
+        q = start_update(spark, counts, "import_stateful", ck)
+        run_batches(q, 3)
+    committed, ends = sparks_log(ck, "v2")
+    commit = (ck / "commits" / str(committed)).read_text().splitlines()
+    assert commit[0] == "v2" and json.loads(commit[1])["stateUniqueIds"]
+
+    out = json.loads(
+        cli(
+            daemon_env,
+            "import-spark-checkpoint",
+            str(ck),
+            "--query-name",
+            "import_stateful",
+            "--json",
+        ).stdout
+    )
+    assert out["written"] is True and out["stateful"] is True
+    assert out["batch_id"] == committed
+    assert [s["end_offset"] for s in out["checkpoint"]["sources"]] == ends
+    shown = json.loads(cli(daemon_env, "show", "import_stateful", "--json").stdout)
+    assert shown["stateful"] is True
+    text = cli(daemon_env, "show", "import_stateful").stdout
+    assert "stateful (rewinding it needs its state store rewound" in text
+
+    # An explicit-offsets reset moves a stateful query by hand: refused, the blob unchanged.
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "reset",
+            "import_stateful",
+            "--offsets",
+            json.dumps([{"offset": 0, "timestamp": 0}]),
+            "--reason",
+            "test",
+        ],
+        env={"PATH": "/usr/bin:/bin", **daemon_env, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1, refused.stderr
+    assert "is stateful" in refused.stderr and "state/" in refused.stderr
+    again = json.loads(cli(daemon_env, "show", "import_stateful", "--json").stdout)
+    assert again["batch_id"] == committed and again["sources"] == shown["sources"]
+
+
+@pytest.mark.spark4
+def test_named_sources_of_source_evolution(
+    spark: SparkSession, daemon_env: dict[str, str], short_tmp: Path
+) -> None:
+    """With source evolution, sources are named (``.name()``) and the v2 lines carry names:
+    the import keeps the log's order and shows the names; Spark's restart agrees."""
+    ck = short_tmp / "ck"
+
+    def named(s: SparkSession) -> DataFrame:
+        alpha = s.readStream.format("rate-micro-batch").option("rowsPerBatch", "10")
+        beta = s.readStream.format("rate-micro-batch").option("rowsPerBatch", "5")
+        return (
+            alpha.name("alpha")
+            .load()
+            .selectExpr("value")
+            .union(beta.name("beta").load().selectExpr("value"))
+        )
+
+    conf = {"spark__sql__streaming__queryEvolution__enableSourceEvolution": "true"}
+    with spark_conf(spark, **conf):
+        q = start(spark, named, "import_named", ck)
+        run_batches(q, 3)
+        committed = max(int(p.name) for p in (ck / "commits").iterdir() if p.name.isdigit())
+        lines = (ck / "offsets" / str(committed)).read_text().splitlines()
+        assert lines[0] == "v2"
+        logged = dict(line.split(":", 1) for line in lines[2:])
+        assert set(logged) == {"alpha", "beta"}
+        out = json.loads(
+            cli(
+                daemon_env,
+                "import-spark-checkpoint",
+                str(ck),
+                "--query-name",
+                "import_named",
+                "--json",
+            ).stdout
+        )
+        assert out["source_ids"] == [line.split(":", 1)[0] for line in lines[2:]]
+        by_name = {
+            i: s for i, s in zip(out["source_ids"], out["checkpoint"]["sources"], strict=True)
+        }
+        for source_id, source in by_name.items():
+            assert source["end_offset"] == json.loads(logged[source_id])
+            assert source["description"] == f"source {source_id!r} (from Spark's offsets log)"
+        restarted = first_new_batch(spark, named, "import_named", ck, committed + 1)
+    starts = sorted(as_json(s["startOffset"])["offset"] for s in restarted["sources"])
+    assert starts == sorted(json.loads(v)["offset"] for v in logged.values())

@@ -195,7 +195,7 @@ final class Sender {
     try {
       int size = 0;
       for (Map.Entry<String, Slots.Payload> e : batch) {
-        byte[] frame = Wire.progressRequest(nextId++, e.getValue().json());
+        byte[] frame = Wire.progressRequest(nextId++, e.getValue().json(), e.getValue().tracking());
         frames.add(frame);
         size += frame.length;
       }

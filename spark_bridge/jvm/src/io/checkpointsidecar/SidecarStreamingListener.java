@@ -5,6 +5,8 @@ import java.util.HashMap;
 import java.util.HashSet;
 import java.util.Map;
 import java.util.Set;
+import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import org.apache.spark.SparkConf;
@@ -46,6 +48,8 @@ public class SidecarStreamingListener extends StreamingQueryListener {
   private final transient Set<String> running = new HashSet<>();
   private volatile boolean closed;
   private final transient AtomicLong errors = new AtomicLong();
+  /** Each running query's {@link Tracking} ("" when unknown), found at its first event. */
+  private final transient Map<String, String> tracking = new ConcurrentHashMap<>();
 
   /** Used by {@code spark.sql.streaming.streamingQueryListeners}: Spark passes its conf. */
   public SidecarStreamingListener(SparkConf conf) {
@@ -86,6 +90,7 @@ public class SidecarStreamingListener extends StreamingQueryListener {
       synchronized (lock) {
         running.add(event.id().toString());
       }
+      trackingOf(event.id());
     } catch (RuntimeException e) {
       countError(e);
     }
@@ -101,7 +106,20 @@ public class SidecarStreamingListener extends StreamingQueryListener {
       }
       // StreamingQueryProgress is immutable: serializing it later, on the sender's thread,
       // reads the same values and keeps Spark's thread free of the JSON work.
-      sender.offer(queryId, progress::json);
+      final String how = trackingOf(progress.id());
+      sender.offer(
+          queryId,
+          new Slots.Payload() {
+            @Override
+            public String json() {
+              return progress.json();
+            }
+
+            @Override
+            public String tracking() {
+              return how;
+            }
+          });
     } catch (RuntimeException e) { // never into Spark
       countError(e);
     }
@@ -120,9 +138,19 @@ public class SidecarStreamingListener extends StreamingQueryListener {
         running.remove(queryId);
         lock.notifyAll();
       }
+      tracking.remove(queryId);
     } catch (RuntimeException e) {
       countError(e);
     }
+  }
+
+  /** The query's tracking, looked up once (its first event); null when unknown. */
+  private String trackingOf(UUID queryId) {
+    String how = tracking.computeIfAbsent(queryId.toString(), k -> {
+      String found = Tracking.of(queryId);
+      return found == null ? "" : found;
+    });
+    return how.isEmpty() ? null : how;
   }
 
   private void countError(RuntimeException e) {

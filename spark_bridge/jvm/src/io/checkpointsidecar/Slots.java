@@ -27,6 +27,11 @@ final class Slots {
   /** What a slot holds: Spark's progress, serialized only when (and if) it is sent. */
   interface Payload {
     String json();
+
+    /** How the query tracks progress ({@link Tracking}), or null when unknown. */
+    default String tracking() {
+      return null;
+    }
   }
 
   private final int maxQueries;

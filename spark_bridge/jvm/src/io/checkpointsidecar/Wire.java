@@ -37,13 +37,23 @@ final class Wire {
 
   /** One {@code progress} request line; {@code progressJson} is Spark's compact progress JSON. */
   static byte[] progressRequest(long id, String progressJson) {
+    return progressRequest(id, progressJson, null);
+  }
+
+  /**
+   * One {@code progress} request line with the query's {@code tracking} ("sync", "async",
+   * "real_time"; null: left out).
+   */
+  static byte[] progressRequest(long id, String progressJson, String tracking) {
     // Spark's json() is compact; a raw line break could only come from a non-JSON payload and
     // would split the frame, so it becomes a space (legal JSON white space outside strings).
     String body = progressJson;
     if (body.indexOf('\n') >= 0 || body.indexOf('\r') >= 0) {
       body = body.replace('\n', ' ').replace('\r', ' ');
     }
-    String line = "{\"op\":\"progress\",\"id\":" + id + ",\"progress\":" + body + "}\n";
+    String extra = tracking == null ? "" : ",\"tracking\":\"" + tracking + "\"";
+    String line =
+        "{\"op\":\"progress\",\"id\":" + id + extra + ",\"progress\":" + body + "}\n";
     return line.getBytes(StandardCharsets.UTF_8);
   }
 
