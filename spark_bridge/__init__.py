@@ -25,7 +25,9 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from sidecar.model.offsets import Missing, ResumeError, kafka_starting_offsets, rewind
+from sidecar.model.offsets import Missing, ResumeError, rewind
+from sidecar.model.offsets import starting_offsets as any_starting_offsets
+from sidecar.model.stateful import rewind_refusal
 from spark_bridge.handle import BridgeError, BridgeHandle, SenderStats
 from spark_bridge.jvm import LISTENER_CLASS, configure, listener_jar
 
@@ -201,8 +203,10 @@ def starting_offsets(
     missing: Missing = "earliest",
     batch: int | None = None,
     before: str | datetime | None = None,
+    force: bool = False,
 ) -> str:
-    """The Kafka ``startingOffsets`` JSON to resume ``query`` (id or name) where it stopped.
+    """The Kafka ``startingOffsets`` JSON to resume ``query`` (id or name) where it stopped
+    (for an Event Hubs source, the connector's ``eventhubs.startingPositions``).
 
     Uses each partition's saved ``endOffset`` (the next offset to read: no gap, no overlap).
     Partitions absent from the checkpoint (see ``partitions``) start at ``missing``:
@@ -213,17 +217,23 @@ def starting_offsets(
     meaning UTC, or a datetime) after the newest batch whose Spark timestamp is earlier, each
     from the checkpoints the query's blob retains (``checkpoint-sidecar history QUERY``;
     ``SIDECAR_HISTORY_SIZE``), read directly from the blob store as :func:`load_checkpoint`'s
-    fallback does.
+    fallback does. A stateful query is not rewound unless ``force`` (its state store must be
+    rewound to the same batch: ``sidecar.model.stateful``).
 
     Raises:
         ResumeError: no checkpoint; the batch or time asked for is not retained (the message
-            says what is); or see :func:`sidecar.model.offsets.kafka_starting_offsets`.
+            says what is); a stateful query rewound without ``force``; or see
+            :func:`sidecar.model.offsets.kafka_starting_offsets`.
     """
     if batch is None and before is None:
         checkpoint = load_checkpoint(query, socket_path)
     else:
-        checkpoint = rewind(_read_blob(query), batch=batch, before=before)
-    return kafka_starting_offsets(
+        doc = _read_blob(query)
+        checkpoint = rewind(doc, batch=batch, before=before)
+        refusal = rewind_refusal(doc, to_batch=checkpoint["batch_id"], explicit=False)
+        if refusal is not None and not force:
+            raise ResumeError(f"{refusal} (force=True)")
+    return any_starting_offsets(
         checkpoint,
         source=source,
         partitions=partitions,

@@ -147,3 +147,49 @@ def idle_progress_spark34(
     )
     progress["durationMs"] = {"latestOffset": 1, "triggerExecution": 1}
     return progress
+
+
+EVENTHUBS_SOURCE = "org.apache.spark.sql.eventhubs.EventHubsSource@1a2b3c"
+
+
+def eventhubs_progress(
+    query_id: str,
+    batch_id: int,
+    *,
+    eventhub: str = "telemetry",
+    partitions: int = 4,
+    name: str | None = "telemetry-to-delta",
+    run_id: str = "3f6c2a10-7d1e-4b55-9e0a-2c4d6e8fa0b1",
+    per_partition: int = 50,
+    first: int = 0,
+    lag: int | None = 5,
+) -> dict[str, Any]:
+    """An Event Hubs source's progress (azure-event-hubs-spark): offsets are
+    ``{"<event hub>": {"<partition>": <next sequence number>}}`` and the description is the
+    source's class name with a JVM object hash. Sequence numbers start at ``first`` and each
+    partition p has read ``batch_id * per_partition + p`` events before this batch.
+    ``latestOffset``: ``lag`` events past the end, or null (``lag=None``) as a source without
+    admission control reports it."""
+
+    def seqnos(batch: int) -> dict[str, dict[str, int]]:
+        return {eventhub: {str(p): first + batch * per_partition + p for p in range(partitions)}}
+
+    end = seqnos(batch_id + 1)
+    latest = None if lag is None else {eventhub: {p: n + lag for p, n in end[eventhub].items()}}
+    return _progress(
+        query_id,
+        batch_id,
+        [
+            {
+                "description": EVENTHUBS_SOURCE,
+                "startOffset": seqnos(batch_id),
+                "endOffset": end,
+                "latestOffset": latest,
+                "numInputRows": per_partition * partitions,
+                "inputRowsPerSecond": 500.0,
+                "processedRowsPerSecond": 2678.5,
+            }
+        ],
+        name=name,
+        run_id=run_id,
+    )

@@ -28,7 +28,7 @@ from sidecar.errors import (
     SidecarError,
 )
 from sidecar.model import checkpoint as ckpt
-from sidecar.model.offsets import kafka_starting_offsets, rewind
+from sidecar.model.offsets import rewind, starting_offsets
 from sidecar.model.stateful import rewind_refusal
 from sidecar.ops import admin_tool, diagnosis, inspection, spark_import
 from sidecar.ops import doctor as doctor_checks
@@ -120,7 +120,8 @@ def inspect(args: argparse.Namespace, config: Config) -> int:
             else:
                 target = ckpt.as_builtins(doc.checkpoint())
             print(
-                kafka_starting_offsets(
+                # Kafka's startingOffsets, or the Event Hubs connector's startingPositions
+                starting_offsets(
                     target,
                     source=args.source,
                     partitions=partitions,

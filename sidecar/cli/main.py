@@ -117,8 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(history)
     resume = sub.add_parser(
         "starting-offsets",
-        help="print the Kafka startingOffsets JSON to resume a query from its saved position",
-        description="Print the startingOffsets JSON for a query's Kafka source, built from "
+        help="print the Kafka startingOffsets (or Event Hubs startingPositions) JSON to resume "
+        "a query from its saved position",
+        description="Print the startingOffsets JSON for a query's Kafka source (for an Event "
+        "Hubs source, the connector's eventhubs.startingPositions), built from "
         "the saved end offsets (the next offsets to read: no gap, no overlap); with --batch "
         "or --before, those of an earlier checkpoint the blob retains (see `history`). Reads "
         "the blobs directly. A stateful query (its progress lists state operators) is not "

@@ -81,6 +81,15 @@ HELP = {
         "beyond it get per-topic series (checkpoint_sidecar_kafka_lag_series_dropped counts "
         "what was left out)",
     },
+    "Event Hubs checkpoints (off unless a namespace is set)": {
+        "eventhubs_namespace": "write the durable sequence numbers of Event Hubs sources as "
+        "Event Hubs checkpoints (the SDKs' blob layout) for this fully qualified namespace, "
+        "<namespace>.servicebus.windows.net (unset: off)",
+        "eventhubs_consumer_group_template": "consumer group the checkpoints are written "
+        "for; placeholders {query_name} (id when unnamed), {query_id}, {namespace}",
+        "eventhubs_container": "blob container of the Event Hubs checkpoints (default: "
+        "the checkpoint container); never created by the daemon",
+    },
     "admin endpoint, logging, event loop, shutdown": {
         "metrics_host": "address for /metrics, /healthz, /readyz",
         "metrics_port": "port for /metrics, /healthz, /readyz (0: pick a free one)",

@@ -117,6 +117,10 @@ ContainerName = Annotated[str, Meta(pattern=r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a
 HostPorts = Annotated[str, Meta(extra={"check": _host_ports, "parse": lambda text: ",".join(
     s.strip() for s in text.split(",") if s.strip()) or None})]
 GroupTemplate = Annotated[str, Meta(extra={"check": _group_template})]
+EventHubsNamespace = Annotated[str, Meta(
+    pattern=r"^(?=.{3,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+$",
+    extra={"must": "must be the fully qualified namespace, a host name such as "
+           "<namespace>.servicebus.windows.net (no sb://, no path)"})]
 Password = Annotated[str, Meta(extra={"redact": lambda _: "***"})]
 # fmt: on
 
@@ -178,6 +182,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     kafka_ssl_keyfile: str | None = None
     kafka_lag_per_partition: bool = True
     kafka_lag_partition_series_max: Annotated[int, Meta(ge=0, le=10_000_000)] = 10_000
+    # Event Hubs checkpoints
+    eventhubs_namespace: EventHubsNamespace | None = None
+    eventhubs_consumer_group_template: GroupTemplate = "spark-{query_name}"
+    eventhubs_container: ContainerName | None = None
     # admin endpoint, logging, event loop, shutdown
     metrics_host: str = "0.0.0.0"
     metrics_port: Annotated[int, Meta(ge=0, le=65535)] = 9400

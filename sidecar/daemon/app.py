@@ -1,15 +1,17 @@
 """Wiring: one task group runs the daemon's components; stopping follows a fixed order.
 
 Start:  admin endpoint (so /healthz answers at once) → wait for Redis → wait for the blob
-        container → write coalescer → lease renewer → Kafka committer → config checks
+        container → write coalescer → lease renewer → Kafka committer → Event Hubs
+        checkpointer → config checks
         (``sidecar.ops.doctor``, once, in the background: logged and exported, never fatal) →
         flusher (its first tick recovers what a previous run left pending) → idle-query
         retirement → socket server. ``task_status.started()`` fires only when the socket is
         bound and Redis and the blob store answered.
-Stop:   stop accepting → answer requests already read (drain) → stop the flush and Kafka
-        commit loops, final flush of everything pending → final Kafka commit → release
-        leases → close Redis, the store and Kafka. Each phase has its own deadline within
-        ``shutdown_grace_s`` (``sidecar.daemon.shutdown``: the drain ends by 40 %, the final flush
+Stop:   stop accepting → answer requests already read (drain) → stop the flush, Kafka
+        commit and Event Hubs checkpoint loops, final flush of everything pending → final
+        Kafka commit and Event Hubs checkpoints → release leases → close Redis, the store and
+        Kafka. Each phase has its own deadline within ``shutdown_grace_s``
+        (``sidecar.daemon.shutdown``: the drain ends by 40 %, the final flush
         keeps at least 40 %, commit and release 10 % each); the last three are shielded
         finalizers. A cut phase logs what it left undone (what is unflushed stays in Redis
         for the next start); one line sums up the stop.
@@ -44,6 +46,7 @@ from sidecar.daemon.retirement import Retirement
 from sidecar.daemon.shutdown import StopBudget
 from sidecar.daemon.store_watch import StoreWatch
 from sidecar.errors import SidecarError
+from sidecar.eventhubs.checkpointer import EventHubsCheckpointer
 from sidecar.flush.blob_state import BlobStates
 from sidecar.flush.flusher import Flusher
 from sidecar.flush.lease import LeaseManager
@@ -51,7 +54,7 @@ from sidecar.ingest.coalescer import WriteCoalescer
 from sidecar.ingest.handler import RequestHandler
 from sidecar.ingest.server import SocketServer
 from sidecar.kafka.committer import KafkaCommitter
-from sidecar.kafka.lag import LagTracker
+from sidecar.kafka.lag import EVENTHUBS, LagTracker
 from sidecar.model import checkpoint as ckpt
 from sidecar.model.document import Writer
 from sidecar.ops import doctor
@@ -93,6 +96,13 @@ class Daemon:
             partition_series_max=config.kafka_lag_partition_series_max,
         )
         self.metrics.registry.register(self.lag)  # lag is computed when /metrics is collected
+        # Event Hubs sources' lag (Spark's view): the same collector, with its own names.
+        self.eventhubs_lag = LagTracker(
+            per_partition=config.kafka_lag_per_partition,
+            partition_series_max=config.kafka_lag_partition_series_max,
+            family=EVENTHUBS,
+        )
+        self.metrics.registry.register(self.eventhubs_lag)
         self.committer = (
             KafkaCommitter(
                 config,
@@ -111,6 +121,11 @@ class Daemon:
             min_replicas=config.redis_min_replicas,
         )
         self.store = BlobStore(config)
+        self.eventhubs = (
+            EventHubsCheckpointer(config, self.metrics, self.store)
+            if config.eventhubs_namespace
+            else None
+        )
         self.store_watch = StoreWatch(self.store, config.write_timeout_s)
         self.store.on_failure = lambda call, reason: self.metrics.store_failures.labels(
             call, reason
@@ -143,7 +158,7 @@ class Daemon:
             self.blobs,
             self.metrics,
             self.writer,
-            on_durable=self.committer.durable if self.committer else None,
+            on_durable=self._durable_hook(),
             track=self.retirement.track,
         )
         self.durability = DurabilityWatch(
@@ -205,7 +220,31 @@ class Daemon:
         r.forget += [self.blobs.forget, self.durability.forget]
         if self.committer is not None:
             r.forget.append(self.committer.forget)
-        r.forget_label += [self.lag.forget, self.metrics.forget_query]
+        if self.eventhubs is not None:
+            r.forget.append(self.eventhubs.forget)
+        r.forget_label += [self.lag.forget, self.eventhubs_lag.forget, self.metrics.forget_query]
+
+    def _durable_hook(self) -> Callable[[ckpt.Checkpoint], None] | None:
+        """What the flusher tells of each checkpoint durable in its blob: the Kafka committer
+        and the Event Hubs checkpointer, those configured (each contains its own failures;
+        one raising must not keep the other from hearing of the checkpoint)."""
+        hooks = [c.durable for c in (self.committer, self.eventhubs) if c is not None]
+        if len(hooks) <= 1:
+            return hooks[0] if hooks else None
+
+        def durable(checkpoint: ckpt.Checkpoint) -> None:
+            for hook in hooks:
+                try:
+                    hook(checkpoint)
+                except Exception:
+                    log.exception(
+                        "after flushing query=%s batch=%d: durable hook %s failed",
+                        checkpoint.label,
+                        checkpoint.batch_id,
+                        getattr(hook, "__qualname__", hook),
+                    )
+
+        return durable
 
     def request_stop(self) -> None:
         """Begin a graceful stop (idempotent; safe from a signal-handling task)."""
@@ -247,6 +286,8 @@ class Daemon:
                 await tg.start(self.store_watch.run)
                 if self.committer is not None:
                     await tg.start(self.committer.run)  # builds the TLS context once
+                if self.eventhubs is not None:
+                    await tg.start(self.eventhubs.run)
                 tg.start_soon(self._doctor)  # in the background: never delays the start
                 await tg.start(self.flusher.run)
                 await tg.start(self.retirement.run)
@@ -299,6 +340,7 @@ class Daemon:
     def _applied(self, checkpoint: ckpt.Checkpoint) -> None:
         """An update stored in Redis (ingest path: O(1) each)."""
         self.lag.observe(checkpoint)
+        self.eventhubs_lag.observe(checkpoint)
         self.retirement.seen(checkpoint.query_id, checkpoint.label)
         self.durability.acked(checkpoint.query_id, checkpoint.label, checkpoint.batch_id)
 
@@ -352,18 +394,33 @@ class Daemon:
                 if self.committer is not None:
                     # Before the flush wakes it: the final commit alone opens what it needs.
                     await self.committer.stop_loop()
+                if self.eventhubs is not None:
+                    await self.eventhubs.stop_loop()
                 await self.flusher.final_flush()
             if flush.cancelled_caught:
                 await self._log_unflushed(budget.until("final flush"))
-            if self.committer is not None:
+            if self.committer is not None or self.eventhubs is not None:
                 with budget.phase("final commit") as commit:
-                    await self.committer.final_commit()
-                if behind := self.committer.behind():
+                    async with anyio.create_task_group() as finals:
+                        if self.committer is not None:
+                            finals.start_soon(self.committer.final_commit)
+                        if self.eventhubs is not None:
+                            finals.start_soon(self.eventhubs.final_commit)
+                outcome = "cut" if commit.cancelled_caught else "failed"
+                if self.committer is not None and (behind := self.committer.behind()):
                     log.warning(
                         "stop: final Kafka commit %s: group(s) %s not committed at their "
                         "query's last durable batch (they stay behind until the query's next "
                         "flush after a restart)",
-                        "cut" if commit.cancelled_caught else "failed",
+                        outcome,
+                        ", ".join(behind),
+                    )
+                if self.eventhubs is not None and (behind := self.eventhubs.behind()):
+                    log.warning(
+                        "stop: final Event Hubs checkpoints %s: group(s) %s not checkpointed at "
+                        "their query's last durable batch (they stay behind until the query's "
+                        "next flush after a restart)",
+                        outcome,
                         ", ".join(behind),
                     )
             with budget.phase("release") as release:

@@ -6,10 +6,10 @@ stop request::
     0 ── drain ──▶ 0.4 G ── final flush ──▶ 0.8 G ── final commit ──▶ 0.9 G ── release ──▶ G
 
 - *drain*: stop accepting and reading, answer the requests already read;
-- *final flush*: stop the flush loop and the Kafka commit loop (and wait for them), then
-  write every pending update to its blob;
+- *final flush*: stop the flush loop, the Kafka commit loop and the Event Hubs checkpoint
+  loop (and wait for them), then write every pending update to its blob;
 - *final commit*: commit each consumer group's last durable offsets (one consumer per group:
-  the commit loop no longer runs);
+  the commit loop no longer runs), and write the Event Hubs checkpoints not yet written;
 - *release*: release every blob lease, so a successor need not wait for it to expire.
 
 A phase that ends early leaves its time to the next; one that overruns is cut at its

@@ -112,6 +112,8 @@ class BlobStore:
             config.require_blob_store()  # raises ConfigError naming both settings
         self._container: ContainerClient = self._service.get_container_client(config.container)
         self.container = config.container
+        #: Other containers' clients (Event Hubs checkpoints may live in a container of their own).
+        self._containers: dict[str, ContainerClient] = {config.container: self._container}
         self.where = f"{self._service.url.split('?')[0]}{config.container}"
         #: Whether the store answered the last call that ended (None before any). Any answer
         #: counts, a refusal too (a lease held elsewhere, a missing blob); a timeout, a lost
@@ -386,6 +388,54 @@ class BlobStore:
         policy = props.get("delete_retention_policy")
         return int(policy.days or 0) if policy is not None and policy.enabled else None
 
+    # --- Event Hubs checkpoints (sidecar.eventhubs): the SDKs' layout, blobs not leased ------
+
+    def _container_named(self, name: str) -> ContainerClient:
+        client = self._containers.get(name)
+        if client is None:
+            client = self._containers[name] = self._service.get_container_client(name)
+        return client
+
+    async def eventhubs_checkpoints(self, container: str, prefix: str) -> dict[str, str | None]:
+        """The Event Hubs checkpoint blobs under ``prefix`` in ``container``: each blob's last
+        name part (the partition id) → its ``sequencenumber`` metadata as stored (None: none).
+
+        Raises:
+            StoreError: the container does not exist (the message says so).
+        """
+        client = self._container_named(container)
+        async with self._call("list eventhubs checkpoints"):
+            try:
+                return {
+                    item.name.rsplit("/", 1)[-1]: (item.metadata or {}).get("sequencenumber")
+                    async for item in client.list_blobs(
+                        name_starts_with=prefix, include=["metadata"]
+                    )
+                }
+            except ResourceNotFoundError as exc:
+                raise _no_container(exc, self.where, container) from exc
+
+    async def write_eventhubs_checkpoint(
+        self, container: str, name: str, metadata: dict[str, str]
+    ) -> None:
+        """Set the metadata of the checkpoint blob ``name``, creating the blob (empty) when it
+        does not exist yet: what the SDKs' ``BlobCheckpointStore.update_checkpoint`` does.
+
+        Raises:
+            StoreError: the container does not exist (the message says so).
+        """
+        blob = self._container_named(container).get_blob_client(name)
+        async with self._call("write eventhubs checkpoint"):
+            try:
+                try:
+                    await blob.set_blob_metadata(metadata)
+                except ResourceNotFoundError as exc:
+                    if _code(exc) != "BlobNotFound":
+                        raise
+                    await blob.upload_blob(b"", overwrite=True, metadata=metadata)
+            except ResourceNotFoundError as exc:
+                raise _no_container(exc, self.where, container) from exc
+
     def _lease_client(self, query_id: str, lease_id: str) -> BlobLeaseClient:
         blob = self._container.get_blob_client(self.blob_name(query_id))
         return BlobLeaseClient(blob, lease_id=lease_id)
@@ -433,10 +483,27 @@ def _retry_after(exc: HttpResponseError) -> float | None:
         return None  # an HTTP date: not sent by Azure Storage
 
 
+def _code(exc: HttpResponseError) -> str:
+    """The Azure error code of a refusal (``BlobNotFound``, ``ContainerNotFound``, …)."""
+    raw_code = getattr(exc, "error_code", None)  # set by the storage SDK's error mapping
+    return str(getattr(raw_code, "value", raw_code) or "")
+
+
+def _no_container(exc: ResourceNotFoundError, where: str, container: str) -> Exception:
+    """A 404 on a container the daemon does not create (Event Hubs checkpoints)."""
+    if _code(exc) != "ContainerNotFound":
+        return _translate(exc, "eventhubs checkpoint", where)
+    account = where.rsplit("/", 1)[0]
+    return StoreError(
+        f"blob store {account}: container {container!r} does not exist; create it (the "
+        "daemon does not create the Event Hubs checkpoint container) or set "
+        "SIDECAR_EVENTHUBS_CONTAINER"
+    )
+
+
 def _translate(exc: HttpResponseError, what: str, where: str) -> Exception:
     status = exc.status_code or 0
-    raw_code = getattr(exc, "error_code", None)  # set by the storage SDK's error mapping
-    code = str(getattr(raw_code, "value", raw_code) or "")
+    code = _code(exc)
     detail = f"blob store {where}: {what} refused ({status} {code})"
     if code == "LeaseAlreadyPresent":
         return LeaseConflict(f"{detail}: another owner holds the lease")

@@ -184,6 +184,25 @@ class Metrics:
         )
         # Lag (checkpoint_sidecar_kafka_lag_records, _query_lag_records, _lag_seconds) is
         # computed at collection time by sidecar.kafka.lag's collector, registered on this registry.
+        # --- Event Hubs checkpoints (and lag: checkpoint_sidecar_eventhubs_lag_*, the same
+        # collector's) ----------------------------------------------------------------------
+        self.eventhubs_checkpoints = Counter(
+            "checkpoint_sidecar_eventhubs_checkpoints",
+            "Event Hubs checkpoint writes of one consumer group, by result (regressed: some "
+            "partitions skipped because the write would have lowered their sequence number)",
+            ["result"],
+            registry=r,
+        )
+        self.eventhubs_partitions_skipped = Counter(
+            "checkpoint_sidecar_eventhubs_partitions_skipped",
+            "Event Hubs partitions not checkpointed because that would have moved them backwards",
+            registry=r,
+        )
+        self.eventhubs_up = Gauge(
+            "checkpoint_sidecar_eventhubs_up",
+            "1 when the last Event Hubs checkpoint write succeeded",
+            registry=r,
+        )
         self.config_check = Gauge(
             "checkpoint_sidecar_config_check",
             "Result of each configuration check run at start (checkpoint-sidecar doctor): "
@@ -219,6 +238,7 @@ class Metrics:
             self.lease_renewals.labels(result)
         for result in ("ok", "regressed", "error"):
             self.kafka_commits.labels(result)
+            self.eventhubs_checkpoints.labels(result)
         for op in ("reset", "retire"):
             for result in ("ok", "refused", "error"):
                 self.admin_ops.labels(op, result)

@@ -64,6 +64,9 @@ DEFAULTS = {
     "kafka_ssl_keyfile": None,
     "kafka_lag_per_partition": True,
     "kafka_lag_partition_series_max": 10_000,
+    "eventhubs_namespace": None,
+    "eventhubs_consumer_group_template": "spark-{query_name}",
+    "eventhubs_container": None,
 }
 
 
@@ -496,6 +499,7 @@ def test_settings_are_grouped_by_component_in_the_order_data_flows() -> None:
         "azure_connection_string",
         "count_threshold",
         "kafka_bootstrap_servers",
+        "eventhubs_namespace",
         "metrics_host",
     ]
     kafka = next(names for title, names in groups.items() if title.startswith("Kafka"))

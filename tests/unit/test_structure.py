@@ -28,10 +28,12 @@ PACKAGES: dict[str, set[str]] = {
     "ingest": {"wire", "model", "buffer", "telemetry"},
     "flush": {"model", "buffer", "telemetry"},  # the store through protocols only
     "kafka": {"model", "telemetry"},
+    "eventhubs": {"model", "telemetry"},  # the store through a protocol only
     "ops": {"wire", "model", "buffer", "store", "kafka"},
-    "daemon": {"ingest", "flush", "kafka", "ops", "buffer", "store", "telemetry", "wire", "model"},
-    "cli": {"daemon", "ops", "kafka", "flush", "ingest", "store", "buffer", "telemetry"}
+    "daemon": {"ingest", "flush", "kafka", "eventhubs", "ops", "buffer", "store", "telemetry"}
     | {"wire", "model"},
+    "cli": {"daemon", "ops", "kafka", "eventhubs", "flush", "ingest", "store", "buffer"}
+    | {"telemetry", "wire", "model"},
 }
 #: Packages that are pure as a whole, and pure modules of the others: no event loop, no
 #: socket, no SDK (the wire format, the records, the rules).
@@ -45,6 +47,7 @@ PURE_MODULES = {
     "buffer.rows",
     "store.probe",
     "ops.diagnosis",
+    "eventhubs.plan",
     "flush.core",
     "ingest.replies",
 }
