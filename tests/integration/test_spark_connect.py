@@ -38,6 +38,8 @@ from pyspark.sql import SparkSession
 
 import spark_bridge
 from sidecar.model import checkpoint as ckpt
+from sidecar.wire.protocol import encode_request
+from tests.faults.test_hostile_clients import Client
 from tests.helpers import metric_value, wait_blob, wait_for
 from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer
 
@@ -258,11 +260,15 @@ def clients() -> Iterator[list[ConnectClient]]:
         client.kill()
 
 
-def daemon_connections(daemon: DaemonProcess) -> float:
+def daemon_metrics(daemon: DaemonProcess) -> str:
     admin = re.search(r"admin endpoint on (http://\S+)", daemon.log())
     assert admin, daemon.log()
     with urllib.request.urlopen(f"{admin.group(1)}/metrics", timeout=5) as resp:
-        return metric_value(resp.read().decode(), "checkpoint_sidecar_connections")
+        return str(resp.read().decode())
+
+
+def daemon_connections(daemon: DaemonProcess) -> float:
+    return metric_value(daemon_metrics(daemon), "checkpoint_sidecar_connections")
 
 
 def assert_checkpointed(env: dict[str, str], last: dict[str, Any], checkpoint_dir: Path) -> None:
@@ -324,6 +330,25 @@ def test_two_client_sessions_one_listener_each_sharing_one_connection(
     assert server.log().count(SENDER_STARTED) == 1, server.log()
     lasts = client.stop_queries()
     assert sorted(last["id"] for last in lasts) == sorted(started["queries"])
+    for i, last in enumerate(lasts):
+        assert_checkpointed(env, last, work_dir / "two" / f"ck{i}")
+
+    # A listener per session means a progress may reach the daemon more than once (a session
+    # listener of another query's session, a retried send): a duplicate is a stale update,
+    # answered applied:false, and moves nothing.
+    updates = "checkpoint_sidecar_updates_total"
+    before = metric_value(daemon_metrics(daemon), updates, result="applied")
+    duplicate = Client(env["SIDECAR_SOCKET_PATH"])
+    try:
+        for rid, last in enumerate(lasts):
+            duplicate.send(encode_request("progress", rid, progress=last))
+        replies = duplicate.replies(len(lasts))
+    finally:
+        duplicate.close()
+    assert [(r.ok, r.applied) for r in replies] == [(True, False)] * len(lasts)
+    text = daemon_metrics(daemon)
+    assert metric_value(text, updates, result="applied") == before
+    assert metric_value(text, updates, result="stale") >= len(lasts)
     for i, last in enumerate(lasts):
         assert_checkpointed(env, last, work_dir / "two" / f"ck{i}")
 
