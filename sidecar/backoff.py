@@ -4,11 +4,13 @@ Used by the flusher (per query), the lease manager (per query blob), the Kafka c
 group), the daemon's start-up waits and the Spark-side sender. Jitter (each delay drawn between
 half and all of the nominal one) keeps many queries that failed together from retrying in lockstep.
 Whether to retry at all is the caller's decision, read from the error's ``retriable``
-attribute (``sidecar.errors``); this module only says *when*.
+attribute (``sidecar.errors``); this module only says *when* — and :class:`Retries`, how a
+background writer (Kafka commits, Event Hubs checkpoints) logs each failure.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 import zlib
@@ -77,3 +79,49 @@ class Backoff:
     def forget(self, key: Hashable) -> None:
         """Drop everything about ``key`` (it is gone)."""
         self.succeeded(key)
+
+
+class Retries(Backoff):
+    """A :class:`Backoff` per key that also logs each failure as the background writers do
+    (Kafka commits, Event Hubs checkpoints): ours at WARNING when retriable, else ERROR (the
+    cap at once); an unexpected exception at ERROR, with its traceback once per failure
+    streak, not at every retry."""
+
+    def __init__(self, base_s: float, cap_s: float) -> None:
+        super().__init__(base_s, cap_s)
+        #: By key: the unexpected error of the current failure streak (traceback logged).
+        self._unexpected: dict[Hashable, type[BaseException]] = {}
+
+    def log_failure(self, key: Hashable, what: str, exc: Exception, log: logging.Logger) -> None:
+        """Back ``key`` off after ``exc`` (honouring a server's ``retry_after_s``) and log it.
+        Ours are the errors that say whether to retry (``sidecar.errors.SidecarError``'s
+        ``retriable``; read by name: this module imports nothing of the daemon's)."""
+        ours = isinstance(getattr(exc, "retriable", None), bool)
+        retriable = bool(getattr(exc, "retriable", True))
+        asked = getattr(exc, "retry_after_s", None) or 0.0
+        delay = self.failed(key, give_up_ramp=not retriable, at_least_s=asked)
+        retry = f"retry {self.failures(key)} in {delay:.1f}s"
+        if ours:
+            log.log(
+                logging.WARNING if retriable else logging.ERROR,
+                "%s failed (%s): %s",
+                what,
+                retry,
+                exc,
+            )
+            return
+        first = self._unexpected.get(key) is not type(exc)
+        self._unexpected[key] = type(exc)
+        again = "" if first else " (again; the traceback was logged at its first occurrence)"
+        log.error(
+            "%s failed unexpectedly (%s): %r%s",
+            what,
+            retry,
+            exc,
+            again,
+            exc_info=exc if first else None,
+        )
+
+    def succeeded(self, key: Hashable = None) -> None:
+        super().succeeded(key)
+        self._unexpected.pop(key, None)

@@ -30,9 +30,8 @@ from typing import Protocol
 import anyio
 from anyio.abc import TaskStatus
 
-from sidecar.backoff import Backoff
+from sidecar.backoff import Retries
 from sidecar.config import Config
-from sidecar.errors import SidecarError
 from sidecar.eventhubs import plan as eh
 from sidecar.model.checkpoint import Checkpoint
 from sidecar.model.offsets import eventhubs_offsets
@@ -86,13 +85,11 @@ class EventHubsCheckpointer:
         self._container = config.eventhubs_container or config.container
         self._metrics = metrics
         self._store = store
-        self._backoff = Backoff(0.5, RETRY_CAP_S)
+        self._backoff = Retries(0.5, RETRY_CAP_S)
         # By group name: a query restarted under the same name (new id) shares its group.
         self._groups: dict[str, _Group] = {}
         self._wake = anyio.Event()
         self._limiter = anyio.CapacityLimiter(WRITES_IN_FLIGHT)
-        #: By group: the unexpected error of the current failure streak (traceback logged once).
-        self._unexpected: dict[str, type[BaseException]] = {}
         self._retiring: set[str] = set()
         self._loop = anyio.CancelScope()
         #: The loop's passes so far (tests wait on it, not on a fixed time).
@@ -170,7 +167,6 @@ class EventHubsCheckpointer:
             if group.checkpoint.query_id in self._retiring and not group.dirty:
                 del self._groups[name]
                 self._backoff.forget(name)
-                self._unexpected.pop(name, None)
         self._retiring = {g.checkpoint.query_id for g in self._groups.values()} & self._retiring
 
     async def _write(self, group: _Group) -> None:
@@ -203,7 +199,6 @@ class EventHubsCheckpointer:
             m.eventhubs_up.set(0)
             self._failed(group.name, f"eventhubs group={group.name} query={label} write", exc)
             return
-        self._unexpected.pop(group.name, None)
         if group.wanted is wanted:
             group.dirty = False
         self._backoff.succeeded(group.name)
@@ -252,25 +247,4 @@ class EventHubsCheckpointer:
             raise errors[0]
 
     def _failed(self, key: str, what: str, exc: Exception) -> None:
-        """Back ``key`` off after ``exc`` and log it: ours at WARNING (retriable) or ERROR
-        (waits the cap); an unexpected one at ERROR, its traceback once per failure streak."""
-        retriable = exc.retriable if isinstance(exc, SidecarError) else True
-        # A 503's Retry-After (StoreUnavailable.retry_after_s) is honoured, as by the flusher.
-        asked = getattr(exc, "retry_after_s", None) or 0.0
-        delay = self._backoff.failed(key, give_up_ramp=not retriable, at_least_s=asked)
-        retry = f"retry {self._backoff.failures(key)} in {delay:.1f}s"
-        if isinstance(exc, SidecarError):
-            level = logging.WARNING if retriable else logging.ERROR
-            log.log(level, "%s failed (%s): %s", what, retry, exc)
-            return
-        first = self._unexpected.get(key) is not type(exc)
-        self._unexpected[key] = type(exc)
-        again = "" if first else " (again; the traceback was logged at its first occurrence)"
-        log.error(
-            "%s failed unexpectedly (%s): %r%s",
-            what,
-            retry,
-            exc,
-            again,
-            exc_info=exc if first else None,
-        )
+        self._backoff.log_failure(key, what, exc, log)

@@ -39,7 +39,7 @@ import anyio
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from anyio.abc import TaskStatus
 
-from sidecar.backoff import Backoff
+from sidecar.backoff import Retries
 from sidecar.config import Config
 from sidecar.errors import KafkaRefused, SidecarError
 from sidecar.kafka import client
@@ -88,7 +88,7 @@ class KafkaCommitter:
         self._metrics = metrics
         self._on_committable = on_committable
         self._on_end_offsets = on_end_offsets
-        self._backoff = Backoff(0.5, RETRY_CAP_S)
+        self._backoff = Retries(0.5, RETRY_CAP_S)
         # By group name: a query restarted under the same name (new id) shares its group, so
         # only the newest checkpoint is committed and the backwards check covers both.
         self._groups: dict[str, _Group] = {}
@@ -97,9 +97,6 @@ class KafkaCommitter:
         self._where = config.kafka_bootstrap_servers or ""
         #: Built once (files are read in a worker thread); None until then, or without TLS.
         self._ssl_context: ssl.SSLContext | None = None
-        #: By backoff key: the unexpected error of the current failure streak, whose
-        #: traceback was logged (once per streak, not at every retry).
-        self._unexpected: dict[object, type[BaseException]] = {}
         #: Retired queries whose groups the loop drops, closing their consumers.
         self._retiring: set[str] = set()
         self._loop = anyio.CancelScope()
@@ -188,7 +185,6 @@ class KafkaCommitter:
             if group.checkpoint.query_id in self._retiring and not group.dirty:
                 del self._groups[name]
                 self._backoff.forget(name)
-                self._unexpected.pop(name, None)
                 await self._drop_consumer(group)
         self._retiring = {g.checkpoint.query_id for g in self._groups.values()} & self._retiring
 
@@ -247,7 +243,6 @@ class KafkaCommitter:
             self._failed(group.name, f"kafka group={group.name} query={label} commit", exc)
             await self._drop_consumer(group)
             return
-        self._unexpected.pop(group.name, None)
         for tp, oam in commit.items():
             group.committed[(tp.topic, tp.partition)] = oam.offset
         group.dirty = False
@@ -265,26 +260,7 @@ class KafkaCommitter:
             )
 
     def _failed(self, key: object, what: str, exc: Exception) -> None:
-        """Back ``key`` off after ``exc`` and log it: ours at WARNING (retriable) or ERROR
-        (waits the cap); an unexpected one at ERROR, its traceback once per failure streak."""
-        retriable = exc.retriable if isinstance(exc, SidecarError) else True
-        delay = self._backoff.failed(key, give_up_ramp=not retriable)
-        retry = f"retry {self._backoff.failures(key)} in {delay:.1f}s"
-        if isinstance(exc, SidecarError):
-            level = logging.WARNING if retriable else logging.ERROR
-            log.log(level, "%s failed (%s): %s", what, retry, exc)
-            return
-        first = self._unexpected.get(key) is not type(exc)
-        self._unexpected[key] = type(exc)
-        again = "" if first else " (again; the traceback was logged at its first occurrence)"
-        log.error(
-            "%s failed unexpectedly (%s): %r%s",
-            what,
-            retry,
-            exc,
-            again,
-            exc_info=exc if first else None,
-        )
+        self._backoff.log_failure(key, what, exc, log)
 
     def _call(self, what: str) -> AbstractAsyncContextManager[None]:
         return client.call(what, self._config.kafka_timeout_s, self._where)
@@ -335,6 +311,5 @@ class KafkaCommitter:
             self._failed(_END_OFFSETS, "kafka end offsets", exc)
             return
         self._backoff.succeeded(_END_OFFSETS)
-        self._unexpected.pop(_END_OFFSETS, None)
         if self._on_end_offsets is not None:
             self._on_end_offsets({(tp.topic, tp.partition): off for tp, off in ends.items()})
