@@ -160,14 +160,27 @@ def parse_query_metadata(data: bytes, where: str) -> str:
         ) from exc
 
 
-def _version(header: str, path: str) -> int:
+def _version(header: str, path: str, log: str, readable: tuple[int, ...]) -> int:
+    """The version on a log file's first line (``v1``), one of ``readable``.
+
+    Raises:
+        SparkCheckpointError: not a version line, or a version not in ``readable``.
+    """
     text = header.strip()
     if not (text.startswith("v") and text[1:].isdigit()):
         raise SparkCheckpointError(
             f"{path}: the first line is {text[:40]!r}, not a log version such as 'v1': the "
             "file is damaged or is not Spark's"
         )
-    return int(text[1:])
+    version = int(text[1:])
+    if version not in readable:
+        raise SparkCheckpointError(
+            f"{path} is {log} v{version}; this checkpoint-sidecar reads "
+            f"{', '.join(f'v{v}' for v in readable)}: a newer Spark wrote it; upgrade "
+            "checkpoint-sidecar, or start the query with the sidecar's listener instead (its "
+            "next batch is stored as usual)"
+        )
+    return version
 
 
 def parse_commit(data: bytes, path: str) -> bool:
@@ -180,13 +193,7 @@ def parse_commit(data: bytes, path: str) -> bool:
     lines = data.decode(errors="replace").splitlines()
     if not lines:
         raise SparkCheckpointError(f"{path} is empty: the checkpoint is damaged")
-    version = _version(lines[0], path)
-    if version not in COMMIT_LOG_VERSIONS:
-        raise SparkCheckpointError(
-            f"{path} is a commit log v{version}; this checkpoint-sidecar reads "
-            f"{', '.join(f'v{v}' for v in COMMIT_LOG_VERSIONS)}: a newer Spark wrote it; "
-            "upgrade checkpoint-sidecar, or start the query with the sidecar's listener"
-        )
+    _version(lines[0], path, "a commit log", COMMIT_LOG_VERSIONS)
     if len(lines) < 2 or not lines[1].strip():
         return False
     try:
@@ -212,14 +219,7 @@ def parse_offsets(data: bytes, path: str) -> SparkOffsets:
         lines.pop()
     if not lines:
         raise SparkCheckpointError(f"{path} is empty: the checkpoint is damaged")
-    version = _version(lines[0], path)
-    if version not in OFFSETS_LOG_VERSIONS:
-        raise SparkCheckpointError(
-            f"{path} is an offsets log v{version}; this checkpoint-sidecar reads "
-            f"{', '.join(f'v{v}' for v in OFFSETS_LOG_VERSIONS)}: a newer Spark wrote it; "
-            "upgrade checkpoint-sidecar, or start the query with the sidecar's listener "
-            "instead (its next batch is stored as usual)"
-        )
+    version = _version(lines[0], path, "an offsets log", OFFSETS_LOG_VERSIONS)
     if len(lines) < 3:
         raise SparkCheckpointError(
             f"{path} has {len(lines)} line(s): expected the version, the batch metadata and "

@@ -143,6 +143,12 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
+def import_json(env: dict[str, str], ck: Path, name: str) -> dict[str, Any]:
+    """``import-spark-checkpoint CK --query-name NAME --json``, parsed."""
+    out = cli(env, "import-spark-checkpoint", str(ck), "--query-name", name, "--json").stdout
+    return dict(json.loads(out))
+
+
 def import_and_check(
     spark: SparkSession,
     env: dict[str, str],
@@ -158,9 +164,7 @@ def import_and_check(
     run_batches(q, 3)
     committed, ends = sparks_log(ck, version)
 
-    out = json.loads(
-        cli(env, "import-spark-checkpoint", str(ck), "--query-name", name, "--json").stdout
-    )
+    out = import_json(env, ck, name)
     assert out["written"] is True
     assert out["checkpoint"]["query_id"] == query_id
     assert out["batch_id"] == committed >= 2
@@ -306,16 +310,7 @@ def test_stateful_query_with_state_store_checkpoint_v2_is_imported_as_stateful(
     commit = (ck / "commits" / str(committed)).read_text().splitlines()
     assert commit[0] == "v2" and json.loads(commit[1])["stateUniqueIds"]
 
-    out = json.loads(
-        cli(
-            daemon_env,
-            "import-spark-checkpoint",
-            str(ck),
-            "--query-name",
-            "import_stateful",
-            "--json",
-        ).stdout
-    )
+    out = import_json(daemon_env, ck, "import_stateful")
     assert out["written"] is True and out["stateful"] is True
     assert out["batch_id"] == committed
     assert [s["end_offset"] for s in out["checkpoint"]["sources"]] == ends
@@ -375,16 +370,7 @@ def test_named_sources_of_source_evolution(
         assert lines[0] == "v2"
         logged = dict(line.split(":", 1) for line in lines[2:])
         assert set(logged) == {"alpha", "beta"}
-        out = json.loads(
-            cli(
-                daemon_env,
-                "import-spark-checkpoint",
-                str(ck),
-                "--query-name",
-                "import_named",
-                "--json",
-            ).stdout
-        )
+        out = import_json(daemon_env, ck, "import_named")
         assert out["source_ids"] == [line.split(":", 1)[0] for line in lines[2:]]
         by_name = {
             i: s for i, s in zip(out["source_ids"], out["checkpoint"]["sources"], strict=True)
