@@ -49,7 +49,7 @@ def run_daemon(config: Config) -> int:
     # Start-up refusals (socket in use, TCP port taken, bad configuration) arrive from
     # inside the daemon's task group, wrapped in exception groups: one clear line each.
     for error in errors:
-        if isinstance(error, ConfigError):
+        if isinstance(error, ConfigError) and config.log_format == "text":  # json: a log line
             print(f"checkpoint-sidecar: {error}", file=sys.stderr)
         else:
             log.error("%s", error)

@@ -21,6 +21,7 @@ from typing import Any
 from sidecar import __version__
 from sidecar.config import Config
 from sidecar.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
+from sidecar.telemetry import logs
 from spark_bridge.handle import BridgeError
 from spark_bridge.jvm import listener_jar
 
@@ -286,15 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(
-        level=config.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # The Azure SDK logs every HTTP request at INFO; keep the daemon's own lines readable.
-    logging.getLogger("azure").setLevel(
-        max(logging.WARNING, logging.getLevelName(config.log_level))
-    )
+    logs.configure(config.log_level, config.log_format, sys.stderr)
     if args.command == "config":
         for f in Config.settings():
             print(f"{f.metadata['env']}={config.redacted(f.name)}")

@@ -94,6 +94,9 @@ HELP = {
         "metrics_host": "address for /metrics, /healthz, /readyz",
         "metrics_port": "port for /metrics, /healthz, /readyz (0: pick a free one)",
         "log_level": "DEBUG, INFO, WARNING or ERROR",
+        "log_format": "text (one line per record, as always) or json (one object per line: "
+        "timestamp, level, logger, message and the query, batch, lease state and error "
+        "fields the line names; see the README's Logs)",
         "event_loop": "asyncio, uvloop (faster; needs the uvloop package, which the image "
         "has) or auto (uvloop when it is installed, else asyncio)",
         "shutdown_grace_s": "time allowed for a graceful stop, seconds",

@@ -190,6 +190,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     metrics_host: str = "0.0.0.0"
     metrics_port: Annotated[int, Meta(ge=0, le=65535)] = 9400
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     shutdown_grace_s: Annotated[float, Meta(ge=0.1, le=3600)] = 20.0
 

@@ -377,6 +377,7 @@ class Flusher:
                 self._core.backoff.failures(q.query_id),
                 delay,
                 exc,
+                extra={"retry_in_s": round(delay, 1), "query_id": q.query_id},  # JSON logs
             )
             # A quarantined blob is not a failure the final flush should keep retrying until
             # the grace period ends: only an operator can fix it (the update stays in Redis).

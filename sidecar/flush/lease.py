@@ -134,7 +134,13 @@ class QueryLease:
         if new is not self.state:
             level = logging.WARNING if new is LeaseState.LOST else logging.INFO
             log.log(
-                level, "lease query=%s %s -> %s: %s", self.label, self.state.name, new.name, reason
+                level,
+                "lease query=%s %s -> %s: %s",
+                self.label,
+                self.state.name,
+                new.name,
+                reason,
+                extra={"lease_state": new.name, "query_id": self.query_id},  # JSON logs
             )
         self.state = new
 

@@ -35,6 +35,7 @@ DEFAULTS = {
     "redis_min_replicas": 0,
     "shutdown_grace_s": 20.0,
     "log_level": "INFO",
+    "log_format": "text",
     "event_loop": "auto",
     "azure_connection_string": None,
     "account_url": None,
@@ -146,6 +147,7 @@ def test_every_setting_is_named_after_its_field() -> None:
         ("SIDECAR_REDIS_REQUIRE_AOF", "yes", "redis_require_aof", True),
         ("SIDECAR_SHUTDOWN_GRACE_S", "30", "shutdown_grace_s", 30.0),
         ("SIDECAR_LOG_LEVEL", "debug", "log_level", "DEBUG"),
+        ("SIDECAR_LOG_FORMAT", "JSON", "log_format", "json"),
     ],
 )
 def test_environment_value_is_parsed(var: str, raw: str, field: str, expected: Any) -> None:
@@ -192,6 +194,7 @@ def test_invalid_override_is_named_by_its_flag() -> None:
         ("SIDECAR_REDIS_TIMEOUT_S", "nan", "must be between 0.05 and 60"),
         ("SIDECAR_SHUTDOWN_GRACE_S", "soon", "could not convert"),
         ("SIDECAR_LOG_LEVEL", "TRACE", "must be one of DEBUG, INFO, WARNING, ERROR"),
+        ("SIDECAR_LOG_FORMAT", "logfmt", "must be one of text, json"),
     ],
 )
 def test_invalid_value_is_refused_naming_the_variable(var: str, raw: str, fragment: str) -> None:

@@ -50,6 +50,7 @@ PURE_MODULES = {
     "eventhubs.plan",
     "flush.core",
     "ingest.replies",
+    "telemetry.logs",  # stdlib only: cli.main sets logging up without the daemon's extra
 }
 #: Third-party SDKs and the modules that may import them: each edge owns its SDK.
 SDK_OWNERS = {
