@@ -31,7 +31,6 @@ from sidecar.model import checkpoint as ckpt
 from sidecar.model.offsets import rewind, starting_offsets
 from sidecar.model.stateful import rewind_refusal
 from sidecar.ops import admin_tool, diagnosis, inspection, spark_import
-from sidecar.ops import doctor as doctor_checks
 from sidecar.wire.protocol import Reset, Retire, SourceSpec
 
 log = logging.getLogger("sidecar")
@@ -183,6 +182,8 @@ def admin(args: argparse.Namespace, config: Config) -> int:
 
 def doctor(config: Config, *, as_json: bool) -> int:
     """``doctor``: run every check, print them; 0 all ok, 1 a warning, 2 a failure."""
+    from sidecar.ops import doctor as doctor_checks  # not on the daemon's start path
+
     checks = anyio.run(doctor_checks.run_checks, config)
     if as_json:
         print(diagnosis.to_json(checks).decode())

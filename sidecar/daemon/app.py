@@ -1,12 +1,13 @@
 """Wiring: one task group runs the daemon's components; stopping follows a fixed order.
 
-Start:  admin endpoint (so /healthz answers at once) → wait for Redis → wait for the blob
-        container → write coalescer → lease renewer → Kafka committer → Event Hubs
-        checkpointer → config checks
-        (``sidecar.ops.doctor``, once, in the background: logged and exported, never fatal) →
-        flusher (its first tick recovers what a previous run left pending) → idle-query
-        retirement → socket server. ``task_status.started()`` fires only when the socket is
-        bound and Redis and the blob store answered.
+Start:  admin endpoint (so /healthz answers at once) → wait for Redis → write coalescer →
+        instance lock → lease renewer → Kafka committer → Event Hubs checkpointer → idle-query
+        retirement → socket server → ready (``task_status.started()``: the socket bound, Redis
+        answered; the store is not part of readiness) → then, in the background: the Azure
+        SDK imported in a worker thread → wait for the blob container → store watch →
+        flusher (its first tick recovers what a previous run left pending) → config checks
+        (``sidecar.ops.doctor``, once: logged and exported, never fatal). Modules are imported
+        when configured: the Kafka client only with Kafka, identity only with an account URL.
 Stop:   stop accepting → answer requests already read (drain) → stop the flush, Kafka
         commit and Event Hubs checkpoint loops, final flush of everything pending → final
         Kafka commit and Event Hubs checkpoints → release leases → close Redis, the store and
@@ -28,9 +29,10 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 from prometheus_client import CollectorRegistry
 
 from sidecar import __version__
@@ -53,12 +55,14 @@ from sidecar.flush.lease import LeaseManager
 from sidecar.ingest.coalescer import WriteCoalescer
 from sidecar.ingest.handler import RequestHandler
 from sidecar.ingest.server import SocketServer
-from sidecar.kafka.committer import KafkaCommitter
 from sidecar.kafka.lag import EVENTHUBS, LagTracker
 from sidecar.model import checkpoint as ckpt
 from sidecar.model.document import Writer
-from sidecar.ops import doctor
 from sidecar.store.blobs import BlobStore
+from sidecar.store.sdk import loaded as loaded_sdk
+
+if TYPE_CHECKING:
+    from sidecar.kafka.committer import KafkaCommitter
 from sidecar.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -103,16 +107,16 @@ class Daemon:
             family=EVENTHUBS,
         )
         self.metrics.registry.register(self.eventhubs_lag)
-        self.committer = (
-            KafkaCommitter(
+        self.committer: KafkaCommitter | None = None
+        if config.kafka_bootstrap_servers:  # aiokafka is imported only then
+            from sidecar.kafka.committer import KafkaCommitter
+
+            self.committer = KafkaCommitter(
                 config,
                 self.metrics,
                 on_committable=self.lag.durable,
                 on_end_offsets=self.lag.end_offsets,
             )
-            if config.kafka_bootstrap_servers
-            else None
-        )
         self.buffer = RedisBuffer(
             config.redis_url,
             config.namespace,
@@ -271,10 +275,7 @@ class Daemon:
         try:
             async with anyio.create_task_group() as tg:
                 await tg.start(self.admin.run)
-                if not (
-                    await self._wait_for("Redis", self.buffer.ping)
-                    and await self._wait_for("the blob store", self.store.ensure_container)
-                ):
+                if not await self._wait_for("Redis", self.buffer.ping):
                     tg.cancel_scope.cancel()
                     return
                 await self.durability.start()  # AOF check (may refuse to start), marker
@@ -283,28 +284,27 @@ class Daemon:
                 await self._wait_for("Redis (instance lock)", self.instance.claim)
                 await tg.start(self.instance.run)
                 await tg.start(self.leases.run)
-                await tg.start(self.store_watch.run)
                 if self.committer is not None:
                     await tg.start(self.committer.run)  # builds the TLS context once
                 if self.eventhubs is not None:
                     await tg.start(self.eventhubs.run)
-                tg.start_soon(self._doctor)  # in the background: never delays the start
-                await tg.start(self.flusher.run)
                 await tg.start(self.retirement.run)
                 await tg.start(self.server.run)
-                # Start-up objects (modules, SDK clients) never die: move them out of the
+                # Start-up objects (modules, clients) never die: move them out of the
                 # collector's reach so full collections stay short (they caused 20-40 ms
-                # ack-latency spikes in bench/ingest.py).
+                # ack-latency spikes in bench/ingest.py). Again once the store is open.
                 gc.collect()
                 gc.freeze()
                 log.info(
-                    "ready: namespace=%s socket=%s container=%s ack_mode=%s event_loop=%s",
+                    "ready: namespace=%s socket=%s container=%s ack_mode=%s event_loop=%s "
+                    "(the blob store is opened next)",
                     cfg.namespace,
                     cfg.socket_path,
-                    self.store.where,
+                    cfg.container,
                     cfg.ack_mode,
                     loop,
                 )
+                tg.start_soon(self._open_store, tg)
                 task_status.started()
                 await self._stop.wait()
                 self.retirement.stop()  # the final flush and commit own every query now
@@ -320,8 +320,26 @@ class Daemon:
             self.stopped.set()
             log.info("%s", budget.summary())
 
+    async def _open_store(self, tg: TaskGroup) -> None:
+        """After readiness (which the store is not part of: docs/architecture.md): import the
+        Azure SDK off the event loop, wait for the container, then start what writes to it —
+        the store watch, the flusher (whose first pass recovers what a previous run left
+        pending) — and the config checks. Updates are accepted and buffered meanwhile; a
+        store call made before this ends imports the SDK itself."""
+        await loaded_sdk()
+        if not await self._wait_for("the blob store", self.store.ensure_container):
+            return
+        await tg.start(self.store_watch.run)
+        await tg.start(self.flusher.run)
+        gc.collect()
+        gc.freeze()
+        log.info("blob store open: container %s", self.store.where)
+        tg.start_soon(self._doctor)  # in the background: logged and exported, never fatal
+
     async def _doctor(self) -> None:
         """``checkpoint-sidecar doctor``'s checks, once: logged and exported, never fatal."""
+        from sidecar.ops import doctor  # after readiness: not on the start path
+
         try:
             with anyio.fail_after(DOCTOR_TIMEOUT_S):
                 checks = await doctor.run_checks(

@@ -101,6 +101,7 @@ class Flusher:
         self._pending: set[str] = set()
         self._loop = anyio.CancelScope()
         self._loop_done = anyio.Event()
+        self._started = False
 
     # --- retirement of idle queries (sidecar.daemon.retirement) ----------------------------
 
@@ -120,6 +121,7 @@ class Flusher:
         waiting ack wakes the loop between checks: its queries are flushed at once, without
         a check (they are due by definition; one Redis round trip less per ack)."""
         next_check = 0.0
+        self._started = True
         with self._loop:
             async with anyio.create_task_group() as tg:
                 task_status.started()
@@ -143,7 +145,8 @@ class Flusher:
         """Stop the periodic checks and their flushes (and wait for them) before the final
         flush, so two passes never race on the same query's lease."""
         self._loop.cancel()
-        await self._loop_done.wait()
+        if self._started:  # never started: the store never opened (the daemon stopped first)
+            await self._loop_done.wait()
 
     async def tick(self, *, final: bool = False) -> int:
         """One check, then flush what is due (``final``: all); failures left pending."""

@@ -23,7 +23,6 @@ from sidecar.buffer.redis_buffer import RedisBuffer
 from sidecar.buffer.topology import Topology
 from sidecar.config import Config
 from sidecar.errors import SidecarError
-from sidecar.kafka import client
 from sidecar.ops.diagnosis import Check, kafka_checks, redis_checks, storage_checks
 from sidecar.store.blobs import BlobStore
 
@@ -118,6 +117,8 @@ async def _kafka(
             for name, query_id in names.items()
         }
     )[:MAX_GROUPS]
+    from sidecar.kafka import client  # aiokafka: imported only where Kafka is configured
+
     try:
         if kafka_options is None:
             context = await client.ssl_context(config) if _tls(config) else None

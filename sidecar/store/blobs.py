@@ -18,20 +18,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
-from azure.core.exceptions import (
-    AzureError,
-    HttpResponseError,
-    ResourceExistsError,
-    ResourceNotFoundError,
-    ServiceRequestError,
-    ServiceResponseError,
-)
-from azure.storage.blob import ContentSettings
-from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient, ContainerClient
 
 from sidecar.config import Config
 from sidecar.errors import (
@@ -44,6 +34,17 @@ from sidecar.errors import (
 )
 from sidecar.model.document import CheckpointDocument, decode_document
 from sidecar.store.probe import Probe
+from sidecar.store.sdk import load as sdk
+from sidecar.store.sdk import loaded
+
+if TYPE_CHECKING:
+    from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+    from azure.storage.blob.aio import (
+        BlobClient,
+        BlobLeaseClient,
+        BlobServiceClient,
+        ContainerClient,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,6 @@ class BlobInfo(msgspec.Struct, frozen=True):
         return self.document
 
 
-_JSON = ContentSettings(content_type="application/json")
-
 # Status codes that mean "try again later".
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -88,33 +87,17 @@ class BlobStore:
     """
 
     def __init__(self, config: Config) -> None:
+        if not (config.azure_connection_string or config.account_url):
+            config.require_blob_store()  # raises ConfigError naming both settings
+        self._config = config
         self._namespace = config.namespace
         self._timeout_s = config.write_timeout_s
-        # The SDK retries are off (retry_total=0): the flusher owns retry policy.
-        options: dict[str, Any] = {
-            "retry_total": 0,
-            "connection_timeout": config.write_timeout_s,
-            "read_timeout": config.write_timeout_s,
-        }
-        self._credential: Any = None
-        if config.azure_connection_string:
-            self._service = BlobServiceClient.from_connection_string(
-                config.azure_connection_string, **options
-            )
-        elif config.account_url:
-            from azure.identity.aio import DefaultAzureCredential
-
-            self._credential = DefaultAzureCredential()
-            self._service = BlobServiceClient(
-                config.account_url, credential=self._credential, **options
-            )
-        else:
-            config.require_blob_store()  # raises ConfigError naming both settings
-        self._container: ContainerClient = self._service.get_container_client(config.container)
         self.container = config.container
-        #: Other containers' clients (Event Hubs checkpoints may live in a container of their own).
-        self._containers: dict[str, ContainerClient] = {config.container: self._container}
-        self.where = f"{self._service.url.split('?')[0]}{config.container}"
+        # The SDK's clients, made at the first store call (``sidecar.store.sdk``).
+        self._service: BlobServiceClient | None = None
+        self._credential: Any = None
+        #: Containers' clients (Event Hubs checkpoints may live in a container of their own).
+        self._containers: dict[str, ContainerClient] = {}
         #: Whether the store answered the last call that ended (None before any). Any answer
         #: counts, a refusal too (a lease held elsewhere, a missing blob); a timeout, a lost
         #: connection, 408, 429 or 5xx is "down". Transitions are logged once.
@@ -123,6 +106,38 @@ class BlobStore:
         self.last_call_at = 0.0
         #: Told (call, reason) of every call the store did not answer (the daemon counts them).
         self.on_failure: Callable[[str, str], None] | None = None
+
+    def _open(self) -> BlobServiceClient:
+        """The SDK's service client, made (and the SDK imported) on first use."""
+        if self._service is None:
+            config = self._config
+            # The SDK retries are off (retry_total=0): the flusher owns retry policy.
+            options: dict[str, Any] = {
+                "retry_total": 0,
+                "connection_timeout": config.write_timeout_s,
+                "read_timeout": config.write_timeout_s,
+            }
+            service = sdk().BlobServiceClient
+            if config.azure_connection_string:
+                self._service = service.from_connection_string(
+                    config.azure_connection_string, **options
+                )
+            else:
+                from azure.identity.aio import DefaultAzureCredential
+
+                self._credential = DefaultAzureCredential()
+                url = config.account_url or ""
+                self._service = service(url, credential=self._credential, **options)
+        return self._service
+
+    @property
+    def _container(self) -> ContainerClient:
+        return self._container_named(self.container)
+
+    @property
+    def where(self) -> str:
+        """The container's URL (for messages; makes the SDK's client if not yet made)."""
+        return f"{self._open().url.split('?')[0]}{self.container}"
 
     def blob_name(self, query_id: str) -> str:
         return f"{self._namespace}/{query_id}.json"
@@ -140,6 +155,7 @@ class BlobStore:
     @asynccontextmanager
     async def _call(self, what: str) -> AsyncIterator[None]:
         """Time-limit one SDK call, translate its errors, and note whether the store answered."""
+        await loaded()
         try:
             async with self._translated(what):
                 yield
@@ -168,13 +184,13 @@ class BlobStore:
                 f"blob store {self.where}: {what} timed out after {self._timeout_s}s",
                 reason="timeout",
             ) from exc
-        except (ServiceRequestError, ServiceResponseError, OSError) as exc:
+        except (sdk().ServiceRequestError, sdk().ServiceResponseError, OSError) as exc:
             raise StoreUnavailable(
                 f"blob store {self.where} unreachable during {what}: {exc}", reason="connection"
             ) from exc
-        except HttpResponseError as exc:
+        except sdk().HttpResponseError as exc:
             raise _translate(exc, what, self.where) from exc
-        except AzureError as exc:
+        except sdk().AzureError as exc:
             raise StoreError(f"blob store {self.where}: {what} failed: {exc}") from exc
 
     async def ensure_container(self) -> None:
@@ -183,18 +199,18 @@ class BlobStore:
             try:
                 await self._container.create_container()
                 log.info("created blob container %s", self.where)
-            except ResourceExistsError:
+            except sdk().ResourceExistsError:
                 pass
 
     async def create_if_absent(self, query_id: str) -> None:
         """Create the query's blob (empty) so it can be leased; a no-op when it exists."""
-        blob = self._container.get_blob_client(self.blob_name(query_id))
+        blob = await self._blob(self.blob_name(query_id))
         async with self._call("create blob"):
             try:
                 await blob.upload_blob(b"", overwrite=False)
-            except ResourceExistsError:
+            except sdk().ResourceExistsError:
                 pass
-            except HttpResponseError as exc:
+            except sdk().HttpResponseError as exc:
                 # An existing blob under someone's lease answers 412 to a lease-less create.
                 if exc.status_code != 412:
                     raise
@@ -205,24 +221,24 @@ class BlobStore:
         Raises:
             LeaseConflict: another lease is active on the blob.
         """
-        lease = self._lease_client(query_id, lease_id)
+        lease = await self._lease_client(query_id, lease_id)
         async with self._call("acquire lease"):
             await lease.acquire(lease_duration=duration_s)
 
     async def renew_lease(self, query_id: str, lease_id: str) -> None:
         """Raises: LeaseLost: the lease expired and was taken, or was broken."""
         async with self._call("renew lease"):
-            await self._lease_client(query_id, lease_id).renew()
+            await (await self._lease_client(query_id, lease_id)).renew()
 
     async def release_lease(self, query_id: str, lease_id: str) -> None:
         async with self._call("release lease"):
-            with contextlib.suppress(ResourceNotFoundError):  # archived: no lease left
-                await self._lease_client(query_id, lease_id).release()
+            with contextlib.suppress(sdk().ResourceNotFoundError):  # archived: no lease left
+                await (await self._lease_client(query_id, lease_id)).release()
 
     async def archive(self, query_id: str, lease_id: str, stamp: str) -> str:
         """Move the query's blob to ``<namespace>/archive/<id>.<stamp>.json`` (never listed as
         a query): copy it (metadata kept), then delete it under ``lease_id``; the new name."""
-        blob = self._container.get_blob_client(self.blob_name(query_id))
+        blob = await self._blob(self.blob_name(query_id))
         name = f"{self._namespace}/archive/{query_id}.{stamp}.json"
         async with self._call("archive checkpoint"):
             stream = await blob.download_blob()
@@ -239,7 +255,7 @@ class BlobStore:
         Raises:
             LeaseLost: the store refused the lease (expired, broken, another owner).
         """
-        blob = self._container.get_blob_client(self.blob_name(query_id))
+        blob = await self._blob(self.blob_name(query_id))
         metadata = {"query_id": query_id}
         if query_name:
             metadata["query_name"] = query_name.encode("ascii", "replace").decode()
@@ -249,7 +265,7 @@ class BlobStore:
                 overwrite=True,
                 lease=lease_id,  # type: ignore[arg-type]  # the SDK accepts the id string
                 metadata=metadata,
-                content_settings=_JSON,
+                content_settings=sdk().json,
             )
 
     async def read(self, query_id: str) -> CheckpointDocument | None:
@@ -258,12 +274,12 @@ class BlobStore:
         Raises:
             CorruptRecord: the blob is not a checkpoint document of that query.
         """
-        blob = self._container.get_blob_client(self.blob_name(query_id))
+        blob = await self._blob(self.blob_name(query_id))
         async with self._call("read checkpoint"):
             try:
                 stream = await blob.download_blob()
                 data = await stream.readall()
-            except ResourceNotFoundError:
+            except sdk().ResourceNotFoundError:
                 return None
         return decode_document(data, blob.blob_name, query_id)
 
@@ -286,7 +302,7 @@ class BlobStore:
         that cannot be read is listed with ``unreadable`` set (see :meth:`BlobInfo.checked`)."""
         out: list[BlobInfo] = []
         prefix = f"{self._namespace}/"
-        async with self._call("list checkpoints"):
+        async with self._call("list checkpoints"), _no_container_no_blobs():
             async for item in self._container.list_blobs(
                 name_starts_with=prefix, include=["metadata"]
             ):
@@ -316,16 +332,16 @@ class BlobStore:
     async def query_ids(self) -> set[str]:
         """The ids of the namespace's queries that have a blob: a listing, nothing downloaded."""
         prefix = f"{self._namespace}/"
-        async with self._call("list checkpoint names"):
-            return {
-                item.name.removeprefix(prefix).removesuffix(".json")
-                async for item in self._container.list_blobs(name_starts_with=prefix)
-                if item.name.endswith(".json") and "/" not in item.name[len(prefix) :]
-            }
+        names: set[str] = set()
+        async with self._call("list checkpoint names"), _no_container_no_blobs():
+            async for item in self._container.list_blobs(name_starts_with=prefix):
+                if item.name.endswith(".json") and "/" not in item.name[len(prefix) :]:
+                    names.add(item.name.removeprefix(prefix).removesuffix(".json"))
+        return names
 
     async def lease_state(self, query_id: str) -> str:
         """The blob's lease state as the store reports it (available, leased, broken, ...)."""
-        blob = self._container.get_blob_client(self.blob_name(query_id))
+        blob = await self._blob(self.blob_name(query_id))
         async with self._call("get blob properties"):
             props = await blob.get_blob_properties()
         return str(props.lease.state)
@@ -339,7 +355,7 @@ class BlobStore:
                 pages = self._container.list_blobs(name_starts_with=f"{self._namespace}/")
                 async for _ in pages.by_page():
                     break
-            except ResourceNotFoundError:
+            except sdk().ResourceNotFoundError:
                 return False
         return True
 
@@ -347,8 +363,8 @@ class BlobStore:
         """Create, lease, write (under the lease), read, release and delete a probe blob under
         the namespace (not a ``.json``: never taken for a checkpoint). Stops at the first
         refused step; the clean-up (release, delete) is tried whatever happened."""
-        blob = self._container.get_blob_client(f"{self._namespace}/doctor-probe-{token}.tmp")
-        lease = BlobLeaseClient(blob, lease_id=token)
+        blob = await self._blob(f"{self._namespace}/doctor-probe-{token}.tmp")
+        lease = sdk().BlobLeaseClient(blob, lease_id=token)
         body = f"checkpoint-sidecar doctor probe {token}".encode()
         result = Probe(blob.blob_name, {})
         steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
@@ -384,7 +400,7 @@ class BlobStore:
         """The account's blob soft-delete retention in days (None: off), from the blob
         service properties (an account-level call: a container SAS is refused it)."""
         async with self._call("get service properties"):
-            props = await self._service.get_service_properties()
+            props = await self._open().get_service_properties()
         policy = props.get("delete_retention_policy")
         return int(policy.days or 0) if policy is not None and policy.enabled else None
 
@@ -393,7 +409,7 @@ class BlobStore:
     def _container_named(self, name: str) -> ContainerClient:
         client = self._containers.get(name)
         if client is None:
-            client = self._containers[name] = self._service.get_container_client(name)
+            client = self._containers[name] = self._open().get_container_client(name)
         return client
 
     async def eventhubs_checkpoints(self, container: str, prefix: str) -> dict[str, str | None]:
@@ -403,6 +419,7 @@ class BlobStore:
         Raises:
             StoreError: the container does not exist (the message says so).
         """
+        await loaded()
         client = self._container_named(container)
         async with self._call("list eventhubs checkpoints"):
             try:
@@ -412,7 +429,7 @@ class BlobStore:
                         name_starts_with=prefix, include=["metadata"]
                     )
                 }
-            except ResourceNotFoundError as exc:
+            except sdk().ResourceNotFoundError as exc:
                 raise _no_container(exc, self.where, container) from exc
 
     async def write_eventhubs_checkpoint(
@@ -424,26 +441,44 @@ class BlobStore:
         Raises:
             StoreError: the container does not exist (the message says so).
         """
+        await loaded()
         blob = self._container_named(container).get_blob_client(name)
         async with self._call("write eventhubs checkpoint"):
             try:
                 try:
                     await blob.set_blob_metadata(metadata)
-                except ResourceNotFoundError as exc:
+                except sdk().ResourceNotFoundError as exc:
                     if _code(exc) != "BlobNotFound":
                         raise
                     await blob.upload_blob(b"", overwrite=True, metadata=metadata)
-            except ResourceNotFoundError as exc:
+            except sdk().ResourceNotFoundError as exc:
                 raise _no_container(exc, self.where, container) from exc
 
-    def _lease_client(self, query_id: str, lease_id: str) -> BlobLeaseClient:
-        blob = self._container.get_blob_client(self.blob_name(query_id))
-        return BlobLeaseClient(blob, lease_id=lease_id)
+    async def _blob(self, name: str) -> BlobClient:
+        """A blob's client (the SDK imported off the loop first, if it was not yet)."""
+        await loaded()
+        return self._container.get_blob_client(name)
+
+    async def _lease_client(self, query_id: str, lease_id: str) -> BlobLeaseClient:
+        blob = await self._blob(self.blob_name(query_id))
+        return sdk().BlobLeaseClient(blob, lease_id=lease_id)
 
     async def aclose(self) -> None:
-        await self._service.close()
+        if self._service is not None:
+            await self._service.close()
         if self._credential is not None:
             await self._credential.close()
+
+
+@asynccontextmanager
+async def _no_container_no_blobs() -> AsyncIterator[None]:
+    """A listing of a container that does not exist (yet: the daemon creates it once the store
+    answers, after readiness) is an empty listing; other refusals propagate."""
+    try:
+        yield
+    except sdk().ResourceNotFoundError as exc:
+        if _code(exc) != "ContainerNotFound":
+            raise
 
 
 async def _read_all(blob: Any) -> bytes:

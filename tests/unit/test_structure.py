@@ -55,9 +55,9 @@ PURE_MODULES = {
 #: Third-party SDKs and the modules that may import them: each edge owns its SDK.
 SDK_OWNERS = {
     "redis": {"buffer.redis_buffer", "buffer.topology"},
-    "azure": {"store.blobs"},
+    "azure": {"store.blobs", "store.sdk"},
     "aiokafka": {"kafka.client", "kafka.committer"},
-    "aiohttp": {"daemon.http"},
+    "h11": {"daemon.http"},
     "prometheus_client": {"telemetry.metrics", "kafka.lag", "daemon.http", "daemon.app"},
     "uvloop": {"cli.commands"},  # chosen once, at the start (SIDECAR_EVENT_LOOP)
 }

@@ -1,0 +1,66 @@
+"""The Azure Storage SDK, imported the first time the store is used, not when this package is.
+
+Importing ``azure.storage.blob.aio`` takes ~260 ms and ~40 MiB (it brings aiohttp's client,
+azure-core's transports and cryptography for client-side encryption), more than half of what
+the daemon took to become ready (issue #22). Readiness does not need the store
+(docs/architecture.md, "Store health and readiness"), so the daemon imports the SDK in a worker
+thread right after it is ready (:func:`load`), and a tool imports it at its first store call.
+The SDK itself is used as it is: nothing of it is re-implemented here.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import anyio
+
+if TYPE_CHECKING:
+    from azure.core import exceptions
+    from azure.storage.blob import ContentSettings
+    from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
+
+
+@dataclass(frozen=True)
+class Sdk:
+    """The SDK names the store uses."""
+
+    AzureError: type[exceptions.AzureError]
+    HttpResponseError: type[exceptions.HttpResponseError]
+    ResourceExistsError: type[exceptions.ResourceExistsError]
+    ResourceNotFoundError: type[exceptions.ResourceNotFoundError]
+    ServiceRequestError: type[exceptions.ServiceRequestError]
+    ServiceResponseError: type[exceptions.ServiceResponseError]
+    BlobLeaseClient: type[BlobLeaseClient]
+    BlobServiceClient: type[BlobServiceClient]
+    #: The content settings of a checkpoint document.
+    json: ContentSettings
+
+
+async def loaded() -> Sdk:
+    """The SDK, imported in a worker thread if it was not yet: the event loop never waits on
+    the import (a call made while another thread imports waits in its own thread)."""
+    if load.cache_info().currsize:
+        return load()
+    return await anyio.to_thread.run_sync(load)
+
+
+@functools.cache
+def load() -> Sdk:
+    """Import the SDK (once; thread-safe: Python's import lock) and return its names."""
+    from azure.core import exceptions as e
+    from azure.storage.blob import ContentSettings
+    from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
+
+    return Sdk(
+        e.AzureError,
+        e.HttpResponseError,
+        e.ResourceExistsError,
+        e.ResourceNotFoundError,
+        e.ServiceRequestError,
+        e.ServiceResponseError,
+        BlobLeaseClient,
+        BlobServiceClient,
+        ContentSettings(content_type="application/json"),
+    )

@@ -1,0 +1,60 @@
+"""The admin endpoint's HTTP, against a real daemon (Redis, Azurite): what a probe, a
+Prometheus scrape and a confused client get. The responder is h11 over anyio streams
+(``sidecar.daemon.http``)."""
+
+from __future__ import annotations
+
+import anyio
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers import ConfigFactory, running_daemon
+
+
+async def exchange(port: int, raw: bytes) -> bytes:
+    """Send ``raw`` on one connection and read until the server closes it."""
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(raw)
+        chunks = []
+        with anyio.fail_after(10):
+            try:
+                while True:
+                    chunks.append(await stream.receive())
+            except anyio.EndOfStream:
+                pass
+    return b"".join(chunks)
+
+
+async def test_probes_scrape_and_keep_alive_then_errors_are_answered(
+    make_config: ConfigFactory,
+) -> None:
+    config = make_config()
+    async with running_daemon(config) as daemon:
+        port = daemon.admin.port
+        assert port is not None
+        # Two requests on one connection (keep-alive), the second asking to close.
+        both = await exchange(
+            port,
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        first, second = both.split(b"HTTP/1.1 ")[1:]
+        assert first.startswith(b"200 ") and first.endswith(b"\r\n\r\nok\n")
+        assert second.startswith(b"200 ") and second.endswith(b"\r\n\r\nready\n")
+
+        scrape = await exchange(port, b"GET /metrics HTTP/1.0\r\n\r\n")
+        head, _, body = scrape.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert f"Content-Type: {CONTENT_TYPE_LATEST}".encode() in head
+        names = {f.name for f in text_string_to_metric_families(body.decode())}
+        assert "checkpoint_sidecar_updates" in names
+
+        missing = await exchange(port, b"GET /nope HTTP/1.0\r\n\r\n")
+        assert missing.startswith(b"HTTP/1.1 404 Not Found\r\n") and b"/readyz" in missing
+        post = await exchange(port, b"POST /readyz HTTP/1.0\r\nContent-Length: 2\r\n\r\nhi")
+        assert post.startswith(b"HTTP/1.1 405 ")
+        garbage = await exchange(port, b"\x16\x03\x01 not http at all\r\n\r\n")
+        assert garbage.startswith(b"HTTP/1.1 400 ") and b"bad request" in garbage
+        # ... and the endpoint still answers afterwards.
+        again = await exchange(port, b"GET /healthz HTTP/1.0\r\n\r\n")
+        assert again.startswith(b"HTTP/1.1 200 ")
