@@ -194,6 +194,9 @@ class LeaseManager:
         self._jitter = jitter
         self._live = live
         self._leases: dict[str, QueryLease] = {}
+        #: Set when the first lease is registered: with none, the loop has nothing to time
+        #: and sleeps until then (an idle daemon does not wake four times a second).
+        self._first = anyio.Event()
         self._terms = itertools.count(1)
         #: Queries with a renewal or a re-acquisition under way in the loop (one at a time).
         self._busy: set[str] = set()
@@ -255,6 +258,7 @@ class LeaseManager:
             lease = self._leases.get(query_id)
             if lease is None:
                 lease = self._leases[query_id] = QueryLease(query_id, label)
+                self._first.set()
             lease.label = label
             async with lease.lock:
                 if self._leases.get(query_id) is lease:
@@ -336,7 +340,8 @@ class LeaseManager:
         lease.retry_at = now + self._backoff.delay(lease.failures)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Keep the leases, until cancelled: every :data:`CHECK_EVERY_S`, a HELD lease past
+        """Keep the leases, until cancelled (with none, sleep until the first is registered):
+        every :data:`CHECK_EVERY_S`, a HELD lease past
         its validity goes LOST (its own timer, whatever its renewal is doing), a HELD lease
         is renewed a third of its duration after its last renewal, and a LOST one is
         re-acquired once its backoff has elapsed. Renewals and retries run as tasks of this
@@ -344,6 +349,9 @@ class LeaseManager:
         async with anyio.create_task_group() as tg:
             task_status.started()
             while True:
+                if not self._leases:
+                    self._first = anyio.Event()
+                    await self._first.wait()
                 await anyio.sleep(CHECK_EVERY_S)
                 self._tick(tg)
                 self.ticks += 1
