@@ -3,10 +3,16 @@
 # checkpoint-sidecar container image.
 #
 # Build (from the repository root): `make image` (scripts/build_image.sh: docker, or podman
-# where no Docker daemon runs; a local Debian base when no registry is reachable). By hand,
-# with BuildKit (the default builder since Docker 23) or podman/buildah:
+# where no Docker daemon runs; local Debian bases when no registry is reachable; it also sets
+# the version/revision/source labels and writes the SBOM beside the image). By hand, with
+# BuildKit (the default builder since Docker 23) or podman/buildah, after `make jar`:
 #
 #     docker build -t checkpoint-sidecar:0.1.0 .
+#
+# What is installed is pinned with hashes: requirements/image.txt (the daemon's dependencies)
+# and requirements/image-build.txt (pip, setuptools, cyclonedx-bom), both made by `make lock`;
+# an unchanged tree rebuilds to the same versions. The final stage gets only the finished
+# venv: no pip, setuptools, wheel, compiler or binutils.
 #
 # Try it locally (the daemon waits for Redis before it binds the socket):
 #
@@ -25,70 +31,110 @@
 # See deploy/README.md and deploy/kubernetes/ for running it beside a Spark driver.
 
 ARG PYTHON_IMAGE=python:3.11-slim
+# The final stage's base: the same Python without the means to install anything. Official
+# python images carry pip, which the final stage removes (its bytes stay in the base's layer);
+# scripts/build_image.sh's local runtime base has none to remove. Must have the builder's
+# Python at the same path (the venv links to it).
+ARG RUNTIME_IMAGE=${PYTHON_IMAGE}
 
-# ---- builder: the project's wheel, plus wheels of all its dependencies ------------------
+# ---- builder: /opt/venv, finished (stripped, compiled, its SBOM written) ---------------
 FROM ${PYTHON_IMAGE} AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
     PYTHONDONTWRITEBYTECODE=1
 
 WORKDIR /src
 
-# /wheels ends up with a wheel for every dependency (the daemon's, and uvloop: the image runs
-# the daemon on it, SIDECAR_EVENT_LOOP=auto) and checkpoint_sidecar-<version>-py3-none-
-# any.whl, so the final stage installs offline (--no-index) exactly what was resolved here.
-# First the dependencies (and the build backend), read from pyproject.toml alone: this layer
-# is rebuilt when they change, not at every source change. The optional secret `host-ca` is a
-# CA bundle to trust for the download (networks that re-sign TLS): `--secret
-# id=host-ca,src=<bundle>`, mounted read-only for this step only; scripts/build_image.sh
-# passes the host's. pip's cache is a build cache mount: kept between builds, never in a layer.
-COPY pyproject.toml ./
+# strip(1), for the extension modules below: in the local build base already; python:*-slim
+# has no binutils.
+RUN command -v strip >/dev/null || { apt-get update -qq \
+    && apt-get install -y -qq --no-install-recommends binutils >/dev/null \
+    && rm -rf /var/lib/apt/lists/*; }
+
+# The build tools (/opt/build) and the daemon's dependencies (/opt/venv), from the hashed
+# locks alone: this layer is rebuilt when a lock changes, not at every source change. Wheels
+# only (nothing compiled here), --no-deps (the lock is complete; pip refuses any file whose
+# hash it does not list). /opt/venv has no pip: /opt/build's pip installs into it (--python).
+# The optional secret `host-ca` is a CA bundle to trust for the download (networks that
+# re-sign TLS): `--secret id=host-ca,src=<bundle>`, mounted read-only for this step only;
+# scripts/build_image.sh passes the host's. pip's cache is a build cache mount: kept between
+# builds, never in a layer.
+COPY requirements/image.txt requirements/image-build.txt requirements/
 RUN --mount=type=cache,id=checkpoint-sidecar-pip,target=/root/.cache/pip \
     --mount=type=secret,id=host-ca \
     if [ -s /run/secrets/host-ca ]; then export PIP_CERT=/run/secrets/host-ca; fi \
- && python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
-print(*p["build-system"]["requires"], *p["project"]["dependencies"], \
-      *p["project"]["optional-dependencies"]["daemon"], \
-      *p["project"]["optional-dependencies"]["uvloop"], sep="\n")' > /tmp/requirements.txt \
- && python -m pip wheel --wheel-dir /wheels --requirement /tmp/requirements.txt
+ && python3 -m venv /opt/build \
+ && /opt/build/bin/python -m pip install -q --require-hashes --only-binary :all: --no-deps \
+        -r requirements/image-build.txt \
+ && python3 -m venv --without-pip /opt/venv \
+ && /opt/build/bin/python -m pip --python /opt/venv/bin/python install -q --no-compile \
+        --require-hashes --only-binary :all: --no-deps -r requirements/image.txt
 
-# Then the project's own wheel, offline, from what it is built from (the readme is README.md).
-COPY README.md ./
+# Then the project's wheel, offline, with the pinned setuptools (the build hook, setup.py,
+# refuses to build without the listener jar: run `make jar` first), and installed with its
+# extras' dependencies resolved against what is already there: one missing from the lock
+# fails the build here instead of the daemon at start.
+COPY pyproject.toml setup.py README.md ./
 COPY sidecar/ sidecar/
 COPY spark_bridge/ spark_bridge/
-RUN python -m pip wheel --no-deps --no-index --find-links /wheels --wheel-dir /wheels .
+RUN /opt/build/bin/python -m pip wheel -q --no-deps --no-build-isolation \
+        --check-build-dependencies --wheel-dir /tmp/wheels . \
+ && { /opt/build/bin/python -m pip --python /opt/venv/bin/python install -q --no-compile \
+        --no-index --find-links /tmp/wheels "checkpoint-sidecar[daemon,uvloop]" \
+      || { echo "requirements/image.txt does not satisfy pyproject.toml: run 'make lock'" >&2; \
+           exit 1; }; } \
+ && rm -rf /tmp/wheels
 
-# ---- final: a venv with the wheel installed, run as a non-root user ---------------------
-FROM ${PYTHON_IMAGE}
+# Finish the venv: wheels' extension modules carry their debug information (uvloop's alone is
+# 13 MB of it), which nothing here reads; files with an RPATH (auditwheel-patched, whose
+# vendored .libs strip may break) are left alone. Bytecode compiled once, checked by hash of
+# the source rather than its mtime (unchecked: the image is immutable, and its root file
+# system read-only in the pod). The SBOM (CycloneDX JSON) is read from the finished venv
+# itself (every distribution in it, with its version and licence); `make image` copies it
+# out beside the image.
+RUN find /opt/venv -type f -name '*.so*' ! -path '*.libs/*' -exec sh -c 'for f; do \
+        readelf -d "$f" | grep -qE "\((RPATH|RUNPATH)\)" || strip --strip-unneeded "$f"; \
+    done' sh {} + \
+ && /opt/venv/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/venv/lib \
+ && mkdir -p /opt/venv/share/checkpoint-sidecar \
+ && /opt/build/bin/cyclonedx-py environment --pyproject pyproject.toml --output-reproducible \
+        --output-format JSON --output-file /opt/venv/share/checkpoint-sidecar/sbom.cdx.json \
+        /opt/venv/bin/python
 
-LABEL org.opencontainers.image.title="checkpoint-sidecar" \
-      org.opencontainers.image.description="Sidecar beside a Spark driver: buffers Structured Streaming offsets in Redis" \
-      org.opencontainers.image.licenses="Apache-2.0"
+# ---- final: the venv on a Python without pip, run as a non-root user -------------------
+FROM ${RUNTIME_IMAGE}
 
-# Fixed numeric ids, so Kubernetes `runAsNonRoot` can verify them and pod specs can name them.
-RUN groupadd --system --gid 10001 sidecar \
- && useradd --system --no-log-init --uid 10001 --gid 10001 --no-create-home \
-        --home-dir /nonexistent --shell /usr/sbin/nologin sidecar \
+# Fixed numeric ids, so Kubernetes `runAsNonRoot` can verify them and pod specs can name them
+# (written directly: the local runtime base has no useradd). pip, setuptools and wheel go
+# where the base has them (official python images).
+RUN if python3 -m pip --version >/dev/null 2>&1; then \
+        python3 -m pip uninstall -q -y --root-user-action=ignore pip setuptools wheel; \
+    fi \
+ && echo 'sidecar:x:10001:' >> /etc/group \
+ && echo 'sidecar:x:10001:10001::/nonexistent:/usr/sbin/nologin' >> /etc/passwd \
  && mkdir -p /var/run/checkpoint-sidecar \
  && chown 10001:10001 /var/run/checkpoint-sidecar \
  && chmod 0750 /var/run/checkpoint-sidecar
 
-# The venv has no pip of its own: the base image's pip installs into it (--python), and the
-# wheels are bind-mounted from the builder, so neither they nor a pip cache land in a layer.
-RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    python -m venv --without-pip /opt/venv \
- && python -m pip --python /opt/venv/bin/python install \
-        --no-cache-dir --disable-pip-version-check --root-user-action=ignore \
-        --no-index --find-links=/wheels \
-        "checkpoint-sidecar[daemon,uvloop]" \
- && /opt/venv/bin/checkpoint-sidecar --version
+COPY --from=builder /opt/venv /opt/venv
 
 # Only SIDECAR_* names that sidecar/config/settings.py knows may be set: the daemon refuses unknown
 # SIDECAR_* variables at start (exit code 2).
 ENV PATH="/opt/venv/bin:${PATH}" \
+    LANG=C.UTF-8 \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     SIDECAR_SOCKET_PATH=/var/run/checkpoint-sidecar/sidecar.sock
+
+# It runs here: every extension module loads (stripped, against this base's libraries), and
+# nothing can install packages.
+RUN checkpoint-sidecar --version \
+ && python -c 'import importlib, pathlib, sysconfig; \
+site = pathlib.Path(sysconfig.get_path("purelib")); \
+[importlib.import_module(".".join(p.relative_to(site).parent.parts + (p.name.split(".")[0],))) \
+ for p in site.rglob("*.so")]' \
+ && ! python -m pip --version 2>/dev/null
 
 USER 10001:10001
 
@@ -101,3 +147,15 @@ EXPOSE 9400
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["checkpoint-sidecar"]
 CMD ["run"]
+
+# Last, so that a new commit changes only the image's configuration, no layer. Set by
+# scripts/build_image.sh: the version from pyproject.toml, the git commit, the repository.
+ARG VERSION=""
+ARG REVISION=""
+ARG SOURCE=""
+LABEL org.opencontainers.image.title="checkpoint-sidecar" \
+      org.opencontainers.image.description="Sidecar beside a Spark driver: buffers Structured Streaming offsets in Redis and checkpoints them to Azure Blob Storage" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}"

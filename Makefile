@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PY35 := .venv-spark35/bin/python
 SUBSET := $(if $(strip $(PYTEST_ARGS)),yes,no)
 
-.PHONY: setup jar test simulate run demo bench lint image clean
+.PHONY: setup jar test simulate run demo bench lint image dist lock clean
 
 setup:
 	@bash scripts/setup.sh
@@ -56,10 +56,25 @@ bench: setup
 	$(PY) bench/restart.py
 
 ## The container image checkpoint-sidecar:<version>: docker when its daemon answers, else
-## podman (installed from apt when missing); a local Debian base when no registry answers.
-## It ships the JVM listener jar (built by `jar`), which pod templates copy to the driver.
+## podman (installed from apt when missing); local Debian bases when no registry answers.
+## It ships the JVM listener jar (built by `jar`), which pod templates copy to the driver;
+## its dependencies come from requirements/image.txt (hashes checked). Beside it: its
+## CycloneDX SBOM, dist/checkpoint-sidecar-<version>.cdx.json.
 image: jar
 	@bash scripts/build_image.sh
+
+## dist/: the sdist and the wheel, both with the listener jar, checked by `twine check`.
+dist: jar
+	@bash scripts/build_dist.sh
+
+## requirements/image*.txt: the image's dependencies and build tools, pinned with hashes (uv
+## pip compile, for CPython 3.11 on Linux). Run it after changing pyproject.toml's `daemon` or
+## `uvloop` dependencies; pins that still fit are kept. UPGRADE=1 moves all to the newest.
+LOCK := .venv/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 \
+	--python-platform linux --custom-compile-command "make lock" $(if $(UPGRADE),--upgrade)
+lock: setup
+	$(LOCK) pyproject.toml --extra daemon --extra uvloop -o requirements/image.txt
+	$(LOCK) requirements/image-build.in -o requirements/image-build.txt
 
 lint: setup
 	.venv/bin/ruff check sidecar spark_bridge tests bench scripts deploy

@@ -8,6 +8,11 @@ directory is a host directory shared like the pod's ``emptyDir`` with ``fsGroup:
 as another uid (185, as in the Apache Spark images) with group 10001 added, which posts
 progress over the socket; a third, outside the group, is refused.
 
+The image as built is checked too: its OCI labels (version, the git commit), the CycloneDX
+SBOM that ``make image`` writes beside it (every distribution in the image at the version
+installed there, and exactly the hashed lock's pins), no pip, setuptools or build tools in the
+final stage, bytecode compiled, and its size budget.
+
 podman, always (scripts/podman.sh: the project's containers.conf and storage): the build
 machines have no Docker daemon. Root only, like ``make setup``'s apt installs (rootful
 podman, a directory of group 10001, containers as other uids). ``-m "not container"`` leaves
@@ -18,13 +23,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
+import tomllib
 import urllib.error
 import urllib.request
 import uuid
 import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -47,6 +55,9 @@ SHARED_GID = 10001
 DRIVER_UID = 185
 OUTSIDER_UID = 186
 MEMORY_LIMIT = "256m"
+VERSION = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+#: The image's size budget (issue #22): the local runtime base (~96 MB) plus the venv (~51 MB).
+MAX_IMAGE_BYTES = 160_000_000
 #: Where the image's SIDECAR_SOCKET_PATH points.
 SOCKET_DIR = "/var/run/checkpoint-sidecar"
 #: The pod's securityContext, for every container of the test.
@@ -90,19 +101,32 @@ def podman_rc(
     )
 
 
+@dataclass(frozen=True)
+class Built:
+    image: str
+    #: The CycloneDX SBOM the script wrote beside the image.
+    sbom: Path
+
+
 @pytest.fixture(scope="module")
-def image() -> str:
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     """The image, built through scripts/build_image.sh (cached layers make it quick)."""
+    sbom = tmp_path_factory.mktemp("sbom") / f"checkpoint-sidecar-{VERSION}.cdx.json"
     result = subprocess.run(
         ["bash", "scripts/build_image.sh"],
         cwd=REPO_ROOT,
-        env={**os.environ, "ENGINE": "podman", "IMAGE": IMAGE},
+        env={**os.environ, "ENGINE": "podman", "IMAGE": IMAGE, "SBOM_FILE": str(sbom)},
         capture_output=True,
         text=True,
         timeout=840,
     )
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr[-5000:]}"
-    return IMAGE
+    return Built(IMAGE, sbom)
+
+
+@pytest.fixture(scope="module")
+def image(built: Built) -> str:
+    return built.image
 
 
 @pytest.fixture
@@ -283,3 +307,77 @@ def test_the_pod_templates_jar_copier_finds_the_listener_in_the_image(
     )  # fmt: skip
     with zipfile.ZipFile(lib / "checkpoint-sidecar-listener.jar") as jar:
         assert "io/checkpointsidecar/SidecarStreamingListener.class" in jar.namelist()
+
+
+def canonical(name: str) -> str:
+    """A distribution name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def in_image(image: str, *command: str) -> subprocess.CompletedProcess[str]:
+    """Run COMMAND (its first word the entrypoint) in a locked-down, offline container."""
+    return podman_rc(
+        "run", "--rm", "--network=none", *LOCKED_DOWN, f"--entrypoint={command[0]}",
+        image, *command[1:],
+    )  # fmt: skip
+
+
+def test_the_image_is_labelled_and_its_sbom_lists_what_it_runs(built: Built) -> None:
+    labels = json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", built.image))
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    oci = {k.removeprefix("org.opencontainers.image."): v for k, v in labels.items()}
+    assert oci["revision"] == head
+    assert oci["version"] == VERSION
+    assert (oci["title"], oci["licenses"]) == ("checkpoint-sidecar", "Apache-2.0")
+    assert oci["description"] and "source" in oci  # empty when git has no public origin
+
+    # What the image's own Python says is installed in it...
+    listing = in_image(
+        built.image, "python", "-c",
+        "import importlib.metadata as m, json; "
+        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))",
+    )  # fmt: skip
+    assert listing.returncode == 0, listing.stderr
+    installed = {canonical(k): v for k, v in json.loads(listing.stdout).items()}
+    assert installed.pop("checkpoint-sidecar") == VERSION
+
+    # ... is what the SBOM beside it lists (the project itself as its root component) ...
+    sbom = json.loads(built.sbom.read_text())
+    assert sbom["bomFormat"] == "CycloneDX"
+    root = sbom["metadata"]["component"]
+    assert (root["name"], root["version"]) == ("checkpoint-sidecar", VERSION)
+    listed = {canonical(c["name"]): c["version"] for c in sbom["components"]}
+    assert listed == installed
+    assert {"redis", "azure-storage-blob", "aiohttp", "uvloop", "msgspec"} <= listed.keys()
+
+    # ... and exactly the hashed lock's pins: an unchanged tree rebuilds to the same versions.
+    lock = (REPO_ROOT / "requirements" / "image.txt").read_text()
+    pins = {canonical(n): v for n, v in re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", lock, re.M)}
+    assert pins == listed
+
+
+def test_the_final_image_has_no_installer_or_build_tools_and_fits_its_budget(image: str) -> None:
+    pip = in_image(image, "python", "-m", "pip", "--version")
+    assert pip.returncode != 0 and "No module named pip" in pip.stderr
+    found = in_image(
+        image, "python", "-c",
+        "import importlib.util as u; "
+        "print([m for m in ('pip', 'setuptools', 'wheel') if u.find_spec(m)])",
+    )  # fmt: skip
+    assert (found.returncode, found.stdout.strip()) == (0, "[]"), found.stderr
+    tools = "pip pip3 apt-get gcc cc strip javac"
+    which = in_image(image, "sh", "-c", f"for t in {tools}; do command -v $t; done; true")
+    assert (which.returncode, which.stdout) == (0, "")
+
+    # Bytecode is there already (the root file system is read-only: none is written at run).
+    compiled = in_image(
+        image, "python", "-c",
+        "import importlib.util as u, os, sidecar.cli.main as m, uvloop, azure.storage.blob as b; "
+        "print(all(os.path.exists(u.cache_from_source(x.__file__)) for x in (m, uvloop, b)))",
+    )  # fmt: skip
+    assert (compiled.returncode, compiled.stdout.strip()) == (0, "True"), compiled.stderr
+
+    size = int(podman("image", "inspect", "--format", "{{.Size}}", image))
+    assert size <= MAX_IMAGE_BYTES, f"the image is {size / 1e6:.0f} MB (budget 160 MB)"
