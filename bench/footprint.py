@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no
 from bench.common import BenchError, Report, bench_main, cpu_seconds, environment, rss_kib, services
 from sidecar import __version__
 from sidecar.ops.client import SidecarClient
-from tests.services import DaemonProcess, free_port
+from tests.services import REPO_ROOT, DaemonProcess, free_port
 from tests.sparkshapes import kafka_progress
 
 TARGETS = {"ready_ms": 150, "rss_at_ready_mib": 65, "idle_millicores": 2, "image_mb": 160}
@@ -129,11 +129,12 @@ def steady(
 
 
 def image_mb() -> float | None:
-    """The image's size as podman reports it (MB, 10^6 bytes), None when not built."""
+    """The image's size as podman reports it (MB, 10^6 bytes; the project's own image storage,
+    ``scripts/podman.sh``), None when not built."""
     try:
         out = subprocess.run(
-            ["podman", "image", "inspect", f"checkpoint-sidecar:{__version__}", "--format",
-             "{{.Size}}"],
+            ["bash", str(REPO_ROOT / "scripts" / "podman.sh"), "image", "inspect",
+             f"checkpoint-sidecar:{__version__}", "--format", "{{.Size}}"],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
     except OSError:
