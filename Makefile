@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PY35 := .venv-spark35/bin/python
 SUBSET := $(if $(strip $(PYTEST_ARGS)),yes,no)
 
-.PHONY: setup jar test simulate run demo bench lint image dist lock clean
+.PHONY: setup jar test simulate run demo bench lint image dist lock docs clean
 
 setup:
 	@bash scripts/setup.sh
@@ -76,6 +76,12 @@ lock: setup
 	$(LOCK) pyproject.toml --extra daemon --extra uvloop -o requirements/image.txt
 	$(LOCK) requirements/image-build.in -o requirements/image-build.txt
 
+## The documentation site (MkDocs, mkdocs.yml) from docs/ and the two READMEs, into site/.
+## Strict: a broken link or anchor fails it. `make test` builds it the same way
+## (tests/unit/test_docs.py); `.venv/bin/mkdocs serve` serves it while you edit.
+docs: setup
+	$(PY) -m mkdocs build --strict
+
 lint: setup
 	.venv/bin/ruff check sidecar spark_bridge tests bench scripts deploy
 	.venv/bin/ruff format --check sidecar spark_bridge tests bench scripts deploy
@@ -83,4 +89,4 @@ lint: setup
 	.venv/bin/mypy deploy/grafana/dashboard.py
 
 clean:
-	rm -rf .venv .venv-spark35 .tools .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv .venv-spark35 .tools .pytest_cache .mypy_cache .ruff_cache site

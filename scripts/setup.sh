@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Prepare a fresh machine for `make test`, `make run`, `make bench`:
-#   - .venv/ with this package, its test and benchmark dependencies (PySpark 4)
+# Prepare a fresh machine for `make test`, `make run`, `make bench`, `make docs`:
+#   - .venv/ with this package, its test, benchmark and documentation (MkDocs) dependencies
+#     (PySpark 4)
 #   - .venv-spark35/ with this package, its test dependencies and PySpark 3.5, for the Spark
 #     tests that must also pass on Spark 3.5 (`make test` runs them there too)
 #   - a JDK 17 (javac) and the JVM listener jar built from spark_bridge/jvm (scripts/build_jar.sh)
@@ -47,7 +48,7 @@ venv_install() {
         echo "pyspark==$pyspark" > "$stamp"
     fi
 }
-venv_install "$VENV" "$SPARK4_VERSION" -e '.[daemon,test,dev,spark,bench]'
+venv_install "$VENV" "$SPARK4_VERSION" -e '.[daemon,test,dev,spark,bench,docs]'
 
 # --- Second environment: PySpark 3.5 -------------------------------------------------------
 # `make test` runs the Spark tests that are not PySpark-4-only (marker `spark and not

@@ -96,7 +96,7 @@ HELP = {
         "log_level": "DEBUG, INFO, WARNING or ERROR",
         "log_format": "text (one line per record, as always) or json (one object per line: "
         "timestamp, level, logger, message and the query, batch, lease state and error "
-        "fields the line names; see the README's Logs)",
+        "fields the line names; see docs/operations.md, Logs)",
         "event_loop": "asyncio, uvloop (faster; needs the uvloop package, which the image "
         "has) or auto (uvloop when it is installed, else asyncio)",
         "shutdown_grace_s": "time allowed for a graceful stop, seconds",
