@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Build the Spark driver image of tests/e2e/ (tests/e2e/driver/Containerfile) unless an image
+# of the same inputs exists; print its name on stdout (progress goes to stderr).
+#   bash tests/e2e/build_driver_image.sh     # localhost/checkpoint-sidecar-e2e-driver:<hash>
+#
+# The tag is a hash of everything the image is made of: this script (the Debian packages and
+# the PySpark version below), the Containerfile and the application. A warm run finds it and
+# builds nothing; a change of any of them builds a new one and removes the older tags.
+# The base is Debian bookworm minbase with a JRE and Python, made by mmdebstrap from
+# deb.debian.org (no registry needed, as scripts/build_image.sh does for its own base) and
+# kept as localhost/checkpoint-sidecar-e2e-driver-base:<hash>. PySpark comes from PyPI
+# through the host's pip (its cache makes a rebuild quick) and is installed offline in the
+# image. podman through scripts/podman.sh (the project's storage in .tools/containers);
+# root only, like `make image` with podman. It also installs catatonit when missing, for the
+# pods' infra containers.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PYSPARK_VERSION="4.3.0"
+# What the driver needs from Debian: a Java 17 runtime for Spark 4, Python for PySpark
+# (and pip to install it), and bash/ps for Spark's launcher scripts.
+DEBIAN_PACKAGES="openjdk-17-jre-headless,python3,python3-pip,procps"
+DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+DEBIAN_SECURITY_MIRROR="${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
+NAME="localhost/checkpoint-sidecar-e2e-driver"
+PY="${PY:-.venv/bin/python}"
+
+LOG_TAG=e2e-driver
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
+log() { printf '[%s] %s\n' "$LOG_TAG" "$*" >&2; }
+podman() { bash scripts/podman.sh "$@"; }
+
+hash_of() { cat "$@" | sha256sum | cut -c1-16; }
+tag="$(hash_of tests/e2e/build_driver_image.sh tests/e2e/driver/Containerfile tests/e2e/driver/stream.py)"
+image="$NAME:$tag"
+base="$NAME-base:$(printf '%s\n' "$DEBIAN_PACKAGES" "$DEBIAN_MIRROR" | sha256sum | cut -c1-16)"
+
+# One build at a time per image storage (two test runs may start together).
+mkdir -p .tools
+exec 9>.tools/e2e-driver-image.lock
+flock 9
+
+# `podman kube play` makes its pods' infra container from catatonit, which podman's package
+# only recommends (scripts/build_image.sh installs podman without recommends).
+if ! command -v catatonit >/dev/null 2>&1 && [ ! -x /usr/libexec/podman/catatonit ]; then
+    apt_install catatonit >&2
+fi
+
+if podman image exists "$image"; then
+    log "$image (present: nothing to build)"
+    echo "$image"
+    exit 0
+fi
+
+for tool in podman buildah mmdebstrap; do
+    command -v "$tool" >/dev/null 2>&1 || apt_install --no-install-recommends "$tool" uidmap >&2
+done
+
+start=$SECONDS
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+if podman image exists "$base"; then
+    log "base: $base (present)"
+else
+    log "building $base with mmdebstrap (Debian bookworm minbase + $DEBIAN_PACKAGES)"
+    # As scripts/build_image.sh: no docs, man pages or translations; merged /usr by hook.
+    # The JRE's postinst links its man pages through update-alternatives, which fails
+    # without the directory: make it (it stays empty).
+    mmdebstrap --quiet --variant=minbase --include="$DEBIAN_PACKAGES" \
+        --aptopt='APT::Install-Recommends "false"' \
+        --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
+        --setup-hook='mkdir -p "$1/usr/share/man/man1"' \
+        --dpkgopt='path-exclude=/usr/share/doc/*' \
+        --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+        --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/info/*' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' \
+        bookworm "$work/base.tar" \
+        "deb $DEBIAN_MIRROR bookworm main" \
+        "deb $DEBIAN_MIRROR bookworm-updates main" \
+        "deb $DEBIAN_SECURITY_MIRROR bookworm-security main" >&2
+    podman import \
+        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        --change 'ENV LANG=C.UTF-8' \
+        --change 'CMD ["bash"]' \
+        "$work/base.tar" "$base" >/dev/null
+    rm -f "$work/base.tar"
+    log "built $base in $((SECONDS - start)) s"
+fi
+
+log "downloading pyspark==$PYSPARK_VERSION and its dependencies (pip's cache first)"
+cp tests/e2e/driver/Containerfile tests/e2e/driver/stream.py "$work/"
+"$PY" -m pip wheel --quiet --disable-pip-version-check \
+    --wheel-dir "$work/wheels" "pyspark==$PYSPARK_VERSION" >&2
+
+log "building $image"
+podman build --pull=never --layers=false --network=none \
+    --build-arg "BASE=$base" --build-arg "PYSPARK_VERSION=$PYSPARK_VERSION" \
+    --tag "$image" --file "$work/Containerfile" "$work" >&2
+
+# Older builds of this image and of its base are of no further use: drop them.
+for repo in "$NAME" "$NAME-base"; do
+    podman images --format '{{.Repository}}:{{.Tag}}' "$repo" | grep -vxF -e "$image" -e "$base" \
+        | xargs -r bash scripts/podman.sh rmi --force >/dev/null 2>&1 || true
+done
+size="$(podman image inspect --format '{{.Size}}' "$image")"
+log "built $image in $((SECONDS - start)) s: $((size / 1000000)) MB"
+echo "$image"
