@@ -54,6 +54,7 @@ bench: setup
 	$(PY) bench/blob_acks.py --rounds 3 --out bench/results/blob_acks.json
 	$(PY) bench/scale.py
 	$(PY) bench/restart.py
+	$(PY) bench/fleet.py
 
 ## The container image checkpoint-sidecar:<version>: docker when its daemon answers, else
 ## podman (installed from apt when missing); local Debian bases when no registry answers.

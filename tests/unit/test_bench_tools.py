@@ -142,3 +142,141 @@ def test_a_request_not_finished_is_not_counted_yet() -> None:
 
 def whole_counts() -> Counter[str]:
     return Counter({"Put Blob": 2, "Set Blob Metadata": 1})
+
+
+# --- bench/fleetmodel.py: the fleet bench's classifier, MONITOR parser, model, extrapolation ---
+
+import hashlib  # noqa: E402 - this part's imports stay with its tests
+import math  # noqa: E402
+
+from bench.fleetmodel import (  # noqa: E402
+    SINGLE_BLOB,
+    STORAGE_ACCOUNT,
+    Cadence,
+    Limit,
+    Settings,
+    behind_s,
+    by_kind,
+    checks_with_a_write,
+    classify_request,
+    extrapolate,
+    markdown_table,
+    model_rates,
+    per_second,
+    script_shas,
+    sent_key,
+)
+
+BLOB = "/devstoreaccount1/fleet/ns/5ca1e000-0000-4000-8000-000000000001.json"
+
+
+@pytest.mark.parametrize(
+    "method,target,headers,expected",
+    [
+        ("PUT", BLOB, {"x-ms-blob-type": "BlockBlob", "x-ms-lease-id": "l"}, ("write", "Put Blob")),
+        ("PUT", BLOB, {"x-ms-blob-type": "BlockBlob", "if-none-match": "*"},
+         ("write", "Put Blob (create if absent)")),
+        ("PUT", BLOB + "?comp=blocklist", {}, ("write", "Put Block List")),
+        ("PUT", BLOB + "?comp=block&blockid=AA", {}, ("write", "Put Block")),
+        ("PUT", BLOB + "?comp=metadata", {}, ("write", "Set Blob Metadata")),
+        ("PUT", BLOB + "?comp=lease", {"x-ms-lease-action": "acquire"},
+         ("lease", "Lease Blob (acquire)")),
+        ("PUT", BLOB + "?comp=lease", {"x-ms-lease-action": "Renew"},
+         ("lease", "Lease Blob (renew)")),
+        ("PUT", BLOB + "?comp=lease", {"x-ms-lease-action": "release"},
+         ("lease", "Lease Blob (release)")),
+        ("GET", BLOB, {}, ("read", "Get Blob")),
+        ("HEAD", BLOB, {}, ("read", "Get Blob Properties")),
+        ("GET", "/devstoreaccount1/fleet?restype=container&comp=list&prefix=ns/", {},
+         ("read", "List Blobs")),
+        ("GET", "/devstoreaccount1/fleet?restype=container", {},
+         ("other", "Get Container Properties")),
+        ("PUT", "/devstoreaccount1/fleet?restype=container", {}, ("other", "Create Container")),
+        ("DELETE", BLOB, {}, ("other", "Delete Blob")),
+        ("GET", "/devstoreaccount1?comp=list", {}, ("other", "List Containers")),
+        ("GET", "/devstoreaccount1/?restype=service&comp=properties", {},
+         ("other", "GET service comp=properties")),
+    ],
+)  # fmt: skip
+def test_storage_requests_are_classified_by_method_query_and_lease_action(
+    method: str, target: str, headers: dict[str, str], expected: tuple[str, str]
+) -> None:
+    assert classify_request(method, target, headers) == expected
+
+
+SHAS = script_shas({"apply": "return 1", "pending": "return 2"})
+APPLY_SHA = next(sha for sha, name in SHAS.items() if name == "apply")
+
+
+def test_commands_sent_are_named_by_script_and_subcommand() -> None:
+    assert sha_of("return 1") == APPLY_SHA  # what redis-py's register_script sends
+    assert sent_key(f"EVALSHA {APPLY_SHA} 4 cps:{{ns}}:pending k2".encode(), SHAS) == (
+        "evalsha apply"
+    )
+    assert sent_key(f"evalsha {APPLY_SHA.upper()} 1 k", SHAS) == "evalsha apply"
+    assert sent_key(b"EVALSHA 0123abcd 0", SHAS) == "evalsha unknown script"
+    assert sent_key(b"GET cps:{ns}:marker", SHAS) == "get"
+    assert sent_key(b"CONFIG SET slowlog-log-slower-than 0", SHAS) == "config|set"
+    assert sent_key(b"PING", SHAS) == "ping"
+
+
+def sha_of(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+CADENCE = Cadence(instance_refresh_s=2.0, durability_check_s=1.0, threshold_jitter=0.25)
+QUERIES = [f"5ca1e000-0000-4000-8000-{i:012d}" for i in range(10)]
+
+
+def test_the_model_at_the_defaults_ten_queries_one_batch_a_second() -> None:
+    rates = model_rates(QUERIES, 1.0, Settings(), CADENCE, readyz_every_s=10)
+    store, redis_ = rates["storage"], rates["redis"]
+    # each query flushed every 7.5-10 s of threshold + half a check + half a batch interval
+    assert 10 / 11 <= store["write"] <= 10 / 8.5
+    assert store["lease"] == pytest.approx(1.0)  # 10 leases, each renewed every 10 s
+    assert store["read"] == 0 and store["other"] == 0  # busy: no idle ping
+    assert redis_["evalsha apply"] == 10 and redis_["evalsha pending"] == 1
+    assert redis_["evalsha mark_flushed"] == store["write"]
+    # a snapshot per check that finds a query due: 1 - e^-1 of the checks at ~1 write a check
+    assert redis_["evalsha snapshot"] == checks_with_a_write(store["write"], 1.0)
+    assert checks_with_a_write(1.0, 1.0) == pytest.approx(1 - math.exp(-1))
+    assert checks_with_a_write(0.0, 1.0) == 0
+    assert redis_["evalsha claim_instance"] == 0.5 and redis_["get"] == 1
+    assert redis_["set"] == pytest.approx(0.1)
+    assert behind_s(Settings(), 1.0) == 11.0
+
+
+def test_the_model_moves_with_the_settings() -> None:
+    idle = model_rates([], 1.0, Settings(), CADENCE)
+    assert idle["storage"] == {"write": 0.0, "lease": 0.0, "read": 0.0, "other": 0.1}
+    assert idle["redis"]["evalsha apply"] == 0 and idle["redis"]["set"] == 0
+    slow = model_rates(QUERIES, 1.0, Settings(time_threshold_s=60, lease_duration_s=60), CADENCE)
+    fast = model_rates(QUERIES, 1.0, Settings(), CADENCE)
+    assert slow["storage"]["write"] < fast["storage"]["write"] / 5
+    assert slow["storage"]["lease"] == pytest.approx(0.5)
+    # the count threshold comes first: 5 updates at one a second
+    counted = model_rates(QUERIES, 1.0, Settings(count_threshold=5), CADENCE)
+    assert counted["storage"]["write"] == pytest.approx(10 / 5.0)
+    assert behind_s(Settings(count_threshold=5, flush_interval_s=0.5), 1.0) == 4.5
+
+
+def test_extrapolation_to_many_drivers_against_one_unit() -> None:
+    unit = Limit("a unit", 20_000, "a page")
+    e = extrapolate(2.5, 1000, unit)
+    assert e == {"fleet_per_s": 2500.0, "share_of_limit": 0.125, "sidecars_per_unit": 8000,
+                 "units_needed": 1}  # fmt: skip
+    assert extrapolate(30.0, 1000, unit)["units_needed"] == 2
+    assert extrapolate(0.0, 1000, unit)["sidecars_per_unit"] == 0
+    assert STORAGE_ACCOUNT.per_s == 20_000 and SINGLE_BLOB.per_s == 500
+
+
+def test_counts_per_sidecar_per_second_and_by_kind() -> None:
+    rates = per_second({"Put Blob": 60.0, "Lease Blob (renew)": 120.0, "none": 0.0}, 60, 2)
+    assert rates == {"Lease Blob (renew)": 1.0, "Put Blob": 0.5}
+    assert list(rates) == ["Lease Blob (renew)", "Put Blob"]  # largest first
+    kinds = {"Put Blob": "write", "Lease Blob (renew)": "lease"}
+    assert by_kind(rates, kinds) == {"write": 0.5, "lease": 1.0, "read": 0.0, "other": 0.0,
+                                     "total": 1.5}  # fmt: skip
+    with pytest.raises(ValueError):
+        per_second({"x": 1.0}, 0, 1)
+    assert markdown_table(["a", "b"], [[1, "x"]]) == "| a | b |\n|---|---|\n| 1 | x |"
