@@ -120,6 +120,10 @@ class StoreFaultProxy:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def answered(self, method: str, target: str, headers: dict[str, str], response: bytes) -> None:
+        """Called with each request forwarded and answered untouched (on the proxy's loop):
+        a subclass counts them (``bench/store_counter.py``)."""
+
     def _choose(self, kind: str) -> Fault | None:
         for fault in list(self.faults):
             if fault.kinds is not None and kind not in fault.kinds:
@@ -156,6 +160,7 @@ class StoreFaultProxy:
                     continue
                 response = await self._forward(raw)
                 if fault is None:
+                    self.answered(method, target, headers, response)
                     writer.write(response)
                 elif fault.action == "status":
                     writer.write(_error(fault))  # it ran upstream; the client sees an error
