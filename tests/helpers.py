@@ -153,6 +153,19 @@ def read_blob(env: dict[str, str], query_id: str) -> CheckpointDocument | None:
     return anyio.run(read)
 
 
+def lease_state(env: dict[str, str], query_id: str) -> str:
+    """The lease state the store reports for the query's blob (sync)."""
+
+    async def read() -> str:
+        store = BlobStore(Config.from_env(env))
+        try:
+            return await store.lease_state(query_id)
+        finally:
+            await store.aclose()
+
+    return anyio.run(read)
+
+
 def wait_blob(
     env: dict[str, str], query_id: str, batch: int, timeout_s: float = 40
 ) -> CheckpointDocument:

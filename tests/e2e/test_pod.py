@@ -40,10 +40,8 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from sidecar.config import Config
-from sidecar.store.blobs import BlobStore
 from tests.e2e import pod as template
-from tests.helpers import metric_value, read_blob, wait_for
+from tests.helpers import lease_state, metric_value, read_blob, wait_for
 from tests.services import REPO_ROOT, Azurite, RedisServer, free_port
 
 # A cold run builds both images (the driver's: a Debian base with a JRE, and PySpark).
@@ -301,19 +299,6 @@ def delete(pod: PlayedPod) -> dict[str, int]:
             raise AssertionError(f"{container} outlived the pod's grace period") from None
         codes[container] = int(out)
     return codes
-
-
-def lease_state(env: dict[str, str], query_id: str) -> str:
-    import anyio
-
-    async def read() -> str:
-        store = BlobStore(Config.from_env(env))
-        try:
-            return await store.lease_state(query_id)
-        finally:
-            await store.aclose()
-
-    return anyio.run(read)
 
 
 def test_the_driver_pod_checkpoints_and_drains_when_deleted(

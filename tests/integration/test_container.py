@@ -35,13 +35,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import anyio
 import pytest
 import yaml
 
-from sidecar.config import Config
-from sidecar.store.blobs import BlobStore
-from tests.helpers import read_blob, wait_blob, wait_for
+from tests.helpers import lease_state, read_blob, wait_blob, wait_for
 from tests.services import REPO_ROOT, Azurite, RedisServer, free_port
 from tests.sparkshapes import kafka_progress
 
@@ -181,17 +178,6 @@ def post_as(
 
 def progress_frame(query_id: str, batch: int) -> str:
     return json.dumps({"op": "progress", "id": batch, "progress": kafka_progress(query_id, batch)})
-
-
-def lease_state(env: dict[str, str], query_id: str) -> str:
-    async def read() -> str:
-        store = BlobStore(Config.from_env(env))
-        try:
-            return await store.lease_state(query_id)
-        finally:
-            await store.aclose()
-
-    return anyio.run(read)
 
 
 def test_image_runs_with_the_pods_security_settings(
