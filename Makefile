@@ -55,6 +55,7 @@ bench: setup
 	$(PY) bench/scale.py
 	$(PY) bench/restart.py
 	$(PY) bench/fleet.py
+	$(PY) bench/footprint.py
 
 ## The container image checkpoint-sidecar:<version>: docker when its daemon answers, else
 ## podman (installed from apt when missing); local Debian bases when no registry answers.
