@@ -59,6 +59,7 @@ class CheckpointListener(StreamingQueryListener):
     ) -> None:
         self._sender = sender
         self._tracking = tracking
+        self._looked_up: set[str] = set()  # queries whose tracking the sender was told
         self.errors = 0
         self._cond = threading.Condition()
         self._running: set[str] = set()  # started or progressing, not yet terminated
@@ -69,7 +70,7 @@ class CheckpointListener(StreamingQueryListener):
         try:
             with self._cond:
                 self._running.add(str(event.id))
-            self._sender.set_tracking(str(event.id), self._tracking(str(event.id)))
+            self._look_up(str(event.id))
         except Exception:
             self.errors += 1
 
@@ -79,11 +80,19 @@ class CheckpointListener(StreamingQueryListener):
             query_id = str(progress.id)
             with self._cond:
                 self._running.add(query_id)
+            if query_id not in self._looked_up:  # attached after the query started
+                self._look_up(query_id)
             self._sender.offer(query_id, progress.json.encode())
         except Exception:  # never into Spark; count and log the first few
             self.errors += 1
             if self.errors <= 3:
                 log.exception("checkpoint-sidecar listener could not queue a progress event")
+
+    def _look_up(self, query_id: str) -> None:
+        """How the query tracks progress, once per run: the sender sends it with each update
+        (as the JVM listener does from the query's first event)."""
+        self._looked_up.add(query_id)
+        self._sender.set_tracking(query_id, self._tracking(query_id))
 
     def onQueryIdle(self, event: Any) -> None:
         pass
@@ -100,7 +109,8 @@ class CheckpointListener(StreamingQueryListener):
             with self._cond:
                 self._running.discard(query_id)
                 self._cond.notify_all()
-            self._sender.set_tracking(query_id, None)
+            # The sender keeps the query's tracking: its last update may still be unsent.
+            self._looked_up.discard(query_id)
         except Exception:
             log.exception("checkpoint-sidecar listener failed on query termination")
 

@@ -102,7 +102,8 @@ class Sender:
 
     def set_tracking(self, query_id: str, tracking: str | None) -> None:
         """How ``query_id`` tracks progress ("sync", "async", "real_time"), sent with each of
-        its updates; None forgets it (the query ended)."""
+        its updates; None: unknown (one entry per query the driver ran, kept past its end
+        so that its last update, if retried, still says it)."""
         with self._lock:
             if tracking is None:
                 self._tracking.pop(query_id, None)

@@ -72,6 +72,10 @@ RETRY_MAX_S = 10.0
 DOCTOR_TIMEOUT_S = 60.0
 
 
+#: The longest wait between attempts to open the blob store after readiness, seconds.
+STORE_OPEN_RETRY_CAP_S = 30.0
+
+
 class Daemon:
     """The checkpoint sidecar. ``await run()``; call :meth:`request_stop` to stop gracefully."""
 
@@ -124,7 +128,7 @@ class Daemon:
             topology=Topology.of(config),
             min_replicas=config.redis_min_replicas,
         )
-        self.store = BlobStore(config)
+        self.store = BlobStore(config, creates_container=True)
         self.eventhubs = (
             EventHubsCheckpointer(config, self.metrics, self.store)
             if config.eventhubs_namespace
@@ -304,9 +308,11 @@ class Daemon:
                     cfg.ack_mode,
                     loop,
                 )
-                tg.start_soon(self._open_store, tg)
+                opening = anyio.CancelScope()
+                tg.start_soon(self._open_store, tg, opening)
                 task_status.started()
                 await self._stop.wait()
+                opening.cancel()  # a stop while the store opens: nothing more starts
                 self.retirement.stop()  # the final flush and commit own every query now
                 await self._shutdown()
                 tg.cancel_scope.cancel()
@@ -320,21 +326,37 @@ class Daemon:
             self.stopped.set()
             log.info("%s", budget.summary())
 
-    async def _open_store(self, tg: TaskGroup) -> None:
+    async def _open_store(self, tg: TaskGroup, scope: anyio.CancelScope) -> None:
         """After readiness (which the store is not part of: docs/architecture.md): import the
         Azure SDK off the event loop, wait for the container, then start what writes to it —
         the store watch, the flusher (whose first pass recovers what a previous run left
-        pending) — and the config checks. Updates are accepted and buffered meanwhile; a
-        store call made before this ends imports the SDK itself."""
-        await loaded_sdk()
-        if not await self._wait_for("the blob store", self.store.ensure_container):
-            return
-        await tg.start(self.store_watch.run)
-        await tg.start(self.flusher.run)
-        gc.collect()
-        gc.freeze()
-        log.info("blob store open: container %s", self.store.where)
-        tg.start_soon(self._doctor)  # in the background: logged and exported, never fatal
+        pending) — and the config checks. Updates are accepted and buffered meanwhile. A stop
+        cancels ``scope``: nothing starts after it. A store that refuses (credentials, a
+        role not assigned yet) is logged and tried again at the backoff cap: the daemon is
+        ready and buffering, and its stop stays graceful."""
+        with scope:
+            backoff = Backoff(0.5, STORE_OPEN_RETRY_CAP_S)
+            while True:
+                try:
+                    await loaded_sdk(identity=not self.config.azure_connection_string)
+                    await self.store.ensure_container()
+                    break
+                except Exception as exc:  # not fatal: the daemon is ready and buffering
+                    retriable = getattr(exc, "retriable", False)
+                    delay = backoff.failed(give_up_ramp=not retriable)
+                    log.log(
+                        logging.WARNING if retriable else logging.ERROR,
+                        "blob store not open yet (retry in %.1fs): %s",
+                        delay,
+                        exc,
+                        exc_info=not isinstance(exc, SidecarError),
+                    )
+                    await anyio.sleep(delay)
+            await tg.start(self.store_watch.run)
+            await tg.start(self.flusher.run)
+            gc.freeze()  # the SDK's modules too (no collection here: acks are being served)
+            log.info("blob store open: container %s", self.store.where)
+            tg.start_soon(self._doctor)  # in the background: logged and exported, never fatal
 
     async def _doctor(self) -> None:
         """``checkpoint-sidecar doctor``'s checks, once: logged and exported, never fatal."""

@@ -13,6 +13,7 @@ sending something that is not HTTP is closed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -32,6 +33,8 @@ ReadinessCheck = Callable[[], Awaitable[str | None]]
 #: A connection with no complete request for this long is closed.
 IDLE_S = 30.0
 _TEXT = "text/plain; charset=utf-8"
+#: What a client going away looks like.
+_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
 
 class AdminServer:
@@ -64,7 +67,11 @@ class AdminServer:
                     request = await self._next_request(conn, stream)
                     if request is None:
                         return
-                    status, content_type, body = await self._answer(request)
+                    try:
+                        status, content_type, body = await self._answer(request)
+                    except Exception:  # a bug in a check or a collector: answered, logged
+                        log.exception("admin endpoint: %s failed", request.target.decode())
+                        status, content_type, body = 500, _TEXT, b"internal error; see the log\n"
                     await self._send(conn, stream, status, content_type, body)
                     if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                         return
@@ -72,8 +79,9 @@ class AdminServer:
             except h11.RemoteProtocolError as exc:
                 if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                     body = f"bad request: {exc}\n".encode()
-                    await self._send(conn, stream, exc.error_status_hint, _TEXT, body)
-            except (anyio.BrokenResourceError, anyio.EndOfStream, OSError):
+                    with contextlib.suppress(*_GONE):
+                        await self._send(conn, stream, exc.error_status_hint, _TEXT, body)
+            except _GONE:
                 return  # the client went away
 
     async def _next_request(self, conn: h11.Connection, stream: SocketStream) -> h11.Request | None:

@@ -34,8 +34,8 @@ from sidecar.errors import (
 )
 from sidecar.model.document import CheckpointDocument, decode_document
 from sidecar.store.probe import Probe
+from sidecar.store.sdk import credential, loaded
 from sidecar.store.sdk import load as sdk
-from sidecar.store.sdk import loaded
 
 if TYPE_CHECKING:
     from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
@@ -86,10 +86,15 @@ class BlobStore:
     :class:`LeaseConflict` / :class:`LeaseLost`.
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, creates_container: bool = False) -> None:
+        """``creates_container``: this store's owner (the daemon) creates the container once
+        the store answers, so until then a missing container reads as one without blobs; a
+        tool's store reports it (a wrong container must not look empty)."""
         if not (config.azure_connection_string or config.account_url):
             config.require_blob_store()  # raises ConfigError naming both settings
         self._config = config
+        self._creates_container = creates_container
+        self._identity = not config.azure_connection_string
         self._namespace = config.namespace
         self._timeout_s = config.write_timeout_s
         self.container = config.container
@@ -123,9 +128,7 @@ class BlobStore:
                     config.azure_connection_string, **options
                 )
             else:
-                from azure.identity.aio import DefaultAzureCredential
-
-                self._credential = DefaultAzureCredential()
+                self._credential = credential()()
                 url = config.account_url or ""
                 self._service = service(url, credential=self._credential, **options)
         return self._service
@@ -155,7 +158,7 @@ class BlobStore:
     @asynccontextmanager
     async def _call(self, what: str) -> AsyncIterator[None]:
         """Time-limit one SDK call, translate its errors, and note whether the store answered."""
-        await loaded()
+        await loaded(identity=self._identity)
         try:
             async with self._translated(what):
                 yield
@@ -302,7 +305,7 @@ class BlobStore:
         that cannot be read is listed with ``unreadable`` set (see :meth:`BlobInfo.checked`)."""
         out: list[BlobInfo] = []
         prefix = f"{self._namespace}/"
-        async with self._call("list checkpoints"), _no_container_no_blobs():
+        async with self._call("list checkpoints"), self._not_created_yet():
             async for item in self._container.list_blobs(
                 name_starts_with=prefix, include=["metadata"]
             ):
@@ -333,7 +336,7 @@ class BlobStore:
         """The ids of the namespace's queries that have a blob: a listing, nothing downloaded."""
         prefix = f"{self._namespace}/"
         names: set[str] = set()
-        async with self._call("list checkpoint names"), _no_container_no_blobs():
+        async with self._call("list checkpoint names"), self._not_created_yet():
             async for item in self._container.list_blobs(name_starts_with=prefix):
                 if item.name.endswith(".json") and "/" not in item.name[len(prefix) :]:
                     names.add(item.name.removeprefix(prefix).removesuffix(".json"))
@@ -419,7 +422,7 @@ class BlobStore:
         Raises:
             StoreError: the container does not exist (the message says so).
         """
-        await loaded()
+        await loaded(identity=self._identity)
         client = self._container_named(container)
         async with self._call("list eventhubs checkpoints"):
             try:
@@ -441,7 +444,7 @@ class BlobStore:
         Raises:
             StoreError: the container does not exist (the message says so).
         """
-        await loaded()
+        await loaded(identity=self._identity)
         blob = self._container_named(container).get_blob_client(name)
         async with self._call("write eventhubs checkpoint"):
             try:
@@ -454,9 +457,20 @@ class BlobStore:
             except sdk().ResourceNotFoundError as exc:
                 raise _no_container(exc, self.where, container) from exc
 
+    @asynccontextmanager
+    async def _not_created_yet(self) -> AsyncIterator[None]:
+        """A listing of the container the daemon has not created yet (it does once the store
+        answers, after readiness) is an empty listing; for tools, and any other refusal, the
+        error propagates."""
+        try:
+            yield
+        except sdk().ResourceNotFoundError as exc:
+            if not self._creates_container or _code(exc) != "ContainerNotFound":
+                raise
+
     async def _blob(self, name: str) -> BlobClient:
         """A blob's client (the SDK imported off the loop first, if it was not yet)."""
-        await loaded()
+        await loaded(identity=self._identity)
         return self._container.get_blob_client(name)
 
     async def _lease_client(self, query_id: str, lease_id: str) -> BlobLeaseClient:
@@ -468,17 +482,6 @@ class BlobStore:
             await self._service.close()
         if self._credential is not None:
             await self._credential.close()
-
-
-@asynccontextmanager
-async def _no_container_no_blobs() -> AsyncIterator[None]:
-    """A listing of a container that does not exist (yet: the daemon creates it once the store
-    answers, after readiness) is an empty listing; other refusals propagate."""
-    try:
-        yield
-    except sdk().ResourceNotFoundError as exc:
-        if _code(exc) != "ContainerNotFound":
-            raise
 
 
 async def _read_all(blob: Any) -> bytes:

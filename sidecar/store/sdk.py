@@ -18,6 +18,7 @@ import anyio
 
 if TYPE_CHECKING:
     from azure.core import exceptions
+    from azure.identity.aio import DefaultAzureCredential
     from azure.storage.blob import ContentSettings
     from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
@@ -38,12 +39,23 @@ class Sdk:
     json: ContentSettings
 
 
-async def loaded() -> Sdk:
-    """The SDK, imported in a worker thread if it was not yet: the event loop never waits on
-    the import (a call made while another thread imports waits in its own thread)."""
-    if load.cache_info().currsize:
+async def loaded(*, identity: bool = False) -> Sdk:
+    """The SDK (and, with ``identity``, azure-identity's credential), imported in a worker
+    thread if it was not yet: the event loop never waits on the import (a call made while
+    another thread imports waits in its own thread)."""
+    if load.cache_info().currsize and (not identity or credential.cache_info().currsize):
         return load()
+    if identity:
+        await anyio.to_thread.run_sync(credential)
     return await anyio.to_thread.run_sync(load)
+
+
+@functools.cache
+def credential() -> type[DefaultAzureCredential]:
+    """azure-identity's ``DefaultAzureCredential`` (aio), for ``SIDECAR_ACCOUNT_URL``."""
+    from azure.identity.aio import DefaultAzureCredential
+
+    return DefaultAzureCredential
 
 
 @functools.cache

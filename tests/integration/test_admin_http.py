@@ -58,3 +58,23 @@ async def test_probes_scrape_and_keep_alive_then_errors_are_answered(
         # ... and the endpoint still answers afterwards.
         again = await exchange(port, b"GET /healthz HTTP/1.0\r\n\r\n")
         assert again.startswith(b"HTTP/1.1 200 ")
+
+
+async def test_a_failing_readiness_check_is_a_500_and_the_daemon_goes_on(
+    make_config: ConfigFactory,
+) -> None:
+    """A bug in a check (or a collector) is answered and logged, never the daemon's end."""
+    config = make_config()
+    async with running_daemon(config) as daemon:
+        port = daemon.admin.port
+        assert port is not None
+
+        async def broken() -> str | None:
+            raise RuntimeError("a bug in a readiness check")
+
+        daemon.admin._checks.append(broken)
+        failed = await exchange(port, b"GET /readyz HTTP/1.0\r\n\r\n")
+        assert failed.startswith(b"HTTP/1.1 500 ") and b"internal error" in failed
+        daemon.admin._checks.remove(broken)
+        ready = await exchange(port, b"GET /readyz HTTP/1.0\r\n\r\n")
+        assert ready.startswith(b"HTTP/1.1 200 ") and ready.endswith(b"ready\n")
