@@ -199,11 +199,14 @@ class KafkaCommitter:
 
     async def _commit(self, group: _Group) -> None:
         m = self._metrics
-        label = group.checkpoint.label
+        # What this commit writes: durable() may replace both meanwhile (a newer flush),
+        # and then the group stays dirty for the next pass (and the final commit).
+        checkpoint, offsets = group.checkpoint, group.offsets
+        label = checkpoint.label
         try:
             async with self._call(f"commit of group {group.name}"):
                 consumer = await self._consumer(group)
-                tps = {key: TopicPartition(*key) for key in group.offsets}
+                tps = {key: TopicPartition(*key) for key in offsets}
                 if consumer.assignment() != set(tps.values()):
                     # Manual assignment: commit as a "simple" consumer, never join the group
                     # (it never polls, so nothing is fetched).
@@ -215,9 +218,9 @@ class KafkaCommitter:
                     if offset is not None:
                         group.committed[key] = max(offset, group.committed.get(key, -1))
                     group.fetched.add(key)
-                metadata = commit_metadata(group.checkpoint)
+                metadata = commit_metadata(checkpoint)
                 commit, lowered = {}, []
-                for key, offset in group.offsets.items():
+                for key, offset in offsets.items():
                     if offset < group.committed.get(key, -1):
                         lowered.append(f"{key[0]}-{key[1]}: {group.committed[key]} -> {offset}")
                     else:
@@ -230,7 +233,7 @@ class KafkaCommitter:
                         "backwards (query reset?): %s",
                         group.name,
                         label,
-                        group.checkpoint.batch_id,
+                        checkpoint.batch_id,
                         len(lowered),
                         ", ".join(lowered[:5]),
                     )
@@ -245,7 +248,8 @@ class KafkaCommitter:
             return
         for tp, oam in commit.items():
             group.committed[(tp.topic, tp.partition)] = oam.offset
-        group.dirty = False
+        if group.offsets is offsets:
+            group.dirty = False
         self._backoff.succeeded(group.name)
         group.last_commit = time.monotonic()
         m.kafka_up.set(1)
@@ -255,7 +259,7 @@ class KafkaCommitter:
                 "kafka group=%s query=%s batch=%d: committed %d partition(s)",
                 group.name,
                 label,
-                group.checkpoint.batch_id,
+                checkpoint.batch_id,
                 len(commit),
             )
 

@@ -628,3 +628,39 @@ async def test_unreadable_tls_files_leave_the_daemon_running_and_say_which(
             await wait_blob_batch(daemon.store, QID, 1, timeout_s=10)
         ).batch_id == 1  # the core goes on
         await eventually(lambda: sample(daemon, COMMITS, result="error") == 1)
+
+
+async def test_a_batch_made_durable_during_a_commit_is_committed_next(
+    make_config: ConfigFactory, broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flush that ends while the group's commit is in flight replaces what the group must
+    commit: that commit's success must not mark the group clean (before the fix, the newer
+    offsets waited for the recommit interval, and a stop in between left the group behind)."""
+    await create_topic_with_records(broker.bootstrap)
+    commit = AIOKafkaConsumer.commit
+    held, release = anyio.Event(), anyio.Event()
+
+    async def slow_commit(self: AIOKafkaConsumer, offsets: Any = None) -> None:
+        if not release.is_set():
+            held.set()
+            await release.wait()
+        await commit(self, offsets)
+
+    monkeypatch.setattr(AIOKafkaConsumer, "commit", slow_commit)
+    config = make_config(
+        kafka_bootstrap_servers=broker.bootstrap,
+        count_threshold=1,
+        time_threshold_s=3600,
+        kafka_recommit_interval_s=3600,
+    )
+    async with running_daemon(config) as daemon, group_reader(broker.bootstrap) as reader:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(progress(1))).applied
+            with anyio.fail_after(10):
+                await held.wait()  # batch 1's commit is in flight
+            assert (await c.progress(progress(2))).applied
+            await wait_blob_batch(daemon.store, QID, 2, timeout_s=10)
+            assert daemon.committer is not None and daemon.committer.behind() != []
+            release.set()
+            await wait_committed(reader, end_offsets_of(2))
+            await eventually(lambda: daemon.committer.behind() == [])  # type: ignore[union-attr]
