@@ -88,12 +88,21 @@ def sample(daemon: Daemon, name: str, **labels: str) -> float:
 
 def scrape(daemon: Daemon, path: str = "/metrics") -> tuple[int, str]:
     """GET an admin endpoint (blocking; call from a thread in async tests)."""
-    url = f"http://127.0.0.1:{daemon.admin.port}{path}"
+    answer = http_get(f"http://127.0.0.1:{daemon.admin.port}{path}", timeout_s=5)
+    if answer is None:
+        raise AssertionError(f"nothing answers on the admin endpoint ({path})")
+    return answer
+
+
+def http_get(url: str, timeout_s: float = 2) -> tuple[int, str] | None:
+    """GET ``url``: (status, body), an error status included; None while nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
+    except OSError:
+        return None
 
 
 T = TypeVar("T")

@@ -29,8 +29,6 @@ import os
 import re
 import subprocess
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,7 +39,7 @@ import pytest
 import yaml
 
 from tests.e2e import pod as template
-from tests.helpers import lease_state, metric_value, read_blob, wait_for
+from tests.helpers import http_get, lease_state, metric_value, read_blob, wait_for
 from tests.services import REPO_ROOT, Azurite, RedisServer, free_port
 
 # A cold run builds both images (the driver's: a Debian base with a JRE, and PySpark).
@@ -257,17 +255,6 @@ def played(
             podman("volume", "rm", "--force", volume, check=False)
 
 
-def get(url: str) -> tuple[int, str] | None:
-    """GET ``url``: (status, body), or None while nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-    except OSError:
-        return None
-
-
 def progresses(driver_log: str) -> list[dict[str, Any]]:
     """Every progress the driver's Spark logged, in order."""
     return [json.loads(found) for found in PROGRESS.findall(driver_log)]
@@ -309,7 +296,7 @@ def test_the_driver_pod_checkpoints_and_drains_when_deleted(
 
     # The daemon is up on the socket in the shared volume, Redis reachable.
     def ready() -> bool:
-        answer = get(f"{pod.admin_url}/readyz")
+        answer = http_get(f"{pod.admin_url}/readyz")
         return answer is not None and answer[0] == 200
 
     pod.wait_for(ready, 120, "the daemon's /readyz")
@@ -342,7 +329,7 @@ def test_the_driver_pod_checkpoints_and_drains_when_deleted(
 
     # The listener is connected over the shared socket and its updates are applied.
     def connected() -> bool:
-        answer = get(f"{pod.admin_url}/metrics")
+        answer = http_get(f"{pod.admin_url}/metrics")
         if answer is None or answer[0] != 200:
             return False
         applied = metric_value(answer[1], "checkpoint_sidecar_updates_total", result="applied")

@@ -27,8 +27,6 @@ import re
 import stat
 import subprocess
 import tomllib
-import urllib.error
-import urllib.request
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -38,7 +36,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import lease_state, read_blob, wait_blob, wait_for
+from tests.helpers import http_get, lease_state, read_blob, wait_blob, wait_for
 from tests.services import REPO_ROOT, Azurite, RedisServer, free_port
 from tests.sparkshapes import kafka_progress
 
@@ -149,17 +147,6 @@ def container() -> Iterator[str]:
     podman_rc("rm", "--force", "--time", "0", name)
 
 
-def get(url: str) -> tuple[int, str] | None:
-    """GET ``url``: (status, body), or None while nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-    except OSError:
-        return None
-
-
 def post_as(
     image: str, socket_dir: Path, uid: int, groups: list[int], frames: list[str]
 ) -> tuple[int, str]:
@@ -217,7 +204,7 @@ def test_image_runs_with_the_pods_security_settings(
 
     def wait_ready(status: int, what: str, timeout_s: float = 60) -> None:
         def answered() -> bool:
-            answer = get(f"{admin}/readyz")
+            answer = http_get(f"{admin}/readyz")
             return answer is not None and answer[0] == status
 
         try:
@@ -226,7 +213,7 @@ def test_image_runs_with_the_pods_security_settings(
             raise AssertionError(f"{exc}; the daemon's log ends:\n{logs()[-3000:]}") from None
 
     wait_ready(200, "after start")
-    assert get(f"{admin}/healthz") == (200, "ok\n")
+    assert http_get(f"{admin}/healthz") == (200, "ok\n")
     sock = os.stat(socket_dir / "sidecar.sock")
     assert stat.S_ISSOCK(sock.st_mode) and stat.S_IMODE(sock.st_mode) == 0o660
     assert (sock.st_uid, sock.st_gid) == (10001, SHARED_GID)
@@ -251,7 +238,7 @@ def test_image_runs_with_the_pods_security_settings(
     # Redis stops: not ready; Redis is back: ready again.
     own_redis.stop()
     wait_ready(503, "while Redis is stopped", 30)
-    answer = get(f"{admin}/readyz")
+    answer = http_get(f"{admin}/readyz")
     assert answer is not None and "is unreachable" in answer[1]
     own_redis.start()
     wait_ready(200, "after Redis restarted")
