@@ -2,10 +2,11 @@
 
 Start:  admin endpoint (so /healthz answers at once) → wait for Redis → write coalescer →
         instance lock → lease renewer → Kafka committer → Event Hubs checkpointer → idle-query
-        retirement → socket server → ready (``task_status.started()``: the socket bound, Redis
-        answered; the store is not part of readiness) → then, in the background: the Azure
+        retirement → what a previous run left pending noted → socket server → ready
+        (``task_status.started()``: the socket bound, Redis answered; the store is not part
+        of readiness) → then, in the background: the Azure
         SDK imported in a worker thread → wait for the blob container → store watch →
-        flusher (its first tick recovers what a previous run left pending) → config checks
+        flusher (its first pass flushes what a previous run left pending) → config checks
         (``sidecar.ops.doctor``, once: logged and exported, never fatal). Modules are imported
         when configured: the Kafka client only with Kafka, identity only with an account URL.
 Stop:   stop accepting → answer requests already read (drain) → stop the flush, Kafka
@@ -293,6 +294,7 @@ class Daemon:
                 if self.eventhubs is not None:
                     await tg.start(self.eventhubs.run)
                 await tg.start(self.retirement.run)
+                await self.flusher.recover()  # before the socket: only a previous run's
                 await tg.start(self.server.run)
                 # Start-up objects (modules, clients) never die: move them out of the
                 # collector's reach so full collections stay short (they caused 20-40 ms

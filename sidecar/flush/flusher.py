@@ -163,6 +163,30 @@ class Flusher:
             for query_id in unstarted:
                 self._blobs.end(query_id)
 
+    async def recover(self) -> None:
+        """Note what a previous run acknowledged but did not flush, before this daemon accepts
+        updates (the daemon calls it then: the flusher itself starts once the store is open,
+        and by then this run's own updates are pending too). Those queries are due at once,
+        whatever the thresholds, and stay due until flushed (e.g. once the dead daemon's
+        lease has expired). Redis not answering: the first check does it instead."""
+        try:
+            _, entries = await self._buffer.pending()
+        except SidecarError as exc:
+            log.warning("recovery deferred to the first flush check: %s", exc)
+            return
+        self._recovering({e.query_id for e in entries if e.pending != 0})
+
+    def _recovering(self, pending: set[str]) -> None:
+        self._recovered = True
+        for query_id in pending:
+            self._core.view(query_id).recovering = True
+        if pending:
+            log.info(
+                "recovering %d query(ies) left pending by a previous run: %s",
+                len(pending),
+                ", ".join(sorted(pending)),
+            )
+
     async def _check(self, *, final: bool = False) -> list[str] | None:
         """The due queries, oldest first, from their flush state alone (no checkpoint is
         read); None when Redis could not be read."""
@@ -180,18 +204,7 @@ class Flusher:
                 self._quarantined.readable(query_id, "redis")  # flushed or deleted meanwhile
         self._pending = pending
         if not self._recovered:
-            # Recovery: whatever a previous run acknowledged but did not flush is due now,
-            # whatever the thresholds, and stays due until flushed (e.g. once the dead
-            # daemon's lease has expired).
-            self._recovered = True
-            for query_id in pending:
-                self._core.view(query_id).recovering = True
-            if pending:
-                log.info(
-                    "recovering %d query(ies) left pending by a previous run: %s",
-                    len(pending),
-                    ", ".join(sorted(pending)),
-                )
+            self._recovering(pending)
         due: list[tuple[float, str]] = []
         for e in entries:
             query_id, count = e.query_id, e.pending

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+import anyio
 import pytest
 
 from sidecar.config import Config
@@ -17,7 +18,7 @@ from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
 from sidecar.wire.protocol import RETRIABLE_CODES
 from tests.faults.store_proxy import Fault, StoreFaultProxy
-from tests.helpers import ConfigFactory, eventually, running_daemon, wait_blob_batch
+from tests.helpers import ConfigFactory, eventually, running_daemon, sample, wait_blob_batch
 from tests.services import Azurite, azurite_connection_string
 from tests.sparkshapes import kafka_progress
 
@@ -67,3 +68,36 @@ async def test_a_missing_container_is_empty_for_the_daemon_and_an_error_for_a_to
     finally:
         await daemons.aclose()
         await tools.aclose()
+
+
+async def test_updates_accepted_before_the_store_opens_are_not_a_previous_runs(
+    make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a previous run left pending is noted before the socket opens: this run's own
+    updates, accepted while the store still opens, wait for their thresholds (before the fix
+    the flusher's first pass took them for leftovers and flushed them at once)."""
+    opened = anyio.Event()
+    load = app.loaded_sdk
+
+    async def slow_sdk(**kwargs: bool) -> object:  # the SDK's import, held until told
+        await opened.wait()
+        return await load(**kwargs)
+
+    monkeypatch.setattr(app, "loaded_sdk", slow_sdk)
+    config = make_config(count_threshold=1000, time_threshold_s=3600)
+    async with running_daemon(config) as daemon:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            for batch in range(1, 4):
+                assert (await c.progress(kafka_progress(QID, batch))).applied
+        assert not daemon.flusher._started
+        opened.set()
+        await eventually(lambda: daemon.flusher._started, timeout_s=10)
+        checks = sample(daemon, "checkpoint_sidecar_flush_checks_total")
+        await eventually(
+            lambda: sample(daemon, "checkpoint_sidecar_flush_checks_total") >= checks + 5
+        )
+        assert await daemon.store.read(QID) is None  # pending in Redis, not due
+        assert not any(
+            sample(daemon, "checkpoint_sidecar_flushes_total", result=r) > 0
+            for r in ("ok", "skipped", "not_owned", "lease_lost", "error")
+        )
