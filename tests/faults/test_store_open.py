@@ -16,6 +16,7 @@ from sidecar.daemon import app
 from sidecar.errors import StoreError
 from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
+from sidecar.store.sdk import loaded as sdk_loaded
 from sidecar.wire.protocol import RETRIABLE_CODES
 from tests.faults.store_proxy import Fault, StoreFaultProxy
 from tests.helpers import ConfigFactory, eventually, running_daemon, sample, wait_blob_batch
@@ -77,7 +78,7 @@ async def test_updates_accepted_before_the_store_opens_are_not_a_previous_runs(
     updates, accepted while the store still opens, wait for their thresholds (before the fix
     the flusher's first pass took them for leftovers and flushed them at once)."""
     opened = anyio.Event()
-    load = app.loaded_sdk
+    load = sdk_loaded
 
     async def slow_sdk(**kwargs: bool) -> object:  # the SDK's import, held until told
         await opened.wait()
