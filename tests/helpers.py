@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ from sidecar.daemon.app import Daemon
 from sidecar.model import checkpoint as ckpt
 from sidecar.model.document import CheckpointDocument
 from sidecar.store.blobs import BlobStore
+from sidecar.wire.protocol import ClientConnection, Reply, encode_request
 from tests.services import REPO_ROOT
 from tests.sparkshapes import kafka_progress
 
@@ -160,6 +162,20 @@ def read_blob(env: dict[str, str], query_id: str) -> CheckpointDocument | None:
             await store.aclose()
 
     return anyio.run(read)
+
+
+def post_progress(socket_path: str, progress: dict[str, Any], timeout_s: float = 30) -> Reply:
+    """One ``progress`` request on a connection of its own (blocking); its reply."""
+    conn = ClientConnection()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(socket_path)
+        sock.sendall(encode_request("progress", 1, progress=progress))
+        while True:
+            data = sock.recv(1 << 16)
+            assert data, "the daemon closed the connection without a reply"
+            if replies := conn.receive_data(data):
+                return replies[0]
 
 
 def lease_state(env: dict[str, str], query_id: str) -> str:

@@ -15,7 +15,6 @@ import functools
 import json
 import logging
 import signal
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -33,7 +32,6 @@ from sidecar.flush import blob_state
 from sidecar.model import checkpoint as ckpt
 from sidecar.model.document import CheckpointDocument, Writer, encode_document
 from sidecar.ops.client import SidecarClient
-from sidecar.wire.protocol import ClientConnection, Reply, encode_request
 from tests.helpers import (
     ConfigFactory,
     blob_reader,
@@ -41,6 +39,7 @@ from tests.helpers import (
     cli,
     eventually,
     metric_value,
+    post_progress,
     running_daemon,
     sample,
     seed,
@@ -181,18 +180,6 @@ async def test_a_damaged_field_is_quarantined_and_the_next_update_repairs_it(
         assert await store.read(OTHER) is None
 
 
-def send(path: str, progress: dict[str, Any]) -> Reply:
-    conn = ClientConnection()
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(10)
-        s.connect(path)
-        s.sendall(encode_request("progress", 1, progress=progress))
-        while True:
-            replies = conn.receive_data(s.recv(65536))
-            if replies:
-                return replies[0]
-
-
 def scrape_metrics(daemon: DaemonProcess) -> str:
     with urllib.request.urlopen(f"{daemon.admin_url}/metrics", timeout=5) as resp:
         return cast(bytes, resp.read()).decode()
@@ -213,7 +200,8 @@ def test_a_daemon_restarted_with_an_unreadable_record_starts_ready_and_keeps_flu
         daemon = DaemonProcess(env, short_tmp / f"run{run}.log")
         procs.append(daemon)
         daemon.start()  # ready: /readyz answers 200
-        assert send(daemon.socket_path, kafka_progress(GOOD, 10 + run, name="good")).applied
+        good = kafka_progress(GOOD, 10 + run, name="good")
+        assert post_progress(daemon.socket_path, good).applied
         wait_blob(env, GOOD, 10 + run)
 
         wait_for(functools.partial(counted, daemon), 10, "the unreadable record to be counted")

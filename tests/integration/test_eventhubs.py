@@ -5,7 +5,6 @@ the SDK. Pure parts and the retry policy: tests/unit/test_eventhubs.py."""
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -17,13 +16,13 @@ from azure.storage.blob.aio import BlobServiceClient
 
 from sidecar.eventhubs import checkpointer as checkpointer_module
 from sidecar.ops.client import SidecarClient
-from sidecar.wire.protocol import ClientConnection, Reply, encode_request
 from tests.helpers import (
     ConfigFactory,
     blob_reader,
     cli,
     eventually,
     metric_value,
+    post_progress,
     running_daemon,
     sample,
     wait_blob_batch,
@@ -55,20 +54,6 @@ def processed(batch: int, per_partition: int = 50) -> dict[str, int]:
     offset (the next to read) minus one."""
     ends = progress(QID, batch, per_partition=per_partition)["sources"][0]["endOffset"]
     return {p: n - 1 for p, n in ends[EVENTHUB].items()}
-
-
-def post(socket_path: str, body: dict[str, Any]) -> Reply:
-    """One ``progress`` request on a connection of its own; its reply."""
-    conn = ClientConnection()
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(30)
-        sock.connect(socket_path)
-        sock.sendall(encode_request("progress", 1, progress=body))
-        while True:
-            data = sock.recv(1 << 16)
-            assert data, "the daemon closed the connection without a reply"
-            if replies := conn.receive_data(data):
-                return replies[0]
 
 
 async def read_checkpoints(connection_string: str, container: str) -> list[dict[str, Any]]:
@@ -107,7 +92,7 @@ def test_durable_batches_become_checkpoints_the_sdk_reads_and_never_go_back(
     procs.append(proc)
     proc.start()
     for batch in range(3):
-        assert post(proc.socket_path, progress(QID, batch)).applied
+        assert post_progress(proc.socket_path, progress(QID, batch)).applied
 
     want = processed(2)  # {"0": 149, "1": 150, "2": 151, "3": 152}
 
@@ -148,7 +133,7 @@ def test_durable_batches_become_checkpoints_the_sdk_reads_and_never_go_back(
     again = DaemonProcess(env, short_tmp / "daemon2.log")
     procs.append(again)
     again.start()
-    assert post(again.socket_path, progress(RESET_QID, 0, per_partition=10)).applied
+    assert post_progress(again.socket_path, progress(RESET_QID, 0, per_partition=10)).applied
     wait_for(
         lambda: (
             metric_value(metrics(again), "checkpoint_sidecar_eventhubs_partitions_skipped_total")
