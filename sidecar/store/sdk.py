@@ -18,6 +18,7 @@ import anyio
 
 if TYPE_CHECKING:
     from azure.core import exceptions
+    from azure.core.pipeline.transport import AioHttpTransport
     from azure.identity.aio import DefaultAzureCredential
     from azure.storage.blob import ContentSettings
     from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
@@ -35,6 +36,7 @@ class Sdk:
     ServiceResponseError: type[exceptions.ServiceResponseError]
     BlobLeaseClient: type[BlobLeaseClient]
     BlobServiceClient: type[BlobServiceClient]
+    AioHttpTransport: type[AioHttpTransport]
     #: The content settings of a checkpoint document.
     json: ContentSettings
 
@@ -62,6 +64,7 @@ def credential() -> type[DefaultAzureCredential]:
 def load() -> Sdk:
     """Import the SDK (once; thread-safe: Python's import lock) and return its names."""
     from azure.core import exceptions as e
+    from azure.core.pipeline.transport import AioHttpTransport
     from azure.storage.blob import ContentSettings
     from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
@@ -74,5 +77,6 @@ def load() -> Sdk:
         e.ServiceResponseError,
         BlobLeaseClient,
         BlobServiceClient,
+        AioHttpTransport,
         ContentSettings(content_type="application/json"),
     )

@@ -1,0 +1,96 @@
+"""The blob store's edge against real Azurite: the HTTP proxy from the environment (read once,
+not by aiohttp per request), and what it keeps between calls."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from sidecar.store import blobs
+from sidecar.store.blobs import BlobStore
+from sidecar.store.proxies import proxies_for, shown
+from tests.faults.store_proxy import StoreFaultProxy
+from tests.helpers import ConfigFactory
+from tests.services import Azurite
+
+QID = "5f2c9a41-7a0e-4c7b-9d51-0f6a8e2b3c10"
+
+
+@pytest.fixture
+def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in ("http_proxy", "https_proxy", "no_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    return monkeypatch
+
+
+def test_the_proxy_is_chosen_by_scheme_and_no_proxy(no_proxy_env: pytest.MonkeyPatch) -> None:
+    account = "https://acct.blob.core.windows.net/"
+    assert proxies_for(account) is None
+    no_proxy_env.setenv("HTTPS_PROXY", "http://u:p@proxy.corp:3128")
+    no_proxy_env.setenv("HTTP_PROXY", "http://plain.corp:8080")
+    assert proxies_for(account) == {"https": "http://u:p@proxy.corp:3128"}
+    assert proxies_for("http://127.0.0.1:10000/devstoreaccount1") == {
+        "http": "http://plain.corp:8080"
+    }
+    no_proxy_env.setenv("NO_PROXY", "localhost,.core.windows.net")
+    assert proxies_for(account) is None
+    assert shown("http://u:p@proxy.corp:3128") == "http://proxy.corp:3128"  # no credentials
+
+
+async def test_the_store_goes_through_the_proxy_the_environment_names(
+    make_config: ConfigFactory,
+    azurite: Azurite,
+    no_proxy_env: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Azurite is plain HTTP: HTTP_PROXY applies; the proxy forwards to it as it is.
+    with StoreFaultProxy(azurite.port) as proxy:
+        no_proxy_env.setenv("HTTP_PROXY", f"http://user:s3cret@127.0.0.1:{proxy.port}")
+        caplog.set_level(logging.INFO, "sidecar.store.blobs")
+        store = BlobStore(make_config(), creates_container=True)
+        try:
+            await store.ensure_container()
+            await store.create_if_absent(QID)
+            listed = await store.list()
+        finally:
+            await store.aclose()
+    assert [b.query_id for b in listed] == [QID]
+    assert sum(proxy.requests.values()) >= 3  # every call went through it
+    assert f"through the proxy http://127.0.0.1:{proxy.port}" in caplog.text
+    assert "s3cret" not in caplog.text
+
+
+async def test_no_proxy_keeps_the_store_off_the_proxy(
+    make_config: ConfigFactory, azurite: Azurite, no_proxy_env: pytest.MonkeyPatch
+) -> None:
+    with StoreFaultProxy(azurite.port) as proxy:
+        no_proxy_env.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+        no_proxy_env.setenv("NO_PROXY", "127.0.0.1")
+        store = BlobStore(make_config(), creates_container=True)
+        try:
+            await store.ensure_container()
+            await store.create_if_absent(QID)
+        finally:
+            await store.aclose()
+    assert sum(proxy.requests.values()) == 0
+
+
+async def test_blob_clients_are_kept_for_the_queries_used_last(
+    make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(blobs, "BLOB_CLIENTS", 2)
+    store = BlobStore(make_config(), creates_container=True)
+    try:
+        await store.ensure_container()
+        made = []  # the clients themselves (held: no id reused)
+        for query_id in ("a", "b", "a", "c", "a", "b"):
+            await store.create_if_absent(query_id)
+            made.append(await store._blob(store.blob_name(query_id)))
+        # "a" kept while used (one client for all its calls), "b" dropped for "c", then made
+        # again; never more than two kept
+        assert made[0] is made[2] is made[4] and made[1] is not made[5]
+        assert len(store._blobs) == 2
+    finally:
+        await store.aclose()
