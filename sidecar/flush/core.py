@@ -177,8 +177,10 @@ class FlushCore(Generic[W]):
         if exact or q.floor is None or batch > q.floor:
             q.floor = batch
         # The blob held it when read: an ack of that batch or older need not wait for a write
-        # (after Redis lost its data, nothing may be left to write).
-        q.durable = max(q.durable, batch)
+        # (after Redis lost its data, nothing may be left to write). Read again exactly, it may
+        # be lower than what was durable (rewound by another owner): an ack of a batch above
+        # it waits for a write again.
+        q.durable = batch if exact else max(q.durable, batch)
         return q.floor
 
     # --- acks -----------------------------------------------------------------------------

@@ -640,6 +640,16 @@ FOUND = {
         "update(query='q1', back=1, blob_ack=True)",
         "get(query='q1')",
     ],
+    # Another owner reset the blob from batch 1 to 0 and let go; batch 1 came again, the
+    # floor (1) alone refused it, and the floor read again said 0, but the durable batch
+    # stayed 1: its blob-mode ack was answered at once, the blob holding 0. A floor read
+    # again exactly now sets the durable batch too, down as well as up.
+    "an ack after another owner rewound the blob": [
+        "update(query='q2', back=0, blob_ack=True)",
+        "update(query='q2', back=0, blob_ack=False)",
+        "failover_and_back(query='q2', flush=False, reset_back=1)",
+        "update(query='q2', back=1, blob_ack=True)",
+    ],
 }
 
 
