@@ -145,7 +145,8 @@ class BlobStates:
                     log.warning("query=%s: no floor from an unreadable blob: %s", query_id, exc)
                     doc = None
                 batch = doc.batch_id if doc is not None else NO_BLOB
-                floor = self.core.floor_read(query_id, batch, since, exact=exact)
+                floor, answered = self.core.floor_read(query_id, batch, since, exact=exact)
+                self._answer(answered)
                 if floor != NO_BLOB and self._with_blob is not None:
                     self._with_blob.add(query_id)
                 return floor

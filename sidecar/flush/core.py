@@ -160,28 +160,29 @@ class FlushCore(Generic[W]):
         q = self._queries.get(query_id)
         return q.floor if q is not None else None
 
-    def floor_read(self, query_id: str, batch: int, since: int, *, exact: bool) -> int:
+    def floor_read(
+        self, query_id: str, batch: int, since: int, *, exact: bool
+    ) -> tuple[int, list[W]]:
         """A blob read done without the lease, begun at stamp ``since``: ``batch`` (NO_BLOB:
         no blob) raises the floor, or with ``exact`` replaces it (a re-read after a refusal by
         the floor alone: the blob may have been rewound by another owner). Begun before newer
         evidence, an admin op or a retirement of the query, the read is returned, not kept: it
         could raise a reset floor back. No floor is kept for a query without a blob. Returns
-        the floor to use."""
+        the floor to use, and the acks the read answers."""
         q = self._queries.get(query_id)
         if q is None:
             if batch == NO_BLOB or self._last_op > since:
-                return batch
+                return batch, []
             q = self.view(query_id)
         elif q.evidence > since:
-            return q.floor if q.floor is not None else batch
+            return (q.floor if q.floor is not None else batch), []
         if exact or q.floor is None or batch > q.floor:
             q.floor = batch
         # The blob held it when read: an ack of that batch or older need not wait for a write
-        # (after Redis lost its data, nothing may be left to write). Read again exactly, it may
-        # be lower than what was durable (rewound by another owner): an ack of a batch above
-        # it waits for a write again.
-        q.durable = batch if exact else max(q.durable, batch)
-        return q.floor
+        # (after Redis lost its data, nothing may be left to write), nor one waiting already.
+        # Read again exactly, it may be lower than what was durable (rewound by another
+        # owner): an ack of a batch above it waits for a write again.
+        return q.floor, self._durable(q, batch if exact else max(q.durable, batch))
 
     # --- acks -----------------------------------------------------------------------------
 

@@ -58,7 +58,7 @@ async def test_concurrent_first_updates_share_one_blob_read() -> None:
         store.release.set()
     assert store.reads == [QID] and got == [7] * 5
     # A read without the lease never lowers it; a write under the lease sets it.
-    assert states.core.floor_read(QID, 5, states.core.stamp, exact=False) == 7
+    assert states.core.floor_read(QID, 5, states.core.stamp, exact=False) == (7, [])
     assert states.known(QID) == 7
     states.core.written(QID, 1, document(QID, 9))
     assert states.known(QID) == 9

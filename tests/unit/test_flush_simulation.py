@@ -650,6 +650,16 @@ FOUND = {
         "failover_and_back(query='q2', flush=False, reset_back=1)",
         "update(query='q2', back=1, blob_ack=True)",
     ],
+    # A write of batch 1 timed out after landing while its blob-mode ack waited; a `get` read
+    # the floor (1) from the blob, which made batch 1 durable without answering that ack,
+    # and nothing later could (Redis' flushed batch equal to the durable one is no news): it
+    # waited forever. A floor read now answers the acks it makes durable.
+    "an ack made durable by a floor read": [
+        "a_write_times_out_after_landing()",
+        "update(query='q2', back=0, blob_ack=True)",
+        "get(query='q2')",
+        "failover_and_back(query='q2', flush=False, reset_back=0)",
+    ],
 }
 
 
