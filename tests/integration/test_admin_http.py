@@ -4,10 +4,16 @@ Prometheus scrape and a confused client get. The responder is h11 over anyio str
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
+from sidecar.daemon.http import RENDER_SWITCH_INTERVAL_S
 from tests.helpers import ConfigFactory, running_daemon
 
 
@@ -78,3 +84,29 @@ async def test_a_failing_readiness_check_is_a_500_and_the_daemon_goes_on(
         daemon.admin._checks.remove(broken)
         ready = await exchange(port, b"GET /readyz HTTP/1.0\r\n\r\n")
         assert ready.startswith(b"HTTP/1.1 200 ") and ready.endswith(b"ready\n")
+
+
+async def test_a_scrape_renders_with_short_gil_switches_and_restores_them(
+    make_config: ConfigFactory,
+) -> None:
+    # The page renders in a worker thread; meanwhile the GIL changes hands every 0.5 ms, so
+    # the event loop never waits 5 ms for it at each wake-up. Python's interval comes back.
+    seen: list[float] = []
+
+    class Spy(Collector):
+        def collect(self) -> Iterator[Metric]:
+            seen.append(sys.getswitchinterval())
+            yield GaugeMetricFamily("spy", "the switch interval during a render", value=1)
+
+    before = sys.getswitchinterval()
+    async with running_daemon(make_config()) as daemon:
+        daemon.metrics.registry.register(Spy())
+        port = daemon.admin.port
+        assert port is not None
+        for _ in range(2):
+            answer = await exchange(
+                port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            assert b"\r\n\r\n" in answer and b"\nspy 1.0\n" in answer
+            assert sys.getswitchinterval() == before
+    assert seen == [RENDER_SWITCH_INTERVAL_S] * 2 and before > RENDER_SWITCH_INTERVAL_S
