@@ -35,16 +35,16 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 # (sidecar.model.checkpoint.Id); name: the rest ("" if none). One argument for the small fields
 # rather than one each: redis-py packs every argument in Python, which costs the daemon more
 # than the match costs the script.
-# Returns one integer per update: 1 applied, 0 stale (not newer than Redis' batch), -2 below
-# the floor only (newer than Redis' batch, or Redis has none, but not newer than the floor:
-# the blob may have been rewound by another owner since the floor was read; nothing was
-# written), -1 floor needed (Redis holds no batch of the query and the floor is "?": nothing
-# was written; read the blob and call again with its batch).
+# Returns one result per update: 1 applied (APPLY_ROWS: its row, below), 0 stale (not newer
+# than Redis' batch), -2 below the floor only (newer than Redis' batch, or Redis has none, but
+# not newer than the floor: the blob may have been rewound by another owner since the floor
+# was read; nothing was written), -1 floor needed (Redis holds no batch of the query and the
+# floor is "?": nothing was written; read the blob and call again with its batch).
 # A damaged record (docs/architecture.md, "Corrupted records"): any update replaces one whose
 # batch_id is unreadable, the next newer batch one whose checkpoint is (a readable batch_id
 # stays monotonic); counters that are not integers restart from 0, so HINCRBY cannot fail
 # the call and with it the other queries' updates.
-APPLY = (
+_APPLY = (
     _PRELUDE
     + """
 local function counter(s)
@@ -65,7 +65,7 @@ for i = 1, #KEYS - 3 do
     if cur[2] and not counter(cur[2]) then redis.call('HSET', key, 'pending', 0) end
     if cur[3] and not counter(cur[3]) then redis.call('HSET', key, 'version', 0) end
     local pending = redis.call('HINCRBY', key, 'pending', 1)
-    redis.call('HINCRBY', key, 'version', 1)
+    local version = redis.call('HINCRBY', key, 'version', 1)
     redis.call('HSET', key, 'batch_id', id, 'checkpoint', ARGV[2 * i], 'updated_ms', now)
     if pending == 1 then
       redis.call('HSET', key, 'first_pending_ms', now)
@@ -73,11 +73,21 @@ for i = 1, #KEYS - 3 do
     end
     redis.call('SADD', KEYS[2], qid)
     if name ~= '' then redis.call('HSET', KEYS[3], name, qid) end
-    out[i] = 1
+    out[i] = APPLIED
   end
 end
 return out
 """
+)
+APPLY = _APPLY.replace("APPLIED", "1")
+# The same, each applied update answered with its row as the flusher needs it (blob ack mode:
+# the flush of a waiting ack then reads nothing from Redis): {1, pending, version,
+# first_pending_ms, flushed_batch_id, now}; an absent field is false (a nil would end the list).
+APPLY_ROWS = _APPLY.replace(
+    "APPLIED",
+    "{1, pending, version, "
+    "redis.call('HGET', key, 'first_pending_ms') or false, "
+    "redis.call('HGET', key, 'flushed_batch_id') or false, now}",
 )
 
 # The query ids a flush check looks at: every one in the pending index (KEYS[1]) when

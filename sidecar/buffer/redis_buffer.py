@@ -15,6 +15,7 @@ import enum
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import redis.exceptions as rex
@@ -88,6 +89,7 @@ class RedisBuffer:
         self._url = str(self._topology)
         self._redis = client if client is not None else self._topology.connect(timeout_s)
         self._apply = self._redis.register_script(lua.APPLY)
+        self._apply_rows = self._redis.register_script(lua.APPLY_ROWS)
         self._snapshot = self._redis.register_script(lua.SNAPSHOT)
         self._pending = self._redis.register_script(lua.PENDING)
         self._mark_flushed = self._redis.register_script(lua.MARK_FLUSHED)
@@ -162,6 +164,38 @@ class RedisBuffer:
         """
         if not checkpoints:
             return []
+        return [Outcome(int(r)) for r in await self._call_apply(self._apply, checkpoints, floors)]
+
+    async def apply_rows(
+        self, checkpoints: Sequence[Checkpoint], floors: Sequence[int | None] | None = None
+    ) -> Applied:
+        """:meth:`apply`, also returning the row of each update applied, as
+        :meth:`snapshot` would read it right after: what the flush of a waiting ack needs."""
+        applied = Applied([], [])
+        if not checkpoints:
+            return applied
+        for c, r in zip(checkpoints, await self._call_apply(self._apply_rows, checkpoints, floors),
+                        strict=True):  # fmt: skip
+            if isinstance(r, int):
+                applied.outcomes.append(Outcome(r))
+                continue
+            applied.outcomes.append(Outcome.APPLIED)
+            pending, version, first_ms, flushed, now_ms = r[1:]
+            applied.rows.append(PendingQuery(
+                query_id=c.query_id,
+                pending=int(pending),
+                first_pending_ms=_counter(first_ms) if first_ms is not None else None,
+                version=str(int(version)),
+                batch_id=c.batch_id,
+                checkpoint=c,
+                flushed_batch_id=_counter(flushed) if flushed is not None else None,
+                snapshot_ms=int(now_ms),
+            ))  # fmt: skip
+        return applied
+
+    async def _call_apply(
+        self, script: Any, checkpoints: Sequence[Checkpoint], floors: Sequence[int | None] | None
+    ) -> list[Any]:
         keys = [self.keys.pending, self.keys.queries, self.keys.names]
         args: list[str | bytes] = []
         prefix = self.keys.query_prefix
@@ -172,25 +206,23 @@ class RedisBuffer:
             args += (f"{floor} {c.batch_id} {c.query_id} {c.name or ''}".encode(), ckpt.encode(c))
         with self._translate("apply"):
             if self._min_replicas:
-                result = await self._apply_replicated(keys, args)
-            else:
-                result = await self._apply(keys=keys, args=args)
-        return [Outcome(int(r)) for r in result]
+                return list(await self._apply_replicated(script, keys, args))
+            return list(await script(keys=keys, args=args))
 
-    async def _apply_replicated(self, keys: list[str], args: list[str | bytes]) -> Any:
+    async def _apply_replicated(self, script: Any, keys: list[str], args: list[str | bytes]) -> Any:
         """The apply script, a write of the probe key, then ``WAIT``, on one connection of the
         namespace's node: WAIT counts the replicas that have this connection's last write,
         and the probe write makes that cover an update stored earlier elsewhere (a resend
         that is now stale) too, since replicas apply the stream in order."""
         for attempt in (1, 2):
             pipe = self._redis.pipeline(transaction=False)
-            pipe.execute_command("EVALSHA", self._apply.sha, len(keys), *keys, *args)
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
             pipe.set(self.keys.probe, b"1", px=60_000)
             node = await self._topology.node_of(self._redis, self.keys.pending)
             pipe.execute_command("WAIT", self._min_replicas, self._wait_ms, **node)
             result, _, replicas = await pipe.execute(raise_on_error=False)
             if isinstance(result, rex.NoScriptError) and attempt == 1:
-                await self._redis.script_load(lua.APPLY)  # a restarted or new primary
+                await self._redis.script_load(script.script)  # a restarted or new primary
                 continue
             break
         for answer in (result, replicas):
@@ -359,6 +391,15 @@ class RedisBuffer:
 
     async def aclose(self) -> None:
         await self._redis.aclose()
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What :meth:`RedisBuffer.apply_rows` did: each update's outcome, and the rows of those
+    applied (:class:`PendingQuery`, in the order applied)."""
+
+    outcomes: list[Outcome]
+    rows: list[PendingQuery]
 
 
 class Outcome(enum.IntEnum):

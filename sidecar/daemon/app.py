@@ -139,7 +139,6 @@ class Daemon:
         self.store.on_failure = lambda call, reason: self.metrics.store_failures.labels(
             call, reason
         ).inc()
-        self.coalescer = WriteCoalescer(self.buffer)
         self.instance = instance.InstanceLock(
             self.buffer,
             self.identity,
@@ -170,6 +169,9 @@ class Daemon:
             on_durable=self._durable_hook(),
             track=self.retirement.track,
         )
+        # Blob ack mode: the rows each apply returns go to the flusher (no read per ack).
+        rows = self.flusher if config.ack_mode == "blob" else None
+        self.coalescer = WriteCoalescer(self.buffer, rows=rows)
         self.durability = DurabilityWatch(
             self.buffer,
             self.metrics,

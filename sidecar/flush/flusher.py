@@ -22,6 +22,11 @@ as the written snapshot covered.
 At start the first tick flushes whatever a previous run left pending (crash recovery); at
 stop :meth:`final_flush` flushes everything owned, whatever the thresholds.
 
+In blob ack mode each apply hands its rows over (:meth:`Flusher.applied`, the ingest side's
+``RowSink``): the flush an ack waits for takes the row from there and reads nothing from
+Redis, one round trip less per ack; a row is kept per query until a flush takes it, the
+latest replacing the earlier.
+
 A record that cannot be read is quarantined (``sidecar.flush.quarantine``): every other query
 keeps flushing. The document written carries the history (``sidecar.flush.documents``).
 A Redis row read before an admin op (reset, retire) of its query is never flushed.
@@ -38,7 +43,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from sidecar.backoff import spread
-from sidecar.buffer.redis_buffer import PendingEntry, PendingQuery, RedisBuffer
+from sidecar.buffer.redis_buffer import PendingEntry, PendingQuery, RedisBuffer, Snapshot
 from sidecar.config import Config
 from sidecar.errors import CorruptRecord, LeaseLost, SidecarError, StoreUnavailable
 from sidecar.flush.blob_state import BlobStates
@@ -99,6 +104,9 @@ class Flusher:
         self._recovered = False
         #: Queries with updates pending (or an unreadable record) at the last snapshot read.
         self._pending: set[str] = set()
+        #: The last row each apply returned, with the stamp its call began at, until a flush
+        #: takes it (blob ack mode).
+        self._rows: dict[str, tuple[PendingQuery, int]] = {}
         self._loop = anyio.CancelScope()
         self._loop_done = anyio.Event()
         self._started = False
@@ -112,6 +120,15 @@ class Flusher:
         return (
             query_id in self._pending or query_id in self._quarantined or self._blobs.busy(query_id)
         )
+
+    # --- the rows applies return (sidecar.ingest.coalescer.RowSink) -------------------------
+
+    def stamp(self) -> int:
+        return self._core.stamp
+
+    def applied(self, rows: list[PendingQuery], since: int) -> None:
+        for row in rows:  # in the order applied: the last of a query is its latest
+            self._rows[row.query_id] = (row, since)
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -203,6 +220,9 @@ class Flusher:
             if query_id not in pending:
                 self._quarantined.readable(query_id, "redis")  # flushed or deleted meanwhile
         self._pending = pending
+        for query_id in [q for q, (row, _) in self._rows.items() if row.snapshot_ms < now_ms]:
+            if query_id not in pending:  # flushed since it was applied, or retired
+                del self._rows[query_id]
         if not self._recovered:
             self._recovering(pending)
         due: list[tuple[float, str]] = []
@@ -257,9 +277,14 @@ class Flusher:
         for i in range(0, len(due), ROWS_PER_READ):
             async with self._row_reads:
                 ids = due[i : i + ROWS_PER_READ]
-                since = self._core.stamp  # before the read: an admin op after it voids it
+                # An apply's row (blob ack mode) is as good as one read now: no read for it.
+                taken = {q: self._rows.pop(q) for q in ids if q in self._rows}
+                unread = [q for q in ids if q not in taken]
+                read_at = self._core.stamp  # before the read: an admin op after it voids it
                 try:
-                    rows = await self._buffer.snapshot(ids, only=True)
+                    rows = Snapshot(0, [], {})
+                    if unread:
+                        rows = await self._buffer.snapshot(unread, only=True)
                 except SidecarError as exc:
                     log.warning("flush of %d due query(ies) skipped: %s", len(ids), exc)
                     return failed + len(due) - i
@@ -269,7 +294,7 @@ class Flusher:
                         log.error("flush query=%s skipped, record unreadable: %s", query_id, bad)
                 started = set()
                 async with anyio.create_task_group() as tg:
-                    for q in rows.queries:
+                    for q, since in [*taken.values(), *((q, read_at) for q in rows.queries)]:
                         self._quarantined.readable(q.query_id, "redis")
                         self._core.view(
                             q.query_id, q.checkpoint.label

@@ -5,7 +5,8 @@ is awaited; a single task drains the bounded submission queue (at most ``max_bat
 call, ``max_queued`` waiting) and applies the whole batch with one script call. Under load
 that turns N round trips into one; at a low rate it adds nothing (the first update is sent at
 once). When the queue is full, submitters wait, their connections stop reading, and
-backpressure reaches the clients.
+backpressure reaches the clients. In blob ack mode the rows the call returns go to the
+flusher (:class:`RowSink`): the flush each ack waits for then reads nothing from Redis.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from typing import Protocol
 
 import anyio
 from anyio.abc import TaskStatus
 
-from sidecar.buffer.redis_buffer import Outcome, RedisBuffer
+from sidecar.buffer.redis_buffer import Outcome, PendingQuery, RedisBuffer
 from sidecar.errors import BufferUnavailable
 from sidecar.model.checkpoint import Checkpoint
 
@@ -29,6 +31,16 @@ log = logging.getLogger(__name__)
 PendingWrite = asyncio.Future[Outcome]
 
 _Submitted = tuple[Checkpoint, int | None, PendingWrite]
+
+
+class RowSink(Protocol):
+    """Who takes the rows of the updates applied (the flusher, ``sidecar.flush.flusher``)."""
+
+    def stamp(self) -> int:
+        """Taken before each call: rows read before an admin op of their query are void."""
+
+    def applied(self, rows: list[PendingQuery], since: int) -> None:
+        """The rows of one call (in the order applied), which began at stamp ``since``."""
 
 
 class WriteCoalescer:
@@ -44,8 +56,17 @@ class WriteCoalescer:
     anyio's asyncio backend (asyncio's own loop or uvloop), so nothing is lost.
     """
 
-    def __init__(self, buffer: RedisBuffer, *, max_batch: int = 256, max_queued: int = 4096):
+    def __init__(
+        self,
+        buffer: RedisBuffer,
+        *,
+        max_batch: int = 256,
+        max_queued: int = 4096,
+        rows: RowSink | None = None,
+    ) -> None:
+        """``rows``: given the rows of the updates applied (blob ack mode)."""
         self._buffer = buffer
+        self._rows = rows
         self._max_batch = max_batch
         self._max_queued = max_queued
         self._queue: deque[_Submitted] = deque()
@@ -98,8 +119,15 @@ class WriteCoalescer:
                 _fail(queue.popleft()[2], gone)
 
     async def _flush(self, batch: list[_Submitted]) -> None:
+        checkpoints, floors = [c for c, _, _ in batch], [f for _, f, _ in batch]
+        applied = None
         try:
-            results = await self._buffer.apply([c for c, _, _ in batch], [f for _, f, _ in batch])
+            if self._rows is None:
+                results = await self._buffer.apply(checkpoints, floors)
+            else:
+                since = self._rows.stamp()
+                applied = await self._buffer.apply_rows(checkpoints, floors)
+                results = applied.outcomes
         except Exception as exc:  # every submitter gets the error; none is left waiting
             for _, _, slot in batch:
                 _fail(slot, exc)
@@ -109,6 +137,8 @@ class WriteCoalescer:
             for _, _, slot in batch:
                 _fail(slot, gone)
             raise
+        if applied is not None and self._rows is not None:
+            self._rows.applied(applied.rows, since)  # before the acks wait on the flusher
         for (_, _, slot), outcome in zip(batch, results, strict=True):
             if not slot.done():  # a submitter cancelled meanwhile cancels its future
                 slot.set_result(outcome)

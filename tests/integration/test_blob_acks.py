@@ -15,18 +15,30 @@ from pathlib import Path
 
 import anyio
 import pytest
+import redis.asyncio as aioredis
 
 from sidecar import __version__
+from sidecar.buffer.keys import Keys
 from sidecar.cli.commands import use_uvloop
 from sidecar.config import Config
 from sidecar.errors import ConfigError
 from sidecar.ops.client import SidecarClient
-from tests.helpers import ConfigFactory, blob_reader, metric_value, running_daemon, seed
+from tests.helpers import (
+    ConfigFactory,
+    blob_reader,
+    eventually,
+    metric_value,
+    running_daemon,
+    sample,
+    seed,
+)
 from tests.services import Azurite, DaemonProcess
 from tests.sparkshapes import kafka_progress
 
 QID = "5f2c9a41-7a0e-4c7b-9d51-0f6a8e2b3c10"
 OTHER = "7d0e4b8a-2c51-4f3e-9a6b-1e8d5c2f7a90"
+FLUSHES = "checkpoint_sidecar_flushes_total"
+BODIES = "checkpoint_sidecar_flush_bodies_read_total"
 #: Flush tick and thresholds out of reach of these tests: only a waiting ack can flush.
 NEVER = {"flush_interval_s": 60, "time_threshold_s": 60, "count_threshold": 1_000_000}
 
@@ -47,6 +59,33 @@ async def test_a_blob_mode_ack_comes_with_the_write_not_at_the_flush_interval(
                 assert (reply.ok, reply.applied) == (True, True)
                 doc = await store.read(QID)
                 assert doc is not None and doc.batch_id == batch  # in the blob when acked
+
+
+async def test_a_blob_mode_ack_is_flushed_from_the_row_its_apply_returned(
+    make_config: ConfigFactory,
+) -> None:
+    config = make_config(ack_mode="blob", **NEVER)
+    key = Keys(config.namespace).query(QID)
+    async with running_daemon(config) as daemon, blob_reader(config) as store:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            for batch in range(3):
+                with anyio.fail_after(30):
+                    reply = await c.progress(kafka_progress(QID, batch))
+                assert (reply.ok, reply.applied) == (True, True)
+        doc = await store.read(QID)
+        assert doc is not None and doc.batch_id == 2
+        assert sample(daemon, FLUSHES, result="ok") == 3
+        # No checkpoint was read back from Redis for them (one round trip less per ack) ...
+        assert sample(daemon, BODIES) == 0
+        # ... and each flush cleared what its row covered: nothing is left pending.
+        r = aioredis.Redis.from_url(config.redis_url)
+        try:
+            await eventually(lambda: sample(daemon, "checkpoint_sidecar_pending_updates",
+                                            query="orders-to-delta") == 0)  # fmt: skip
+            assert await r.hmget(key, "pending", "flushed_batch_id") == [b"0", b"2"]
+            assert await r.zscore(Keys(config.namespace).pending, QID) is None
+        finally:
+            await r.aclose()
 
 
 async def test_pipelined_blob_mode_requests_share_writes_and_are_answered_in_order(

@@ -18,7 +18,7 @@ from azure.core.exceptions import HttpResponseError
 from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
 from sidecar.buffer.keys import Keys
-from sidecar.buffer.redis_buffer import Outcome, RedisBuffer
+from sidecar.buffer.redis_buffer import Outcome, PendingQuery, RedisBuffer
 from sidecar.config import Config
 from sidecar.daemon.app import Daemon
 from sidecar.model import checkpoint as ckpt
@@ -481,5 +481,48 @@ async def test_marking_a_flush_never_clears_a_batch_newer_than_the_blobs(
         assert (left.batch_id, left.pending, left.flushed_batch_id) == (2, 1, 1)
         assert await buffer.mark_flushed(left, 2) == 0  # that write clears it
         assert (await buffer.snapshot()).queries == []
+    finally:
+        await buffer.aclose()
+
+
+async def test_the_rows_an_apply_returns_are_what_a_snapshot_reads_right_after(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    # Blob ack mode flushes from these rows instead of reading Redis again: each must be the
+    # snapshot's row of that moment, field for field (the real scripts, a real redis-server).
+    buffer = RedisBuffer(redis_server.url, namespace)
+    other = "7d0e4b8a-2c51-4f3e-9a6b-1e8d5c2f7a90"
+    try:
+        first = await buffer.apply_rows([checkpoint_of(QID, 1), checkpoint_of(other, 7)])
+        assert first.outcomes == [Outcome.APPLIED, Outcome.APPLIED]
+        snap = await buffer.snapshot()
+
+        def fields(r: PendingQuery) -> tuple[object, ...]:  # all but the time it was read
+            return (r.query_id, r.pending, r.first_pending_ms, r.version, r.batch_id,
+                    r.checkpoint, r.flushed_batch_id)  # fmt: skip
+
+        assert sorted(map(fields, first.rows)) == sorted(map(fields, snap.queries))
+        assert all(r.snapshot_ms <= snap.now_ms for r in first.rows)
+        row = first.rows[0]
+        assert await buffer.mark_flushed(row, 1) == 0
+        # A stale update and one below the floor return no row; applied ones count on.
+        later = await buffer.apply_rows(
+            [checkpoint_of(QID, 1), checkpoint_of(QID, 3), checkpoint_of(QID, 4)], [None, 5, 5]
+        )
+        assert later.outcomes == [Outcome.STALE, Outcome.BELOW_FLOOR, Outcome.BELOW_FLOOR]
+        assert later.rows == []
+        last = await buffer.apply_rows([checkpoint_of(QID, 2), checkpoint_of(QID, 3)])
+        assert [(r.batch_id, r.pending, r.flushed_batch_id) for r in last.rows] == [
+            (2, 1, 1),
+            (3, 2, 1),
+        ]
+        (read,) = (await buffer.snapshot([QID], only=True)).queries
+        assert (read.version, read.pending, read.first_pending_ms) == (
+            last.rows[1].version,
+            2,
+            last.rows[0].snapshot_ms,  # pending since the first of the two
+        )
+        assert await buffer.mark_flushed(last.rows[1], 3) == 0  # the row covers both
+        assert [q.query_id for q in (await buffer.snapshot()).queries] == [other]
     finally:
         await buffer.aclose()

@@ -179,7 +179,10 @@ class SimDaemon:
         self.retirement = Retirement(3600, release=self.blobs.release, clock=clock)
         self.retirement.busy.append(self.flusher.busy)
         self.retirement.forget.append(self.blobs.forget)
-        self.coalescer = WriteCoalescer(self.buffer)
+        # Odd daemons take the rows each apply returns (blob ack mode's wiring), even ones
+        # read every row they flush from Redis (redis ack mode's): a restart switches.
+        rows = self.flusher if number % 2 else None
+        self.coalescer = WriteCoalescer(self.buffer, rows=rows)
 
         async def lookup_blob(query_id: str | None, name: str | None) -> bytes | None:
             doc = await sim.store.read(query_id) if query_id else None
