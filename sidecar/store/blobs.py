@@ -78,6 +78,8 @@ class BlobInfo(msgspec.Struct, frozen=True):
 
 #: Blob clients kept (:meth:`BlobStore._blob`): the queries flushed most recently.
 BLOB_CLIENTS = 64
+#: The bytes a response is read by (as the storage SDK's own transport: 256 KiB at a time).
+DATA_BLOCK_SIZE = 256 * 1024
 
 # Status codes that mean "try again later".
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -139,7 +141,14 @@ class BlobStore:
 
     def _client(self, options: dict[str, Any]) -> BlobServiceClient:
         config, service = self._config, sdk().BlobServiceClient
-        transport = sdk().AioHttpTransport(use_env_settings=False)
+        # What the storage SDK gives the transport it makes itself, but the environment's
+        # proxy lookup per request (proxies.py).
+        transport = sdk().AioHttpTransport(
+            use_env_settings=False,
+            connection_timeout=options["connection_timeout"],
+            read_timeout=options["read_timeout"],
+            connection_data_block_size=DATA_BLOCK_SIZE,
+        )
         if config.azure_connection_string:
             return service.from_connection_string(
                 config.azure_connection_string, transport=transport, **options
