@@ -3,6 +3,7 @@ not by aiohttp per request), and what it keeps between calls."""
 
 from __future__ import annotations
 
+import base64
 import logging
 
 import pytest
@@ -15,6 +16,17 @@ from tests.helpers import ConfigFactory
 from tests.services import Azurite
 
 QID = "5f2c9a41-7a0e-4c7b-9d51-0f6a8e2b3c10"
+
+
+class Recording(StoreFaultProxy):
+    """The fault proxy, faultless, recording the Proxy-Authorization of what it forwards."""
+
+    def __init__(self, upstream_port: int) -> None:
+        super().__init__(upstream_port)
+        self.authorizations: set[str | None] = set()
+
+    def answered(self, method: str, target: str, headers: dict[str, str], response: bytes) -> None:
+        self.authorizations.add(headers.get("proxy-authorization"))
 
 
 @pytest.fixture
@@ -46,7 +58,7 @@ async def test_the_store_goes_through_the_proxy_the_environment_names(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Azurite is plain HTTP: HTTP_PROXY applies; the proxy forwards to it as it is.
-    with StoreFaultProxy(azurite.port) as proxy:
+    with Recording(azurite.port) as proxy:
         no_proxy_env.setenv("HTTP_PROXY", f"http://user:s3cret@127.0.0.1:{proxy.port}")
         caplog.set_level(logging.INFO, "sidecar.store.blobs")
         store = BlobStore(make_config(), creates_container=True)
@@ -58,6 +70,8 @@ async def test_the_store_goes_through_the_proxy_the_environment_names(
             await store.aclose()
     assert [b.query_id for b in listed] == [QID]
     assert sum(proxy.requests.values()) >= 3  # every call went through it
+    # ... with the credentials of the proxy's URL, and only those, for the proxy
+    assert proxy.authorizations == {"Basic " + base64.b64encode(b"user:s3cret").decode()}
     assert f"through the proxy http://127.0.0.1:{proxy.port}" in caplog.text
     assert "s3cret" not in caplog.text
 
