@@ -53,9 +53,6 @@ class AdminServer:
         self._checks = checks
         #: The bound port (differs from the configured one when that is 0).
         self.port: int | None = None
-        #: Pages being rendered, and Python's switch interval from before the first.
-        self._rendering = 0
-        self._interval = sys.getswitchinterval()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         listener = await anyio.create_tcp_listener(local_host=self._host, local_port=self._port)
@@ -123,7 +120,7 @@ class AdminServer:
             # computed by sidecar.kafka.lag's collector) takes tens of milliseconds, which on
             # the event loop would delay every acknowledgement behind it. The metrics are
             # thread-safe (prometheus_client's locks; sidecar.kafka.lag reads references only).
-            with self._short_switches():
+            with _short_switches():
                 body = await anyio.to_thread.run_sync(generate_latest, self._metrics.registry)
             return 200, CONTENT_TYPE_LATEST, body
         if path == b"/healthz":
@@ -135,21 +132,6 @@ class AdminServer:
             return 200, _TEXT, b"ready\n"
         return 404, _TEXT, b"not found: /metrics, /healthz or /readyz\n"
 
-    @contextlib.contextmanager
-    def _short_switches(self) -> Iterator[None]:
-        """:data:`RENDER_SWITCH_INTERVAL_S` while any render runs (on the loop's thread only:
-        a count, no lock), Python's interval before and after."""
-        if not self._rendering:
-            self._interval = sys.getswitchinterval()
-            sys.setswitchinterval(RENDER_SWITCH_INTERVAL_S)
-        self._rendering += 1
-        try:
-            yield
-        finally:
-            self._rendering -= 1
-            if not self._rendering:
-                sys.setswitchinterval(self._interval)
-
     @staticmethod
     async def _send(
         conn: h11.Connection, stream: SocketStream, status: int, content_type: str, body: bytes
@@ -160,3 +142,26 @@ class AdminServer:
         out += conn.send(h11.Data(data=body)) or b""
         out += conn.send(h11.EndOfMessage()) or b""
         await stream.send(out or b"")
+
+
+#: Pages being rendered in this process (any admin server's), and Python's switch interval
+#: from before the first of them. Changed on event-loop threads only, between awaits.
+_rendering = 0
+_interval = sys.getswitchinterval()
+
+
+@contextlib.contextmanager
+def _short_switches() -> Iterator[None]:
+    """:data:`RENDER_SWITCH_INTERVAL_S` while any render runs, the interval from before the
+    first one after the last."""
+    global _rendering, _interval
+    if not _rendering:
+        _interval = sys.getswitchinterval()
+        sys.setswitchinterval(RENDER_SWITCH_INTERVAL_S)
+    _rendering += 1
+    try:
+        yield
+    finally:
+        _rendering -= 1
+        if not _rendering:
+            sys.setswitchinterval(_interval)
