@@ -130,6 +130,14 @@ class Flusher:
         for row in rows:  # in the order applied: the last of a query is its latest
             self._rows[row.query_id] = (row, since)
 
+    def unknown(self, query_ids: list[str]) -> None:
+        for query_id in query_ids:  # a row kept may be older than what Redis holds now
+            self._rows.pop(query_id, None)
+
+    def _acked(self, query_id: str) -> bool:
+        known = self._core.get(query_id)
+        return known is not None and bool(known.waiters)
+
     # --- the loop --------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -277,8 +285,10 @@ class Flusher:
         for i in range(0, len(due), ROWS_PER_READ):
             async with self._row_reads:
                 ids = due[i : i + ROWS_PER_READ]
-                # An apply's row (blob ack mode) is as good as one read now: no read for it.
-                taken = {q: self._rows.pop(q) for q in ids if q in self._rows}
+                # An apply's row (blob ack mode) is as good as one read now for a query an ack
+                # waits on (due whatever its age): no read for it. The others are read; a row
+                # they had is older than that read.
+                taken = {q: row for q in ids if (row := self._rows.pop(q, None)) and self._acked(q)}
                 unread = [q for q in ids if q not in taken]
                 read_at = self._core.stamp  # before the read: an admin op after it voids it
                 try:

@@ -42,6 +42,9 @@ class RowSink(Protocol):
     def applied(self, rows: list[PendingQuery], since: int) -> None:
         """The rows of one call (in the order applied), which began at stamp ``since``."""
 
+    def unknown(self, query_ids: list[str]) -> None:
+        """A call failed, maybe after it ran: rows kept of these queries may be stale."""
+
 
 class WriteCoalescer:
     """Coalesce concurrent updates from all connections into one Redis round trip.
@@ -129,10 +132,12 @@ class WriteCoalescer:
                 applied = await self._buffer.apply_rows(checkpoints, floors)
                 results = applied.outcomes
         except Exception as exc:  # every submitter gets the error; none is left waiting
+            self._unknown(checkpoints)
             for _, _, slot in batch:
                 _fail(slot, exc)
             return
         except BaseException:  # cancelled mid-call (stopping): the outcome is unknown
+            self._unknown(checkpoints)
             gone = BufferUnavailable("the daemon stopped while storing this update; resend it")
             for _, _, slot in batch:
                 _fail(slot, gone)
@@ -142,6 +147,10 @@ class WriteCoalescer:
         for (_, _, slot), outcome in zip(batch, results, strict=True):
             if not slot.done():  # a submitter cancelled meanwhile cancels its future
                 slot.set_result(outcome)
+
+    def _unknown(self, checkpoints: list[Checkpoint]) -> None:
+        if self._rows is not None:
+            self._rows.unknown([c.query_id for c in checkpoints])
 
 
 def _fail(slot: PendingWrite, exc: BaseException) -> None:
