@@ -267,7 +267,8 @@ def delete(pod: PlayedPod) -> dict[str, int]:
     The driver's SIGTERM first, the sidecar's as soon as the driver has exited. A kubelet
     signals both at once, but the sidecar's shell runs its SIGTERM trap only when its current
     ``sleep 2`` ends, by when the driver's JVM (well under a second to exit) is usually gone:
-    this order makes that usual case the tested one, every time.
+    this order makes that usual case the tested one (when the watcher was quicker than
+    this function, the sidecar has exited by itself, the other way a pod ends).
 
     Not ``podman pod stop`` / ``kube down`` / ``podman stop``: podman 4.3 marks the containers
     "stopping", and once one of them has exited it stops the pod's infra container, whose
@@ -278,7 +279,10 @@ def delete(pod: PlayedPod) -> dict[str, int]:
     deadline = time.monotonic() + pod.spec["terminationGracePeriodSeconds"]
     codes = {}
     for container in (pod.driver, pod.sidecar):
-        podman("kill", "--signal", "TERM", container)
+        # The sidecar may have stopped itself already (its watcher saw the driver go within
+        # its `sleep 2`): a kubelet's SIGTERM to an exited container is a no-op, and so is
+        # this one then; its exit code is what counts.
+        podman("kill", "--signal", "TERM", container, check=container == pod.driver)
         try:
             out = podman("wait", container, timeout_s=max(deadline - time.monotonic(), 1))
         except subprocess.TimeoutExpired:
