@@ -25,8 +25,8 @@ from sidecar.buffer.keys import Keys
 from sidecar.buffer.rows import PendingEntry as PendingEntry
 from sidecar.buffer.rows import PendingQuery as PendingQuery
 from sidecar.buffer.rows import Snapshot as Snapshot
+from sidecar.buffer.rows import applied_query, pending_query
 from sidecar.buffer.rows import counter as _counter
-from sidecar.buffer.rows import pending_query
 from sidecar.buffer.rows import text as _text
 from sidecar.buffer.topology import Topology
 from sidecar.errors import BufferError_, BufferUnavailable, CorruptRecord, NotReplicated
@@ -180,17 +180,7 @@ class RedisBuffer:
                 applied.outcomes.append(Outcome(r))
                 continue
             applied.outcomes.append(Outcome.APPLIED)
-            pending, version, first_ms, flushed, now_ms = r[1:]
-            applied.rows.append(PendingQuery(
-                query_id=c.query_id,
-                pending=int(pending),
-                first_pending_ms=_counter(first_ms) if first_ms is not None else None,
-                version=str(int(version)),
-                batch_id=c.batch_id,
-                checkpoint=c,
-                flushed_batch_id=_counter(flushed) if flushed is not None else None,
-                snapshot_ms=int(now_ms),
-            ))  # fmt: skip
+            applied.rows.append(applied_query(c, r))
         return applied
 
     async def _call_apply(

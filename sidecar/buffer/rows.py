@@ -1,14 +1,16 @@
 """The flush state of a query as the Redis scripts return it, read and checked. Pure.
 
 A row of the snapshot script becomes a :class:`PendingQuery` (or a
-:class:`~sidecar.errors.CorruptRecord` naming the key); a row of the pending index, without
-the checkpoint, a :class:`PendingEntry`.
+:class:`~sidecar.errors.CorruptRecord` naming the key), and so does the row the apply script
+returns for an update it applied (``APPLY_ROWS``); a row of the pending index, without the
+checkpoint, a :class:`PendingEntry`.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from sidecar.errors import CorruptRecord
 from sidecar.model import checkpoint as ckpt
@@ -100,4 +102,20 @@ def pending_query(
         checkpoint=checkpoint,
         flushed_batch_id=counter(flushed) if flushed is not None else None,
         snapshot_ms=now_ms,
+    )
+
+
+def applied_query(checkpoint: Checkpoint, row: list[Any]) -> PendingQuery:
+    """The row ``APPLY_ROWS`` returns for ``checkpoint``, which it applied: ``[1, pending,
+    version, first_pending_ms, flushed_batch_id, now_ms]`` (an absent field None)."""
+    pending, version, first_ms, flushed, now_ms = row[1:]
+    return PendingQuery(
+        query_id=checkpoint.query_id,
+        pending=int(pending),
+        first_pending_ms=counter(first_ms) if first_ms is not None else None,
+        version=str(int(version)),
+        batch_id=checkpoint.batch_id,
+        checkpoint=checkpoint,
+        flushed_batch_id=counter(flushed) if flushed is not None else None,
+        snapshot_ms=int(now_ms),
     )
