@@ -87,12 +87,15 @@ async def direct(azurite: Azurite, seconds: float) -> Result:
     latencies: list[float] = []
     try:
         await store.ensure_container()
-        await store.create_if_absent(query)
+        version = await store.create_if_absent(query)
+        assert version is not None  # a new query: the blob was made here
         await store.acquire_lease(query, lease, 60)
         batch, start = 0, time.perf_counter()
         while (now := time.perf_counter()) - start < seconds:
             body = msgspec.json.encode(kafka_progress(query, batch, partitions=PARTITIONS))
-            await store.write(query, body, lease_id=lease, query_name="bench")
+            version = await store.write(
+                query, body, lease_id=lease, query_name="bench", version=version
+            )
             latencies.append(time.perf_counter() - now)
             batch += 1
         elapsed = time.perf_counter() - start

@@ -103,7 +103,6 @@ from sidecar.buffer import lua
 from sidecar.buffer.redis_buffer import RedisBuffer
 from sidecar.config import Config
 from sidecar.daemon.durability import CHECK_INTERVAL_S
-from sidecar.daemon.instance import REFRESH_S
 from sidecar.flush.flusher import THRESHOLD_JITTER
 from sidecar.model import checkpoint as ckpt
 from sidecar.ops.client import SidecarClient
@@ -113,7 +112,7 @@ from tests.sparkshapes import kafka_progress
 RESULTS_PATH = RESULTS_DIR / "fleet.json"
 CONTAINER = "fleet"
 #: After the daemons are ready, before the idle window: their start-up calls (container,
-#: listing, instance lock, marker) are over.
+#: listing, marker) are over.
 SETTLE_S = 5.0
 #: How long N daemons may take to start together on a small shared machine.
 START_TIMEOUT_S = 240.0
@@ -125,7 +124,6 @@ HARNESS_COMMANDS = ("info", "hello", "client|setinfo", "client|setname", "select
 #: those of the scripts included).
 SLOWLOG_MAX_LEN = 200_000
 CADENCE = Cadence(
-    instance_refresh_s=REFRESH_S,
     durability_check_s=CHECK_INTERVAL_S,
     threshold_jitter=THRESHOLD_JITTER,
 )
@@ -138,8 +136,6 @@ SCRIPTS = {
     "pending": lua.PENDING,
     "snapshot": lua.SNAPSHOT,
     "mark_flushed": lua.MARK_FLUSHED,
-    "claim_instance": lua.CLAIM_INSTANCE,
-    "release_instance": lua.RELEASE_INSTANCE,
     "reset": lua.RESET,
     "retire": lua.RETIRE,
 }
@@ -485,7 +481,7 @@ async def replay(bench: Bench, args: argparse.Namespace, sidecar_seconds: int) -
     """One sidecar's Redis traffic, second by second, sent back to back on one connection
     through the daemon's own ``RedisBuffer`` (its scripts, its arguments): per second 10
     applies (one per query, a new batch each), a flush check, half a snapshot of the due
-    rows, one mark per flush, half an instance-lock refresh, a marker read and a tenth of a
+    rows, one mark per flush, a marker read and a tenth of a
     readiness write: the mix the fleet measured. Redis' CPU per sidecar-second here is
     what a busy node pays (warm caches, commands close together); in the fleet the same
     commands come a few hundred a second and cost more each."""
@@ -508,9 +504,6 @@ async def replay(bench: Bench, args: argparse.Namespace, sidecar_seconds: int) -
                 for pq in due.queries:
                     await buf.mark_flushed(pq, pq.batch_id)
                 trips += 1 + len(due.queries)
-            else:
-                await buf.claim_instance("replay", "token", "{}", 12_000)
-                trips += 1
             await buf.marker()
             if sec % 10 == 0:
                 await buf.ping()

@@ -102,7 +102,6 @@ REDIS_PURPOSES = {
     "evalsha pending": "flush check: which queries are due (every SIDECAR_FLUSH_INTERVAL_S)",
     "evalsha snapshot": "read the due queries' rows for their blob writes",
     "evalsha mark_flushed": "after each blob write: record the durable batch, clear pending",
-    "evalsha claim_instance": "refresh the instance lock (every 2 s)",
     "get": "durability check: the namespace's marker is still there (every 1 s)",
     "set": "readiness (/readyz): a write of the namespace's probe key",
     "hget": "`get` requests (by id, name lookups), loss reports",
@@ -117,7 +116,6 @@ REDIS_PURPOSES = {
 class Cadence:
     """The daemon's fixed schedules (constants in its code, passed in by the bench)."""
 
-    instance_refresh_s: float  # sidecar.daemon.instance.REFRESH_S
     durability_check_s: float  # sidecar.daemon.durability.CHECK_INTERVAL_S
     threshold_jitter: float  # sidecar.flush.flusher.THRESHOLD_JITTER
 
@@ -173,7 +171,7 @@ def model_rates(
     for a write timeout). ``redis`` (top-level commands): one apply per update (nothing to
     coalesce at one update per query per second on one connection), one pending-index read
     per flush check, one snapshot per check that finds a query due and one mark per
-    write, the instance lock, the marker read and the readiness probe's write.
+    write, the marker read and the readiness probe's write.
     """
     writes = sum(1 / flush_period_s(q, batches_per_s, s, cadence) for q in query_ids)
     idle = not query_ids
@@ -189,7 +187,6 @@ def model_rates(
             "evalsha pending": 1 / s.flush_interval_s,
             "evalsha snapshot": checks_with_a_write(writes, s.flush_interval_s),
             "evalsha mark_flushed": writes,
-            "evalsha claim_instance": 1 / cadence.instance_refresh_s,
             "get": 1 / cadence.durability_check_s,
             "set": 1 / readyz_every_s if readyz_every_s > 0 else 0.0,
         },

@@ -9,11 +9,12 @@ container restarted in its pod. Measured from the kill: the new process ready (`
 
 Two scenarios in alternating rounds:
 
-- ``same identity``: the restarted daemon has the killed one's ``SIDECAR_INSTANCE_ID``
-  (the default: the pod's name), so it re-acquires the same leases at once;
-- ``new identity``: it has another one (a new pod, or this project before the stable lease
-  id), so it must wait out the killed daemon's lease; with 15 s leases to keep the run
-  short (60 s leases would wait ~60 s: ``lease_duration_s`` is in the report).
+- ``same pod``: the restarted daemon shares the killed one's state directory (the pod's
+  emptyDir; here the socket's directory), so it takes its lease id over and re-acquires the
+  same leases at once (``sidecar.daemon.ownership``);
+- ``new pod``: it has another state directory (a new pod, or this project before the lease
+  id was handed over), so it must wait out the killed daemon's lease; with 15 s leases to
+  keep the run short (60 s leases would wait ~60 s: ``lease_duration_s`` is in the report).
 
 Results: ``bench/results/restart.json`` (seconds, per round; medians; the ratio); exit code
 1 when a batch never reached the blob.
@@ -42,7 +43,7 @@ from tests.sparkshapes import kafka_progress
 
 QID = "4e57a470-0000-4000-8000-000000000001"
 TIMEOUT_S = 120.0
-SCENARIOS = {"same identity": 60, "new identity": 15}  # -> lease duration, s
+SCENARIOS = {"same pod": 60, "new pod": 15}  # -> lease duration, s
 
 
 async def post(socket_path: str, batch: int, deadline: float) -> float:
@@ -105,8 +106,9 @@ async def one_round(
         await post(first.socket_path, 1, deadline)
         await in_blob(store, 1, deadline)
         settings = dict(first.settings)  # the admin port it bound, too
-        if scenario == "new identity":
-            settings["SIDECAR_INSTANCE_ID"] = f"driver-{n}-new"
+        if scenario == "new pod":
+            (tmp / f"{n}-new-pod").mkdir()
+            settings["SIDECAR_STATE_DIR"] = str(tmp / f"{n}-new-pod")
         killed = time.monotonic()
         first.kill()
         second = DaemonProcess(settings, tmp / f"{n}-second.log")
@@ -136,7 +138,7 @@ def run(rounds: int) -> Report:
         for n in range(rounds):
             order = list(SCENARIOS) if n % 2 == 0 else list(reversed(SCENARIOS))
             for scenario in order:
-                if scenario == "new identity" and n >= max(1, rounds // 2):
+                if scenario == "new pod" and n >= max(1, rounds // 2):
                     continue  # each one waits out a lease: half as many rounds
                 per[scenario].append(anyio.run(one_round, tmp, redis_server, azurite, scenario, n))
                 print(f"  {scenario} round {n + 1}: {per[scenario][-1]}", flush=True)
@@ -150,7 +152,7 @@ def run(rounds: int) -> Report:
                 for key in ("ready_s", "acked_s", "in_blob_s")
             },
         }
-    same, new = summary["same identity"], summary["new identity"]
+    same, new = summary["same pod"], summary["new pod"]
     return {
         "environment": environment(),
         "redis": redis_version("redis-server"),
@@ -169,7 +171,7 @@ def show(report: Report) -> None:
             f"  batch acked {s['median_acked_s']:.2f}  in blob {s['median_in_blob_s']:.2f}"
             f"  ({len(s['rounds'])} rounds)"
         )
-    print(f"  new identity / same identity: {report['kill_to_blob_ratio_new_over_same']}x")
+    print(f"  new pod / same pod: {report['kill_to_blob_ratio_new_over_same']}x")
 
 
 def main() -> int:

@@ -58,10 +58,15 @@ class Backoff:
         the server asked for that long (``Retry-After``; capped at ``cap_s`` too).
         """
         failures = self._failures[key] = self._failures.get(key, 0) + 1
-        delay = self.cap_s if give_up_ramp else self.delay(failures)
-        delay = max(delay, min(at_least_s, self.cap_s))
+        delay = self.after(failures, give_up_ramp=give_up_ramp, at_least_s=at_least_s)
         self._retry_at[key] = self._clock() + delay
         return delay
+
+    def after(self, failures: int, *, give_up_ramp: bool = False, at_least_s: float = 0.0) -> float:
+        """The delay after the ``failures``-th failure in a row, for a caller that keeps its
+        own count (:meth:`failed`'s rules, nothing recorded here)."""
+        delay = self.cap_s if give_up_ramp else self.delay(failures)
+        return max(delay, min(at_least_s, self.cap_s))
 
     def succeeded(self, key: Hashable = None) -> None:
         """Forget ``key``'s failures: its next failure starts from ``base_s`` again."""

@@ -83,6 +83,23 @@ class LeaseLost(SidecarError):
     retriable = True
 
 
+class VersionConflict(SidecarError):
+    """A conditional write was refused: the blob is no longer the version the writer read
+    (another writer changed it: a predecessor's late write, a twin, an operator) or, for a
+    create, it exists already. Nothing was written; read the blob again before deciding."""
+
+    retriable = True
+
+
+class NotOwner(SidecarError):
+    """Another daemon holds the lease on the query's blob: this daemon cannot make the update
+    durable in the blob. It is kept in Redis; resend to the daemon that owns the query, or
+    again once ownership moves (``/readyz`` and the log name the owner)."""
+
+    retriable = True
+    code = "not_owner"
+
+
 class KafkaUnavailable(SidecarError):
     """The Kafka brokers cannot be reached, timed out, or answered with a transient error
     (no coordinator yet, a leader moving); the commit is retried with backoff."""

@@ -203,7 +203,7 @@ def starting_offsets(
     missing: Missing = "earliest",
     batch: int | None = None,
     before: str | datetime | None = None,
-    force: bool = False,
+    state_rewound: bool = False,
 ) -> str:
     """The Kafka ``startingOffsets`` JSON to resume ``query`` (id or name) where it stopped
     (for an Event Hubs source, the connector's ``eventhubs.startingPositions``).
@@ -217,12 +217,13 @@ def starting_offsets(
     meaning UTC, or a datetime) after the newest batch whose Spark timestamp is earlier, each
     from the checkpoints the query's blob retains (``checkpoint-sidecar history QUERY``;
     ``SIDECAR_HISTORY_SIZE``), read directly from the blob store as :func:`load_checkpoint`'s
-    fallback does. A stateful query is not rewound unless ``force`` (its state store must be
-    rewound to the same batch: ``sidecar.model.stateful``).
+    fallback does. A stateful query (or one whose state is unknown) is not rewound unless
+    ``state_rewound``: its state store must be rewound to the same batch too
+    (``sidecar.model.stateful``).
 
     Raises:
         ResumeError: no checkpoint; the batch or time asked for is not retained (the message
-            says what is); a stateful query rewound without ``force``; or see
+            says what is); a stateful query rewound without ``state_rewound``; or see
             :func:`sidecar.model.offsets.kafka_starting_offsets`.
     """
     if batch is None and before is None:
@@ -231,8 +232,8 @@ def starting_offsets(
         doc = _read_blob(query)
         checkpoint = rewind(doc, batch=batch, before=before)
         refusal = rewind_refusal(doc, to_batch=checkpoint["batch_id"], explicit=False)
-        if refusal is not None and not force:
-            raise ResumeError(f"{refusal} (force=True)")
+        if refusal is not None and not state_rewound:
+            raise ResumeError(f"{refusal} (state_rewound=True)")
     return any_starting_offsets(
         checkpoint,
         source=source,

@@ -24,9 +24,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from sidecar.buffer.redis_buffer import Outcome, RedisBuffer
 from sidecar.config import Config
 from sidecar.daemon.app import Daemon
+from sidecar.flush.blob_state import BlobStates
+from sidecar.flush.lease_manager import LeaseManager
 from sidecar.model import checkpoint as ckpt
 from sidecar.model.document import CheckpointDocument
 from sidecar.store.blobs import BlobStore
+from sidecar.telemetry.metrics import Metrics
 from sidecar.wire.protocol import ClientConnection, Reply, encode_request
 from tests.services import REPO_ROOT
 from tests.sparkshapes import kafka_progress
@@ -47,6 +50,19 @@ async def running_daemon(config: Config, **options: Any) -> AsyncIterator[Daemon
             yield daemon
         finally:
             daemon.request_stop()
+
+
+def lease_manager(
+    store: Any,
+    lease_id: str,
+    *,
+    duration_s: int = 15,
+    metrics: Metrics | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> LeaseManager:
+    """A lease manager of its own (with the query records it keeps leases on), as a daemon
+    with ``lease_id`` has."""
+    return BlobStates(store, lease_id, duration_s, metrics or Metrics(), clock=clock).leases
 
 
 class Clock:

@@ -293,7 +293,8 @@ def build() -> dashboard.Dashboard:
             up_down(
                 "Lease held",
                 "up: this daemon holds the lease on the query's blob; down: not owned, nothing "
-                "of the query is written",
+                "of the query is written (checkpoint_sidecar_lease_held_elsewhere names who last "
+                "wrote the blob when another daemon holds it)",
                 [target(f"checkpoint_sidecar_lease_held{{{NSQ}}}", "{{query}} ({{pod}})")],
             )
         )
@@ -409,15 +410,11 @@ def build() -> dashboard.Dashboard:
         .with_panel(
             up_down(
                 "Redis, blob store and Kafka up",
-                "Redis, blob store: the last call succeeded; AOF: appendonly on; Instance: the "
-                "live daemon of its SIDECAR_INSTANCE_ID; Kafka: the last commit succeeded "
-                "(shown only for daemons that have committed)",
+                "Redis, blob store: the last call succeeded; AOF: appendonly on; Kafka: the last "
+                "commit succeeded (shown only for daemons that have committed)",
                 [
                     target(f"checkpoint_sidecar_redis_up{{{NS}}}", "Redis {{pod}}", "A"),
                     target(f"checkpoint_sidecar_store_up{{{NS}}}", "Blob store {{pod}}", "D"),
-                    target(
-                        f"checkpoint_sidecar_instance_lock_held{{{NS}}}", "Instance {{pod}}", "E"
-                    ),
                     target(f"checkpoint_sidecar_redis_aof_enabled{{{NS}}}", "AOF {{pod}}", "B"),
                     target(
                         f"checkpoint_sidecar_kafka_up{{{NS}}} and on (job, instance) "

@@ -18,9 +18,6 @@ Spark application (one sidecar), so a slot per namespace spreads well across a c
     cps:{<ns>}:names          hash   query name -> id of the newest query with that name
     cps:{<ns>}:marker         string token of the running daemon (sidecar.daemon.durability)
     cps:{<ns>}:probe          string written by readiness checks and before WAIT (expires)
-    cps:{<ns>}:instance:<id>  hash   the live daemon of one instance identity (expires):
-                                     token   random per process
-                                     holder  JSON: token, host, admin port, pid, start time
 """
 
 from __future__ import annotations
@@ -68,10 +65,6 @@ class Keys:
     def probe(self) -> str:
         """Written to check that the namespace's node takes writes, and to order a WAIT."""
         return f"{self._base}:probe"
-
-    def instance(self, identity: str) -> str:
-        """Hash naming the live daemon of one instance identity (``sidecar.daemon.instance``)."""
-        return f"{self._base}:instance:{identity}"
 
     @property
     def queries(self) -> str:

@@ -82,12 +82,14 @@ return out
 APPLY = _APPLY.replace("APPLIED", "1")
 # The same, each applied update answered with its row as the flusher needs it (blob ack mode:
 # the flush of a waiting ack then reads nothing from Redis): {1, pending, version,
-# first_pending_ms, flushed_batch_id, now}; an absent field is false (a nil would end the list).
+# first_pending_ms, flushed_batch_id, resets, now}; an absent field is false (a nil would end
+# the list).
 APPLY_ROWS = _APPLY.replace(
     "APPLIED",
     "{1, pending, version, "
     "redis.call('HGET', key, 'first_pending_ms') or false, "
-    "redis.call('HGET', key, 'flushed_batch_id') or false, now}",
+    "redis.call('HGET', key, 'flushed_batch_id') or false, "
+    "redis.call('HGET', key, 'resets') or false, now}",
 )
 
 # The query ids a flush check looks at: every one in the pending index (KEYS[1]) when
@@ -109,14 +111,14 @@ end
 # checkpoint is KBs with wide topics; these fields are a few bytes): one ZRANGE of the
 # pending index and one HMGET per query. KEYS[1] pending zset; ARGV[1] query hash prefix;
 # ARGV[2], ARGV[3..] as in _IDS. Returns {now_ms, {qid, pending, first_pending_ms,
-# flushed_batch_id, batch_id}, ...}; absent fields are nil.
+# flushed_batch_id, batch_id, resets}, ...}; absent fields are nil.
 PENDING = (
     _IDS
     + """
 for _, qid in ipairs(ids) do
   local h = redis.call('HMGET', ARGV[1] .. qid, 'pending', 'first_pending_ms',
-                       'flushed_batch_id', 'batch_id')
-  table.insert(out, {qid, h[1], h[2], h[3], h[4]})
+                       'flushed_batch_id', 'batch_id', 'resets')
+  table.insert(out, {qid, h[1], h[2], h[3], h[4], h[5]})
 end
 return out
 """
@@ -127,14 +129,14 @@ return out
 # KEYS[1] pending zset. ARGV[1] query hash prefix. The query hashes are not in KEYS because
 # they are found inside; they share KEYS[1]'s hash tag, so one Cluster slot.
 # Returns {now_ms, {qid, pending, first_pending_ms, version, batch_id, checkpoint,
-# flushed_batch_id}, ...}; absent fields are nil.
+# flushed_batch_id, resets}, ...}; absent fields are nil.
 SNAPSHOT = (
     _IDS
     + """
 for _, qid in ipairs(ids) do
   local h = redis.call('HMGET', ARGV[1] .. qid, 'pending', 'first_pending_ms', 'version',
-                       'batch_id', 'checkpoint', 'flushed_batch_id')
-  table.insert(out, {qid, h[1], h[2], h[3], h[4], h[5], h[6]})
+                       'batch_id', 'checkpoint', 'flushed_batch_id', 'resets')
+  table.insert(out, {qid, h[1], h[2], h[3], h[4], h[5], h[6], h[7]})
 end
 return out
 """
@@ -182,7 +184,9 @@ return left
 
 # A reset (checkpoint-sidecar reset): the query's record becomes the given checkpoint, as
 # flushed (the caller writes the blob under its lease), so the flusher never writes the
-# replaced batch back; later updates must be newer than it (the apply script compares).
+# replaced batch back; later updates must be newer than it (the apply script compares). It
+# counts itself in `resets`, which every row carries: a daemon that saw the blob at a higher
+# batch learns from it that the blob was lowered (a lower flushed batch alone may only lag).
 # Refused while an update was applied within the quiet time (the query may be running).
 # KEYS[1] query hash, KEYS[2] pending zset, KEYS[3] queries set, KEYS[4] names hash.
 # ARGV: query id, batch id, checkpoint JSON, name ("" none), quiet ms (-1: force).
@@ -200,6 +204,7 @@ end
 local version = (tonumber(cur[4] or '0') or 0) + 1
 redis.call('HSET', KEYS[1], 'batch_id', ARGV[2], 'checkpoint', ARGV[3], 'version', version,
            'pending', 0, 'flushed_batch_id', ARGV[2], 'flushed_ms', now)
+redis.call('HINCRBY', KEYS[1], 'resets', 1)
 redis.call('HDEL', KEYS[1], 'first_pending_ms')
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
@@ -228,28 +233,3 @@ end
 return {0, removed}
 """
 )
-
-# KEYS[1] instance hash. ARGV[1] our token, ARGV[2] our holder JSON, ARGV[3] TTL (ms),
-# ARGV[4] the token of a holder known to be dead ("" if none). Claims or refreshes the
-# instance lock: taken when free, ours, or held by that dead holder. Returns nil when it is
-# ours now, else the live holder's JSON.
-CLAIM_INSTANCE = """
-local cur = redis.call('HGET', KEYS[1], 'token')
-if cur and cur ~= ARGV[1] and cur ~= ARGV[4] then
-  return redis.call('HGET', KEYS[1], 'holder') or ''
-end
-if cur ~= ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], 'token', ARGV[1], 'holder', ARGV[2])
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return false
-"""
-
-# KEYS[1] instance hash, ARGV[1] our token: deleted if still ours. Returns 1 if deleted.
-RELEASE_INSTANCE = """
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""

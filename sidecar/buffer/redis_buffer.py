@@ -93,8 +93,6 @@ class RedisBuffer:
         self._snapshot = self._redis.register_script(lua.SNAPSHOT)
         self._pending = self._redis.register_script(lua.PENDING)
         self._mark_flushed = self._redis.register_script(lua.MARK_FLUSHED)
-        self._claim_instance = self._redis.register_script(lua.CLAIM_INSTANCE)
-        self._release_instance = self._redis.register_script(lua.RELEASE_INSTANCE)
         self._admin = {op: self._redis.register_script(lua.RESET if op == "reset" else lua.RETIRE)
                        for op in ("reset", "retire")}  # fmt: skip
         #: Outcome of the last Redis call (None before the first); transitions are logged once.
@@ -277,7 +275,13 @@ class RedisBuffer:
         with self._translate("pending index"):
             raw = await self._pending(keys=[self.keys.pending], args=args)
         entries = [  # not an extra id Redis knows nothing about (or a deleted record)
-            PendingEntry(_text(row[0]), *(_counter(v) if v is not None else None for v in row[1:4]))
+            PendingEntry(
+                _text(row[0]),
+                pending=_counter(row[1]) if row[1] is not None else None,
+                first_pending_ms=_counter(row[2]) if row[2] is not None else None,
+                flushed_batch_id=_counter(row[3]) if row[3] is not None else None,
+                resets=(_counter(row[5]) or 0) if row[5] is not None else 0,
+            )
             for row in raw[1:]
             if any(v is not None for v in row[1:])
         ]
@@ -336,25 +340,6 @@ class RedisBuffer:
         """Mark the namespace's data: if the marker vanishes, Redis lost the namespace."""
         with self._translate("marker write"):
             await self._redis.set(self.keys.marker, token)
-
-    async def claim_instance(
-        self, identity: str, token: str, holder: str, ttl_ms: int, dead: str = ""
-    ) -> str | None:
-        """Claim or refresh the lock of instance ``identity`` for ``token`` (described by
-        ``holder``) for ``ttl_ms``; a holder whose token is ``dead`` is replaced. None when
-        the lock is ours now, else the live holder's description."""
-        with self._translate("instance lock"):
-            other = await self._claim_instance(
-                keys=[self.keys.instance(identity)], args=[token, holder, ttl_ms, dead]
-            )
-        return None if other is None else _text(other)
-
-    async def release_instance(self, identity: str, token: str) -> bool:
-        """Delete the lock of instance ``identity`` if ``token`` still holds it."""
-        with self._translate("instance lock release"):
-            return bool(
-                await self._release_instance(keys=[self.keys.instance(identity)], args=[token])
-            )
 
     async def stored_batch(self, query_id: str) -> int | None:
         """The batch id Redis holds for ``query_id`` (None: unknown to Redis)."""

@@ -41,6 +41,9 @@ class PendingQuery:
     checkpoint: Checkpoint
     flushed_batch_id: int | None
     snapshot_ms: int
+    #: Resets of the query in Redis so far (``checkpoint-sidecar reset``): one that changes
+    #: means the blob may have been lowered.
+    resets: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,7 @@ class PendingEntry:
     pending: int | None  # None: absent or unreadable (a snapshot of the query tells which)
     first_pending_ms: int | None
     flushed_batch_id: int | None
+    resets: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +75,7 @@ def pending_query(
         CorruptRecord: the record's checkpoint, batch id or counters cannot be read, or
             they disagree with each other.
     """
-    pending, first_ms, version, batch, doc, flushed = fields
+    pending, first_ms, version, batch, doc, flushed, resets = fields
     if doc is None:
         if pending is None and version is None and batch is None:
             return None  # an extra id Redis knows nothing about (or a deleted record)
@@ -102,13 +106,14 @@ def pending_query(
         checkpoint=checkpoint,
         flushed_batch_id=counter(flushed) if flushed is not None else None,
         snapshot_ms=now_ms,
+        resets=(counter(resets) or 0) if resets is not None else 0,
     )
 
 
 def applied_query(checkpoint: Checkpoint, row: list[Any]) -> PendingQuery:
     """The row ``APPLY_ROWS`` returns for ``checkpoint``, which it applied: ``[1, pending,
-    version, first_pending_ms, flushed_batch_id, now_ms]`` (an absent field None)."""
-    pending, version, first_ms, flushed, now_ms = row[1:]
+    version, first_pending_ms, flushed_batch_id, resets, now_ms]`` (an absent field None)."""
+    pending, version, first_ms, flushed, resets, now_ms = row[1:]
     return PendingQuery(
         query_id=checkpoint.query_id,
         pending=int(pending),
@@ -118,4 +123,5 @@ def applied_query(checkpoint: Checkpoint, row: list[Any]) -> PendingQuery:
         checkpoint=checkpoint,
         flushed_batch_id=counter(flushed) if flushed is not None else None,
         snapshot_ms=int(now_ms),
+        resets=(counter(resets) or 0) if resets is not None else 0,
     )

@@ -114,7 +114,7 @@ def inspect(args: argparse.Namespace, config: Config) -> int:
             if rewound:
                 target = rewind(doc, batch=args.batch, before=args.before)
                 refusal = rewind_refusal(doc, to_batch=target["batch_id"], explicit=False)
-                if refusal is not None and not args.force:
+                if refusal is not None and not args.state_rewound:
                     raise AdminRefused(f"starting-offsets of an earlier batch refused: {refusal}")
             else:
                 target = ckpt.as_builtins(doc.checkpoint())
@@ -170,6 +170,7 @@ def admin(args: argparse.Namespace, config: Config) -> int:
                 batch_id=args.batch_id,
                 force=args.force,
                 by=by,
+                state_rewound=args.state_rewound,
             )
             result = anyio.run(admin_tool.reset, config, reset)
     except SidecarError as exc:
@@ -203,7 +204,7 @@ def import_spark(args: argparse.Namespace, config: Config) -> int:
         found = anyio.run(spark_import.plan, config, args.path, batch, args.query_name)
         result = None
         if not args.dry_run:
-            spark_import.check_write(found, force=args.force)
+            spark_import.check_write(found, force=args.force, state_rewound=args.state_rewound)
             reason = f"imported from Spark checkpoint {args.path} (last committed batch)"
             write = functools.partial(
                 admin_tool.apply_reset,
@@ -212,6 +213,7 @@ def import_spark(args: argparse.Namespace, config: Config) -> int:
                 reason=reason,
                 force=args.force,
                 from_spark=True,
+                state_rewound=args.state_rewound,
             )
             result = anyio.run(write)
     except SidecarError as exc:
@@ -219,7 +221,9 @@ def import_spark(args: argparse.Namespace, config: Config) -> int:
         usage = (ConfigError, AdminForbidden)
         return EXIT_USAGE if isinstance(exc, usage) else EXIT_FAILURE
     via = result.via if result is not None else None
-    spark_import.print_adoption(found, via=via, as_json=args.json, force=args.force)
+    spark_import.print_adoption(
+        found, via=via, as_json=args.json, force=args.force, state_rewound=args.state_rewound
+    )
     return EXIT_OK
 
 

@@ -124,14 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
         "Hubs source, the connector's eventhubs.startingPositions), built from "
         "the saved end offsets (the next offsets to read: no gap, no overlap); with --batch "
         "or --before, those of an earlier checkpoint the blob retains (see `history`). Reads "
-        "the blobs directly. A stateful query (its progress lists state operators) is not "
-        "rewound unless --force: its state store must be rewound to the same batch.",
+        "the blobs directly. A stateful query (its progress lists state operators, or an "
+        "import could not tell) is not rewound unless --state-rewound: its state store must "
+        "be rewound to the same batch.",
     )
     resume.add_argument("query", metavar="QUERY", help="query name or query id")
     resume.add_argument(
-        "--force",
+        "--state-rewound",
         action="store_true",
-        help="rewind a stateful query too (its state store must match the batch)",
+        help="the query's state store moved with it (restored from a snapshot of that batch, or a "
+        "fresh checkpointLocation): lets a stateful query, or one that may be, move back",
     )
     when = resume.add_mutually_exclusive_group()
     when.add_argument(
@@ -199,8 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
         "SIDECAR_ADMIN_OPS=true), else under a lease of its own (Redis, then the blob; "
         "refused while another owner holds the lease). Refused unless --force when the blob "
         "holds a newer batch, or when the query was heard from within SIDECAR_ADMIN_QUIET_S "
-        "(the sidecar already tracks it). Exit code 0 written (or --dry-run), 1 refused, "
-        "2 bad settings (admin ops off on the daemon).",
+        "(the sidecar already tracks it); moving a stateful query (or one whose state is "
+        "unknown) back needs --state-rewound too. The import records the query stateful when "
+        "the directory has state/ or state ids, else its state as unknown (never stateless) "
+        "until its next progress. Exit code 0 written (or --dry-run), 1 refused, 2 bad "
+        "settings (admin ops off on the daemon).",
     )
     adopt.add_argument("path", metavar="PATH", help="the Spark checkpoint directory (local)")
     adopt.add_argument(
@@ -211,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="write even if the blob holds a newer batch or the sidecar heard from the query",
+    )
+    adopt.add_argument(
+        "--state-rewound",
+        action="store_true",
+        help="the query's state store moved with it (restored from a snapshot of that batch, or a "
+        "fresh checkpointLocation): lets a stateful query, or one that may be, move back",
     )
     adopt.add_argument("--json", action="store_true", help="machine-readable output")
     _add_settings(adopt)
@@ -252,10 +263,12 @@ def _add_admin_commands(sub: Any) -> None:
         help="with --offsets: the batch id to record them as (default: the blob's batch)",
     )
     reset.add_argument("--reason", metavar="TEXT", help="why (logged and kept in the blob)")
+    reset.add_argument("--force", action="store_true", help="even if the query may be running")
     reset.add_argument(
-        "--force",
+        "--state-rewound",
         action="store_true",
-        help="even if the query may be running, or is stateful and would move back",
+        help="the query's state store moved with it (restored from a snapshot of that batch, or a "
+        "fresh checkpointLocation): lets a stateful query, or one that may be, move back",
     )
     _add_settings(reset)
     retire = sub.add_parser(

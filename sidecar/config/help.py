@@ -43,9 +43,13 @@ HELP = {
         "(managed/workload identity); used when no connection string is set",
         "container": "blob container for checkpoints (created if missing)",
         "lease_duration_s": "blob lease duration, seconds (15-60); renewed every third of it",
-        "instance_id": "this daemon's identity (default: HOSTNAME, the pod name): a daemon "
-        "restarted with the same identity re-acquires its own leases at once; two live "
-        "daemons with one identity are refused",
+        "instance_id": "this daemon's name in logs and in the documents it writes (default: "
+        "HOSTNAME, the pod name); it does not decide who may write (the lease id does: "
+        "SIDECAR_STATE_DIR)",
+        "state_dir": "directory where this daemon keeps its lease id, locked while it runs "
+        "(default: the socket's directory, the pod's shared emptyDir): the same container "
+        "restarted in its pod takes its leases over at once; any other daemon has its own "
+        "lease id and waits for the lease. Must be local to the pod",
         "write_timeout_s": "timeout of one blob call (write, lease, read), seconds",
         "history_size": "earlier flushed checkpoints each blob keeps for rewinding, newest "
         "first (0: none); thinned to fit 256 KiB for very wide queries",

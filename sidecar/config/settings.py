@@ -157,6 +157,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     container: ContainerName = "spark-checkpoints"
     lease_duration_s: Annotated[int, Meta(ge=15, le=60)] = 30
     instance_id: InstanceId | None = None
+    state_dir: str | None = None
     write_timeout_s: Annotated[float, Meta(ge=0.1, le=600)] = 10.0
     history_size: Annotated[int, Meta(ge=0, le=1000)] = 20
     # flushing and acknowledgements

@@ -11,15 +11,23 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+import anyio
 import msgspec
 
 from sidecar.buffer.redis_buffer import RedisBuffer
 from sidecar.config import Config
 from sidecar.daemon.retirement import Retirement
-from sidecar.errors import AdminRefused, InvalidRequest, NotFound, SidecarError, StoreUnavailable
+from sidecar.errors import (
+    AdminRefused,
+    InvalidRequest,
+    NotFound,
+    SidecarError,
+    StoreUnavailable,
+    VersionConflict,
+)
 from sidecar.flush.blob_state import BlobStates
 from sidecar.flush.lease import Held
-from sidecar.model.document import Writer
+from sidecar.model.document import Stored, Writer
 from sidecar.ops.admin_steps import (
     AdminResult,
     archive_stamp,
@@ -96,7 +104,7 @@ class DaemonAdmin:
     async def _held(self, query_id: str, label: str) -> Held:
         lease = await self._blobs.held(query_id, label)
         if lease is None:
-            state = self._blobs.leases.state(query_id)
+            state = self._blobs.lease_state(query_id)
             raise AdminRefused(
                 f"this daemon does not hold the lease on {self._store.blob_name(query_id)} now "
                 f"({state.name if state else 'unknown'}): another owner holds it or the store "
@@ -110,30 +118,42 @@ class DaemonAdmin:
         self._check_heard(query_id, label, request.force)
         async with self._blobs.exclusive(query_id):
             lease = await self._held(query_id, label)
-            current = await self._blobs.document(query_id, lease)
-            target = target_of(request, query_id, name, current)
-            if not self._blobs.leases.holds(lease):
+            base = await self._blobs.stored(query_id)
+            target = target_of(request, query_id, name, base.stored.document)
+            if not self._blobs.begin_write(query_id, lease, base):
                 raise AdminRefused(
-                    f"the lease on {self._store.blob_name(query_id)} was lost while the blob was "
-                    "read; nothing was changed: run the command again"
+                    f"the lease on {self._store.blob_name(query_id)} was lost, or the blob "
+                    "changed, while it was read; nothing was changed: run the command again"
                 )
+            assert base.stored.version is not None  # the lease created the blob
             try:
-                doc, dropped = await reset_under_lease(
+                doc, dropped, version = await reset_under_lease(
                     self._buffer,
                     self._store,
                     self._config,
                     request,
-                    current,
+                    base.stored.document,
                     target,
-                    lease_id=self._blobs.leases.lease_id,
+                    lease_id=self._blobs.lease_id,
+                    version=base.stored.version,
                     writer=self._writer,
                     still_held=lambda: self._blobs.leases.holds(lease),
                 )
-            except StoreUnavailable:
+            except VersionConflict as exc:
+                await self._blobs.write_refused(query_id, "reset", target.batch_id)
+                raise AdminRefused(
+                    f"reset refused: {exc}. Redis was set to the target, the blob was not "
+                    "touched; check who wrote it (`checkpoint-sidecar show`) and run the "
+                    "command again"
+                ) from exc
+            except (StoreUnavailable, anyio.get_cancelled_exc_class()):
                 # The write may have landed (the blob lowered to the target) or not.
                 self._blobs.unknown(query_id, lowered_to=target.batch_id)
                 raise
-            self._blobs.reset(query_id, lease, doc)  # floor and acks follow it down
+            except BaseException:
+                self._blobs.not_sent(query_id)  # refused before the blob was written
+                raise
+            self._blobs.reset(query_id, Stored(version, doc))  # floor and acks follow it down
         self._metrics.checkpoint_batch_id.labels(label).set(doc.batch_id)
         return AdminResult(
             "reset",
@@ -156,14 +176,30 @@ class DaemonAdmin:
             lease = await self._held(query_id, label) if has_blob else None
             removed = await retire_in_redis(self._buffer, self._config, request, query_id, label)
             if lease is not None and request.archive:
-                if not self._blobs.leases.holds(lease):
+                base = await self._blobs.stored(query_id)
+                version = base.stored.version
+                if version is None or not self._blobs.begin_write(query_id, lease, base):
                     raise AdminRefused(
                         f"the lease on {self._store.blob_name(query_id)} was lost before the "
                         "blob was archived (Redis' keys are removed): run the command again"
                     )
-                archived = await self._store.archive(
-                    query_id, self._blobs.leases.lease_id, archive_stamp()
-                )
+                try:
+                    archived = await self._store.archive(
+                        query_id, self._blobs.lease_id, archive_stamp(), version
+                    )
+                except VersionConflict as exc:
+                    await self._blobs.write_refused(query_id, "archive", base.batch)
+                    raise AdminRefused(
+                        f"archive refused: {exc}. Redis' keys are removed, the blob was not "
+                        "touched: run the command again"
+                    ) from exc
+                except (StoreUnavailable, anyio.get_cancelled_exc_class()):
+                    self._blobs.unknown(query_id)  # copied, maybe deleted
+                    raise
+                except BaseException:
+                    self._blobs.not_sent(query_id)
+                    raise
+                self._blobs.archived(query_id)
             await self._retirement.drop(query_id, label)
             self._heard.pop(query_id, None)
         return AdminResult(

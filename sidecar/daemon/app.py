@@ -1,7 +1,8 @@
 """Wiring: one task group runs the daemon's components; stopping follows a fixed order.
 
-Start:  admin endpoint (so /healthz answers at once) → wait for Redis → write coalescer →
-        instance lock → lease renewer → Kafka committer → Event Hubs checkpointer → idle-query
+Start:  this process's lease id (``sidecar.daemon.ownership``) → admin endpoint (so /healthz
+        answers at once) → wait for Redis → write coalescer → lease renewer → Kafka committer
+        → Event Hubs checkpointer → idle-query
         retirement → what a previous run left pending noted → socket server → ready
         (``task_status.started()``: the socket bound, Redis answered; the store is not part
         of readiness) → then, in the background: the Azure
@@ -41,7 +42,7 @@ from sidecar.backoff import Backoff
 from sidecar.buffer.redis_buffer import RedisBuffer
 from sidecar.buffer.topology import Topology
 from sidecar.config import Config
-from sidecar.daemon import instance
+from sidecar.daemon import ownership
 from sidecar.daemon.admin_ops import DaemonAdmin
 from sidecar.daemon.durability import DurabilityWatch
 from sidecar.daemon.http import AdminServer
@@ -52,7 +53,6 @@ from sidecar.errors import SidecarError
 from sidecar.eventhubs.checkpointer import EventHubsCheckpointer
 from sidecar.flush.blob_state import BlobStates
 from sidecar.flush.flusher import Flusher
-from sidecar.flush.lease import LeaseManager
 from sidecar.ingest.coalescer import WriteCoalescer
 from sidecar.ingest.handler import RequestHandler
 from sidecar.ingest.server import SocketServer
@@ -89,15 +89,15 @@ class Daemon:
     ) -> None:
         """``lease_clock``: the monotonic clock of the lease deadlines (tests inject one)."""
         self.config = config
-        #: This daemon's identity (the pod name) and the lease id derived from it: stable
-        #: across restarts (``sidecar.daemon.instance``).
-        self.identity = instance.identity(config.instance_id)
-        self.instance_id = instance.lease_id(config.namespace, self.identity)
+        #: This daemon's name (the pod name), in logs and in the documents it writes.
+        self.identity = self.instance_id = ownership.identity(config.instance_id)
+        #: Where this process's lease id is kept for a restart of its container, locked while
+        #: it runs (``sidecar.daemon.ownership``); the id is claimed when :meth:`run` starts.
+        self.lease_file = ownership.lease_file(config.state_dir, config.socket_path)
+        self._lease_id: ownership.LeaseId | None = None
         #: This process (the durability marker's token).
         self.run_id = str(uuid.uuid4())
-        self.writer = Writer(
-            host=socket.gethostname(), pid=os.getpid(), instance_id=self.instance_id
-        )
+        self.writer = Writer(host=socket.gethostname(), pid=os.getpid(), instance_id=self.identity)
         self.metrics = Metrics(registry)
         self.lag = LagTracker(
             config.kafka_query_set,
@@ -139,38 +139,23 @@ class Daemon:
         self.store.on_failure = lambda call, reason: self.metrics.store_failures.labels(
             call, reason
         ).inc()
-        self.instance = instance.InstanceLock(
-            self.buffer,
-            self.identity,
-            self.metrics,
-            admin_port=lambda: self.admin.port,
-            write_timeout_s=config.write_timeout_s,
+        #: Each query's blob state (what the blob holds, its lease, acks, rows): the one owner.
+        self.blobs = BlobStates(
+            self.store, "", config.lease_duration_s, self.metrics, clock=lease_clock
         )
-        # The lease id comes from the instance identity: a daemon restarted in its pod
-        # re-acquires its own leases at once, and only while it is the live instance.
-        self.leases = LeaseManager(
-            self.store,
-            self.instance_id,
-            config.lease_duration_s,
-            self.metrics,
-            clock=lease_clock,
-            live=self.instance.live,
-        )
-        #: Each query's blob state (lease, floor, acks, document): the one owner.
-        self.blobs = BlobStates(self.store, self.leases)
+        self.leases = self.blobs.leases
         self.retirement = Retirement(config.query_idle_s, release=self.blobs.release)
         self.flusher = Flusher(
             config,
             self.buffer,
-            self.store,
             self.blobs,
             self.metrics,
             self.writer,
             on_durable=self._durable_hook(),
             track=self.retirement.track,
         )
-        # Blob ack mode: the rows each apply returns go to the flusher (no read per ack).
-        rows = self.flusher if config.ack_mode == "blob" else None
+        # Blob ack mode: the rows each apply returns go to the blob state (no read per ack).
+        rows = self.blobs if config.ack_mode == "blob" else None
         self.coalescer = WriteCoalescer(self.buffer, rows=rows)
         self.durability = DurabilityWatch(
             self.buffer,
@@ -207,12 +192,7 @@ class Daemon:
             config.metrics_host,
             config.metrics_port,
             self.metrics,
-            checks=[
-                self._socket_ready,
-                self._redis_ready,
-                self._instance_ready,
-                self._leases_ready,
-            ],
+            checks=[self._socket_ready, self._redis_ready, self._leases_ready],
         )
         self.metrics.buffer_queue.set_function(lambda: self.coalescer.queued)
         self.buffer.on_replicas = self.metrics.redis_replicas_acked.observe
@@ -271,11 +251,16 @@ class Daemon:
         cfg = self.config
         loop = event_loop_name()
         self.metrics.build_info.info({"version": __version__, "event_loop": loop})
+        # (a local file, off the loop all the same; refused: the CLI says why)
+        self._lease_id = await anyio.to_thread.run_sync(ownership.claim, self.lease_file)
+        self.leases.use(self._lease_id.lease_id)
         log.info(
-            "checkpoint-sidecar %s starting (instance %s, lease id %s, %s event loop): %r",
+            "checkpoint-sidecar %s starting (instance %s, lease id %s %s %s, %s event loop): %r",
             __version__,
             self.identity,
-            self.instance_id,
+            self._lease_id.lease_id,
+            "taken over from the dead daemon of" if self._lease_id.inherited else "new, kept in",
+            self.lease_file,
             loop,
             cfg,
         )
@@ -288,8 +273,6 @@ class Daemon:
                 await self.durability.start()  # AOF check (may refuse to start), marker
                 await tg.start(self.durability.run)
                 await tg.start(self.coalescer.run)
-                await self._wait_for("Redis (instance lock)", self.instance.claim)
-                await tg.start(self.instance.run)
                 await tg.start(self.leases.run)
                 if self.committer is not None:
                     await tg.start(self.committer.run)  # builds the TLS context once
@@ -327,6 +310,9 @@ class Daemon:
                     await self.committer.aclose()
                 await self.buffer.aclose()
                 await self.store.aclose()
+            # The leases are released: the next daemon of this directory may take the id over.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._lease_id.close)
             self.stopped.set()
             log.info("%s", budget.summary())
 
@@ -469,7 +455,6 @@ class Daemon:
                     )
             with budget.phase("release") as release:
                 await self.leases.release_all()
-                await self.instance.release()
             if release.cancelled_caught:
                 log.warning(
                     "stop: releasing leases cut at %.1fs; lease(s) of %s left to expire by "
@@ -513,16 +498,20 @@ class Daemon:
             return f"Redis: {exc}"
         return None
 
-    async def _instance_ready(self) -> str | None:
-        return self.instance.readiness()
-
     async def _leases_ready(self) -> str | None:
         # A store that does not answer is not a reason (sidecar.daemon.store_watch): Redis
         # keeps buffering, and checkpoint_sidecar_store_up says it.
         contested = self.leases.contested()
         if contested:
-            owners = ", ".join(contested)
-            return f"lease not held (another owner holds it, or ours was broken) for: {owners}"
+            holders = self.blobs.holders()
+            owners = ", ".join(
+                f"{label} (last written by {holders[label]})" if label in holders else label
+                for label in contested
+            )
+            return (
+                "lease held by another daemon (updates are buffered in Redis, nothing is "
+                f"written), or ours was broken, for: {owners}"
+            )
         return None
 
 

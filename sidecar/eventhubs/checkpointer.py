@@ -32,6 +32,7 @@ from anyio.abc import TaskStatus
 
 from sidecar.backoff import Retries
 from sidecar.config import Config
+from sidecar.errors import VersionConflict
 from sidecar.eventhubs import plan as eh
 from sidecar.model.checkpoint import Checkpoint
 from sidecar.model.offsets import eventhubs_offsets
@@ -48,14 +49,18 @@ WRITES_IN_FLIGHT = 16
 class CheckpointBlobs(Protocol):
     """What the checkpointer needs of the store (``sidecar.store.blobs.BlobStore``)."""
 
-    async def eventhubs_checkpoints(self, container: str, prefix: str) -> dict[str, str | None]:
-        """Partition id → stored ``sequencenumber`` of the checkpoints under ``prefix``."""
+    async def eventhubs_checkpoints(
+        self, container: str, prefix: str
+    ) -> dict[str, tuple[str | None, str]]:
+        """Partition id → (stored ``sequencenumber``, version) of the checkpoints under
+        ``prefix``."""
         ...
 
     async def write_eventhubs_checkpoint(
-        self, container: str, name: str, metadata: dict[str, str]
-    ) -> None:
-        """Set a checkpoint blob's metadata, creating the blob when absent."""
+        self, container: str, name: str, metadata: dict[str, str], version: str | None
+    ) -> str:
+        """Set a checkpoint blob's metadata if it is still at ``version`` (None: create it,
+        if absent); its new version. Raises ``VersionConflict`` when another wrote it."""
         ...
 
 
@@ -68,8 +73,12 @@ class _Group:
     #: (event hub, partition) → the last sequence number processed, durable in the blob.
     wanted: eh.Positions
     dirty: bool = True
-    #: What the store holds, as far as we know (read, then what we wrote).
+    #: What the store holds, as far as we know (listed, then what we wrote).
     stored: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: The version of each partition's blob as listed or written (absent: no blob), which
+    #: the next write of it names: a blob another writer changed meanwhile is never
+    #: overwritten blind (listed again instead, and never lowered).
+    versions: dict[tuple[str, int], str] = field(default_factory=dict)
     #: Event hubs whose stored checkpoints were read since the last failure.
     fetched: set[str] = field(default_factory=set)
 
@@ -213,15 +222,23 @@ class EventHubsCheckpointer:
                 len(todo.write),
             )
 
-    def _learn(self, group: _Group, eventhub: str, listed: Mapping[str, str | None]) -> None:
-        """Take the store's checkpoints of one event hub as what it holds (higher numbers
-        than ours win: another writer may have moved them)."""
-        for partition, text in listed.items():
-            number = eh.parse_stored(text)
-            if number is None or not (partition.isascii() and partition.isdigit()):
+    def _learn(
+        self, group: _Group, eventhub: str, listed: Mapping[str, tuple[str | None, str]]
+    ) -> None:
+        """Take the store's checkpoints of one event hub as what it holds now, with their
+        versions (a partition's number unreadable: written over, as a new consumer would)."""
+        for key in [k for k in group.stored if k[0] == eventhub]:
+            del group.stored[key]
+        for key in [k for k in group.versions if k[0] == eventhub]:
+            del group.versions[key]
+        for partition, (text, version) in listed.items():
+            if not (partition.isascii() and partition.isdigit()):
                 continue
             key = (eventhub, int(partition))
-            group.stored[key] = max(number, group.stored.get(key, number))
+            group.versions[key] = version
+            number = eh.parse_stored(text)
+            if number is not None:
+                group.stored[key] = number
 
     async def _write_all(self, group: _Group, write: eh.Positions) -> None:
         """Write each partition's checkpoint, concurrently (bounded); what succeeded is
@@ -232,13 +249,20 @@ class EventHubsCheckpointer:
             name = eh.blob_name(self._namespace, key[0], group.name, key[1])
             async with self._limiter:
                 try:
-                    await self._store.write_eventhubs_checkpoint(
-                        self._container, name, eh.metadata(number)
+                    version = await self._store.write_eventhubs_checkpoint(
+                        self._container, name, eh.metadata(number), group.versions.get(key)
                     )
+                except VersionConflict as exc:
+                    # Another writer (an old pod's late commit, a twin, a reset elsewhere):
+                    # list the hub again; the next pass never lowers what it finds.
+                    self._metrics.write_conflicts.labels("eventhubs").inc()
+                    group.fetched.discard(key[0])
+                    errors.append(exc)
+                    return
                 except Exception as exc:  # collected: the first is raised below
                     errors.append(exc)
                     return
-            group.stored[key] = number
+            group.stored[key], group.versions[key] = number, version
 
         async with anyio.create_task_group() as tg:
             for key, number in write.items():

@@ -1,9 +1,11 @@
 """Flush: from the Redis buffer to each query's blob, under that blob's lease.
 
-Owns: the lease state machine (``lease``), what each query's blob holds — its floor, the acks
-waiting for it, the document, the write in flight — with its one owner (``blob_state``) and
-its pure decisions (``core``), the flusher's loop (``flusher``), the documents it writes
-(``documents``) and unreadable records set aside (``quarantine``).
+Owns: each query's record — what its blob holds (one value: its version and document, or
+unknown), its lease, the acks waiting, the write in flight, the last row applied — with its
+pure decisions (``core``) and its one door (``blob_state``); the lease state machine
+(``lease``, pure) and the calls that keep leases (``lease_manager``); the flusher's loop
+(``flusher``), the documents it writes (``documents``) and unreadable records set aside
+(``quarantine``).
 
 May import: ``sidecar.model``, ``sidecar.buffer``, ``sidecar.telemetry``, ``sidecar.config``,
 ``sidecar.errors``, ``sidecar.backoff``. Never ``sidecar.ingest``; the blob store only

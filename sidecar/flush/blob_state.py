@@ -1,19 +1,26 @@
-"""Each query's blob state, owned in one place: the I/O shell around ``sidecar.flush.core``.
+"""Each query's blob state, owned in one place: the I/O shell around ``sidecar.flush.core``,
+and the one door into it.
 
-Who asks and who tells (nothing else keeps a copy)::
+Who asks and who tells (nothing else keeps a copy, nothing else calls the core)::
 
     ingest (handler) ── known / load / recheck ──▶ the floor: no update older than the blob
-                     ── wait_durable ───────────▶ blob-mode acks
-    flusher ─────────── held / document / written / skipped / failed / lost ─▶ ┐
-    admin ops ───────── exclusive / held / document / reset ───────────────▶ ├ BlobStates
-    retirement ──────── release (the lease), forget (everything else) ──────▶ ┘   │
-                                                                               FlushCore
-                                                                        (pure decisions)
+                     ── wait_durable ───────────▶ blob-mode acks (durable, or not_owner)
+    ingest (coalescer) ─ applied / void ────────▶ the rows applies return (blob ack mode)
+    flusher ─────────── held / plan / read / write / skipped / failed / ... ─▶ ┐
+    admin ops ───────── exclusive / held / stored / begin_write / reset ───▶ ├ BlobStates
+    retirement ──────── release (the lease), forget (everything else) ─────▶ ┘   │
+                                                                       FlushCore + leases
 
-The decisions are the core's; this module performs the reads they need (the blob, the
-namespace's listing, the lease through ``sidecar.flush.lease``), holds each waiting ack's
-future and the per-query lock that keeps a flush and an admin op apart, and wakes the
-flush loop when an ack starts waiting.
+The decisions are the core's; this module performs the reads and writes they need (the blob,
+the namespace's listing, the lease through ``sidecar.flush.lease_manager``), holds each
+waiting ack's future and the per-query locks (kept on the query's record: the flush/admin
+lock, the floor read's, the lease's), and wakes the flush loop when an ack starts waiting.
+
+Every write names the version it replaces (``If-Match``): :meth:`BlobStates.write` takes the
+:class:`~sidecar.flush.core.Seen` it was planned from, so there is no way to write a blob whose
+version is not known. A write the store refuses as another writer's is counted
+(``checkpoint_sidecar_write_conflicts_total``), the blob is read again (and its writer logged),
+and the caller plans again from what it holds: never below it.
 
 The floor, read lazily: an update of a query Redis does not know is applied with the floor
 its blob holds, read at most once per query and daemon run (concurrent first updates share
@@ -28,20 +35,26 @@ another owner (a reset through a standby's peer): the floor is read again, at mo
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import anyio
 
 from sidecar.backoff import Backoff
 from sidecar.buffer.lua import NO_BLOB
-from sidecar.errors import CorruptRecord
-from sidecar.flush.core import Ack, FlushCore
-from sidecar.flush.lease import Held, LeaseManager
-from sidecar.model.document import CheckpointDocument
+from sidecar.buffer.rows import PendingQuery
+from sidecar.errors import CorruptRecord, LeaseLost, NotOwner, StoreUnavailable, VersionConflict
+from sidecar.flush.core import Ack, FlushCore, Plan, Seen
+from sidecar.flush.lease import Held, LeaseState
+from sidecar.flush.lease_manager import LeaseManager, LeaseStore
+from sidecar.model.document import CheckpointDocument, Stored
+from sidecar.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +67,46 @@ LISTING_MAX_AGE_S = 60.0
 #: A query's floor is read again, after a refusal by the floor alone, at most this often.
 RECHECK_EVERY_S = 5.0
 
-#: A waiting ack's future: True once its batch is in the blob, False when its time ran out.
-Waiter = asyncio.Future[bool]
+
+class Replan(Exception):
+    """What the blob holds was seen to change between a write's plan and its start: nothing
+    was sent; plan again."""
 
 
-class BlobReads(Protocol):
-    """What this module reads of the blob store (``sidecar.store.blobs.BlobStore``)."""
+class Durability(enum.Enum):
+    """How a blob-mode ack's wait ended."""
 
-    async def read(self, query_id: str) -> CheckpointDocument | None: ...
+    DURABLE = "durable"
+    TIMED_OUT = "timed out"
+    NOT_OWNER = "not owner"
+
+
+#: A waiting ack's future.
+Waiter = asyncio.Future[Durability]
+
+
+@dataclass(slots=True)
+class QueryLocks:
+    """A query's locks, kept on its record (``sidecar.flush.core.QueryState.locks``)."""
+
+    #: Held by each flush and by each admin op (never both at once).
+    flush: anyio.Lock = field(default_factory=anyio.Lock)
+    #: One floor read at a time; concurrent updates share it.
+    floor: anyio.Lock = field(default_factory=anyio.Lock)
+    #: The lease's (``sidecar.flush.lease_manager``).
+    lease: anyio.Lock = field(default_factory=anyio.Lock)
+
+
+class BlobStore(LeaseStore, Protocol):
+    """What this module reads and writes of the blob store (``sidecar.store.blobs``)."""
+
+    async def read_stored(self, query_id: str) -> Stored: ...
 
     async def query_ids(self) -> set[str]: ...
+
+    async def write(
+        self, query_id: str, body: bytes, *, lease_id: str, query_name: str | None, version: str
+    ) -> str: ...
 
 
 class BlobStates:
@@ -71,35 +114,61 @@ class BlobStates:
 
     def __init__(
         self,
-        store: BlobReads,
-        leases: LeaseManager,
+        store: BlobStore,
+        lease_id: str,
+        lease_duration_s: int,
+        metrics: Metrics,
         *,
         clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = random.random,
         backoff: Backoff | None = None,
     ) -> None:
+        """``lease_id``: this process's (``sidecar.daemon.ownership``); ``clock``: monotonic
+        seconds for the leases, retries and rechecks; ``jitter``: uniform in [0, 1)."""
         self._store = store
-        self.leases = leases
+        self._metrics = metrics
         self._clock = clock
-        self.core: FlushCore[Waiter] = FlushCore(backoff or Backoff(RETRY_BASE_S, RETRY_CAP_S))
+        self._core: FlushCore[Waiter, QueryLocks] = FlushCore(
+            backoff or Backoff(RETRY_BASE_S, RETRY_CAP_S, clock=clock, jitter=jitter),
+            clock=clock,
+            locks=QueryLocks,
+        )
+        self.leases = LeaseManager(
+            store,
+            self._core,
+            lease_id,
+            lease_duration_s,
+            metrics,
+            clock=clock,
+            jitter=jitter,
+            held_elsewhere=self._held_elsewhere,
+        )
         #: Set when the flush loop should run a pass now (an ack started waiting, or one
         #: deferred during a pass still waits at its end); the loop clears it.
         self.wake = asyncio.Event()
-        #: Per query: held by each flush and by each admin op (never both at once).
-        self._locks: dict[str, anyio.Lock] = {}
-        #: One blob read per query at a time for the floor; concurrent updates share it.
-        self._reading: dict[str, anyio.Lock] = {}
-        #: Ids with a blob as last listed, and when (monotonic); None: not listed yet.
+        #: Ids with a blob as last listed; None: not listed yet.
         self._with_blob: set[str] | None = None
-        #: Queries whose blob this daemon's lease acquisition created (or found).
-        self._leased: set[str] = set()
         self._listed_at = 0.0
         self._listing = anyio.Lock()
+        #: The writer shown for each query whose lease another daemon holds (metric series).
+        self._elsewhere: dict[str, tuple[str, str]] = {}
+
+    def __len__(self) -> int:
+        """Queries with a record."""
+        return len(self._core)
+
+    def __contains__(self, query_id: object) -> bool:
+        return query_id in self._core
+
+    @property
+    def lease_id(self) -> str:
+        return self.leases.lease_id
 
     # --- the floor (ingest: ``sidecar.ingest.handler.Floors``) -----------------------------
 
     def known(self, query_id: str) -> int | None:
-        """The query's floor (``NO_BLOB``: no blob), None while it was not read."""
-        return self.core.floor(query_id)
+        """The query's floor (``NO_BLOB``: no blob), None while it is not known."""
+        return self._core.floor(query_id)
 
     async def load(self, query_id: str) -> int:
         """The query's floor, read from its blob unless known.
@@ -107,12 +176,12 @@ class BlobStates:
         Raises:
             SidecarError: the blob store cannot be read now (``StoreUnavailable``: retry).
         """
-        floor = self.core.floor(query_id)
+        floor = self._core.floor(query_id)
         if floor is not None:
             return floor
         if not await self._may_have_blob(query_id):
             return NO_BLOB
-        return await self._read_floor(query_id, exact=False)
+        return await self._read_floor(query_id, again=False)
 
     async def recheck(self, query_id: str) -> int | None:
         """The floor alone refused an update Redis would take: read the blob again and use
@@ -121,38 +190,29 @@ class BlobStates:
         Raises:
             SidecarError: the blob store cannot be read now.
         """
-        q = self.core.get(query_id)
-        now = self._clock()
-        if q is not None:
-            if now - q.rechecked_at < RECHECK_EVERY_S:
-                return None
-            q.rechecked_at = now
-        return await self._read_floor(query_id, exact=True)
+        if not self._core.recheck_due(query_id, RECHECK_EVERY_S):
+            return None
+        return await self._read_floor(query_id, again=True)
 
-    async def _read_floor(self, query_id: str, *, exact: bool) -> int:
-        lock = self._reading.setdefault(query_id, anyio.Lock())
-        try:
-            async with lock:
-                floor = self.core.floor(query_id)
-                if floor is not None and not exact:
-                    return floor  # read by whoever held the lock before us
-                since = self.core.stamp
-                try:
-                    doc = await self._store.read(query_id)
-                except CorruptRecord as exc:
-                    # The flusher never overwrites an unreadable blob and reports it; updates
-                    # are stored in Redis meanwhile, as if there were no blob.
-                    log.warning("query=%s: no floor from an unreadable blob: %s", query_id, exc)
-                    doc = None
-                batch = doc.batch_id if doc is not None else NO_BLOB
-                floor, answered = self.core.floor_read(query_id, batch, since, exact=exact)
-                self._answer(answered)
-                if floor != NO_BLOB and self._with_blob is not None:
-                    self._with_blob.add(query_id)
-                return floor
-        finally:
-            if not lock.statistics().tasks_waiting:
-                self._reading.pop(query_id, None)
+    async def _read_floor(self, query_id: str, *, again: bool) -> int:
+        # Only a query the listing says has a blob gets here: it has a record from now.
+        async with self._core.record(query_id).locks.floor:
+            floor = self._core.floor(query_id)
+            if floor is not None and not again:
+                return floor  # read by whoever held the lock before us
+            since = self._core.stamp
+            try:
+                stored = await self._store.read_stored(query_id)
+            except CorruptRecord as exc:
+                # The flusher never overwrites an unreadable blob and reports it; updates
+                # are stored in Redis meanwhile, as if there were no blob.
+                log.warning("query=%s: no floor from an unreadable blob: %s", query_id, exc)
+                return NO_BLOB
+            floor, answered = self._core.read(query_id, stored, since)
+            self._answer(answered)
+            if floor != NO_BLOB and self._with_blob is not None:
+                self._with_blob.add(query_id)
+            return floor
 
     async def _may_have_blob(self, query_id: str) -> bool:
         """False when the namespace's listing (fresh enough) has no blob of the query."""
@@ -161,123 +221,319 @@ class BlobStates:
             if self._with_blob is None or (stale and query_id not in self._with_blob):
                 self._with_blob = await self._store.query_ids()
                 self._listed_at = self._clock()
-        return query_id in self._with_blob or query_id in self._leased
+        # A lease held or wanted created the blob if absent: a listing made before must not
+        # say "no blob" (a write of unknown outcome may have filled it).
+        q = self._core.get(query_id)
+        return query_id in self._with_blob or (q is not None and q.lease.term > 0)
 
     # --- blob-mode acks -------------------------------------------------------------------
 
     async def wait_durable(self, query_id: str, batch_id: int, timeout_s: float | None) -> bool:
         """True once the query's blob holds ``batch_id`` or a newer batch; False when
         ``timeout_s`` passed first. Starting to wait wakes the flush loop (unless the query is
-        in a pass, or backing off)."""
+        in a pass, or backing off).
+
+        Raises:
+            NotOwner: another daemon holds the query's lease (now, or once it turns out so
+                while the ack waits): this daemon cannot make it durable.
+        """
         loop = asyncio.get_running_loop()
         waiter: Waiter = loop.create_future()
-        match self.core.ack(query_id, batch_id, waiter):
+        match self._core.ack(query_id, batch_id, waiter):
             case Ack.DURABLE:
                 return True
+            case Ack.NOT_OWNER:
+                raise self._not_owner(query_id, batch_id)
             case Ack.WAKE:
                 self.wake.set()
-        timer = None if timeout_s is None else loop.call_later(timeout_s, _settle, waiter, False)
+        timer = (
+            None
+            if timeout_s is None
+            else loop.call_later(timeout_s, _settle, waiter, Durability.TIMED_OUT)
+        )
         try:
-            return await waiter
+            outcome = await waiter
         finally:
             if timer is not None:
                 timer.cancel()
-            self.core.ack_gone(query_id, waiter)
+            self._core.ack_gone(query_id, waiter)
+        if outcome is Durability.NOT_OWNER:
+            raise self._not_owner(query_id, batch_id)
+        return outcome is Durability.DURABLE
+
+    def _not_owner(self, query_id: str, batch_id: int) -> NotOwner:
+        q = self._core.get(query_id)
+        label = (q.label if q is not None else "") or query_id
+        holder = q.holder if q is not None else None
+        return NotOwner(
+            f"batch {batch_id} of query {label} is stored in Redis, but another daemon holds "
+            f"the lease on its blob (last written by {holder or 'an unknown writer'}): this "
+            "daemon cannot make it durable; resend to the daemon that owns the query, or again "
+            "once ownership moves (see /readyz)"
+        )
 
     def _answer(self, waiters: list[Waiter]) -> None:
         for waiter in waiters:
-            _settle(waiter, True)
+            _settle(waiter, Durability.DURABLE)
+
+    def _held_elsewhere(self, query_id: str) -> None:
+        """The store refused the query's lease as another's: its waiting acks can never be
+        made durable here."""
+        for waiter in self._core.held_elsewhere(query_id, None):
+            _settle(waiter, Durability.NOT_OWNER)
+
+    # --- the rows applies return (``sidecar.ingest.coalescer.RowSink``, blob ack mode) --------
+
+    def stamp(self) -> int:
+        """Take it before a Redis read: what the read returns is judged against it."""
+        return self._core.stamp
+
+    def applied(self, rows: list[PendingQuery], since: int) -> None:
+        self._answer(self._core.applied(rows, since))
+
+    def void(self, query_ids: list[str]) -> None:
+        self._core.rows_void(query_ids)
+
+    def take_row(self, query_id: str) -> tuple[PendingQuery, int] | None:
+        """The row the last apply returned, for a flush an ack waits on (no Redis read for
+        it); None otherwise."""
+        return self._core.take_row(query_id)
+
+    def prune_rows(self, pending: set[str], now_ms: int) -> None:
+        self._core.prune_rows(pending, now_ms)
 
     # --- what the flusher asks and tells ---------------------------------------------------
 
+    def label(self, query_id: str) -> str | None:
+        """The query's name as a Redis row told it; None while not told."""
+        return self._core.label(query_id)
+
+    def seen(self, query_id: str, label: str) -> None:
+        """A Redis row of the query was read: it has a record from now, named ``label``."""
+        self._core.record(query_id, label)
+
     def waiting(self) -> list[str]:
         """The queries acks wait on."""
-        return self.core.waiting()
+        return self._core.waiting()
 
     def ready(self, query_id: str) -> bool:
         """Whether the query may be flushed now (not backing off after a failure)."""
-        return self.core.backoff.ready(query_id)
+        return self._core.ready(query_id)
+
+    def due(self, query_id: str) -> bool:
+        """Due whatever the thresholds: an ack waits on it, or a previous run left it."""
+        return self._core.due(query_id)
+
+    def recovering(self, query_ids: set[str]) -> None:
+        """What a previous run left pending: due until flushed."""
+        self._core.recovering(query_ids)
 
     def busy(self, query_id: str) -> bool:
         """An ack waits on the query, or it is in a flush pass: not to be retired now."""
-        q = self.core.get(query_id)
-        return q is not None and (bool(q.waiters) or q.in_flight)
+        q = self._core.get(query_id)
+        return q is not None and (bool(q.acks) or self._core.in_flight(query_id))
+
+    def in_flight(self, query_id: str) -> bool:
+        return self._core.in_flight(query_id)
 
     def begin(self, query_ids: list[str]) -> None:
         """The queries enter a pass of the flush loop."""
         for query_id in query_ids:
-            self.core.begin(query_id)
+            self._core.begin(query_id)
 
     def end(self, query_id: str) -> None:
         """The pass is done with the query; an ack deferred meanwhile wakes the loop."""
-        if self.core.end(query_id):
+        if self._core.end(query_id):
             self.wake.set()
 
-    def flushed_in_redis(self, query_id: str, batch_id: int, since: int) -> None:
-        """Redis' flushed batch of the query, read at stamp ``since``."""
-        self._answer(self.core.flushed_in_redis(query_id, batch_id, since))
+    def current(self, query_id: str, since: int) -> bool:
+        """Whether a Redis row of the query read at stamp ``since`` may still be flushed."""
+        return self._core.current(query_id, since)
+
+    def flushed_in_redis(
+        self, query_id: str, batch_id: int | None, resets: int, since: int
+    ) -> None:
+        """Redis' flushed batch of the query and its reset count, read at stamp ``since``."""
+        self._answer(self._core.redis_says(query_id, batch_id, resets, since))
 
     async def held(self, query_id: str, label: str) -> Held | None:
-        """The query's lease when HELD (acquired if due), else None: do not write."""
+        """The query's lease when HELD (acquired if due), else None: do not write. Held by
+        another daemon: its waiting acks are answered ``not_owner``, and who last wrote the
+        blob is shown (``/readyz``, ``checkpoint_sidecar_lease_held_elsewhere``)."""
         held = await self.leases.ensure_held(query_id, label)
         if held is not None:
-            # Acquiring created the blob if absent: a listing made before (or under way) must
-            # not say "no blob" any more (a write of unknown outcome may have filled it).
-            self._leased.add(query_id)
+            self._owned(query_id)
+        elif self.leases.held_elsewhere(query_id):
+            await self._learn_holder(query_id, label)
         return held
 
-    async def document(self, query_id: str, lease: Held) -> CheckpointDocument | None:
-        """What the query's blob holds, read under ``lease`` unless known for its term.
+    def _owned(self, query_id: str) -> None:
+        gone = self._elsewhere.pop(query_id, None)
+        if gone is not None:
+            self._metrics.lease_elsewhere.remove(*gone)
+
+    async def _learn_holder(self, query_id: str, label: str) -> None:
+        """Who last wrote the blob, read once per query while another holds its lease."""
+        if query_id in self._elsewhere:
+            return
+        since = self._core.stamp
+        try:
+            stored = await self._store.read_stored(query_id)
+        except Exception as exc:
+            log.debug("query=%s: the blob's writer not read: %s", query_id, exc)
+            return
+        self._answer(self._core.read(query_id, stored, since)[1])
+        holder = _writer_of(stored.document)
+        for waiter in self._core.held_elsewhere(query_id, holder):
+            _settle(waiter, Durability.NOT_OWNER)
+        self._elsewhere[query_id] = (label, holder)
+        self._metrics.lease_elsewhere.labels(label, holder).set(1)
+        log.warning(
+            "query=%s: another daemon holds the lease on its blob (last written by %s at batch "
+            "%s): this daemon buffers its updates in Redis and writes nothing until it is free",
+            label,
+            holder,
+            stored.batch_id,
+        )
+
+    def holders(self) -> dict[str, str]:
+        """By query label, who last wrote the blob of each query whose lease another daemon
+        holds (for ``/readyz``)."""
+        return dict(self._elsewhere.values())
+
+    def plan(self, query_id: str, batch_id: int) -> Plan:
+        """What to do with a due row of ``batch_id`` (read the blob first, skip, write)."""
+        return self._core.plan(query_id, batch_id)
+
+    async def read(self, query_id: str) -> Stored:
+        """Read what the query's blob holds now (the flush's READ step, or after a conflict).
 
         Raises:
             CorruptRecord: the blob is not a checkpoint document of the query.
             SidecarError: the store cannot be read now.
         """
-        q = self.core.get(query_id)
-        if q is None or q.term != lease.term or q.floor is None:
-            doc = await self._store.read(query_id)
-            self._answer(self.core.read(query_id, lease.term, doc))
-            return doc
-        return q.document
+        since = self._core.stamp
+        stored = await self._store.read_stored(query_id)
+        self._answer(self._core.read(query_id, stored, since)[1])
+        return stored
 
-    def written(self, query_id: str, lease: Held, doc: CheckpointDocument) -> None:
-        """``doc`` is in the blob: acks waiting for it or older are answered now."""
-        self._answer(self.core.written(query_id, lease.term, doc))
+    async def stored(self, query_id: str) -> Seen:
+        """What the query's blob holds, read unless seen (an admin op, under the lease and
+        :meth:`exclusive`).
+
+        Raises:
+            CorruptRecord, SidecarError: as :meth:`read`.
+        """
+        for _ in range(2):
+            plan = self._core.plan(query_id, NO_BLOB)  # SKIP when seen
+            if plan.base is not None and plan.base.stored.version is not None:
+                return plan.base  # (seen absent: the lease has created it since; read it)
+            await self.read(query_id)
+        raise VersionConflict(f"query {query_id}: its blob changed while it was read")
+
+    def note_thinned(self, query_id: str, thinned: bool) -> bool:
+        """Whether a document's history was thinned; True the first time in a row."""
+        return self._core.thinned(query_id, thinned)
+
+    async def write(
+        self, query_id: str, lease: Held, base: Seen, doc: CheckpointDocument, body: bytes
+    ) -> Stored | None:
+        """Write ``doc`` (encoded: ``body``) over ``base`` under ``lease``: the store refuses it
+        unless the lease holds the blob and it is still at ``base``'s version. What the blob
+        holds now; None when the lease was lost before it could be sent (nothing sent).
+
+        Raises:
+            Replan: the blob was seen to change since ``base`` (a read meanwhile): nothing
+                sent; plan again.
+            VersionConflict: another writer changed the blob: it was read again (what it
+                holds is known now; plan again from it).
+            StoreUnavailable: the outcome is unknown (read before the next write).
+            SidecarError: refused (``LeaseLost``: the lease is lost too); nothing written.
+        """
+        if not self.leases.holds(lease):
+            return None  # lost (and maybe taken again) since the plan: the next pass starts over
+        if not self._core.begin_write(query_id, base):  # no await since holds()
+            raise Replan(f"query {query_id}: its blob was seen changed since the plan")
+        assert base.stored.version is not None  # a plan never writes a blob seen absent
+        try:
+            version = await self._store.write(
+                query_id,
+                body,
+                lease_id=self.leases.lease_id,
+                query_name=doc.name,
+                version=base.stored.version,
+            )
+        except VersionConflict:
+            self._core.refused(query_id)
+            await self._conflict(query_id, "checkpoint", doc.batch_id)
+            raise
+        except (StoreUnavailable, anyio.get_cancelled_exc_class()):
+            self._core.unsure(query_id)  # it may have landed
+            raise
+        except LeaseLost:
+            self._core.refused(query_id)  # not written; another owner may write now
+            raise
+        except BaseException:
+            self._core.abandoned(query_id)
+            raise
+        stored = Stored(version, doc)
+        self._answer(self._core.wrote(query_id, stored))
+        return stored
+
+    async def _conflict(self, query_id: str, what: str, batch_id: int) -> None:
+        """A conditional write was refused: count it, read the blob again and say who wrote it."""
+        self._metrics.write_conflicts.labels(what).inc()
+        try:
+            stored = await self.read(query_id)
+        except Exception as exc:
+            log.warning(
+                "query=%s: %s of batch %d refused, the blob changed since it was read; reading it "
+                "again failed: %s",
+                query_id,
+                what,
+                batch_id,
+                exc,
+            )
+            return
+        log.warning(
+            "query=%s: %s of batch %d refused: the blob changed since it was read (now batch %s, "
+            "written by %s); nothing overwritten, never written below what it holds",
+            self._core.label(query_id) or query_id,
+            what,
+            batch_id,
+            stored.batch_id,
+            _writer_of(stored.document),
+        )
+
+    def marked(self, query_id: str) -> None:
+        """Redis recorded the flush (``mark_flushed``): its flushed batch is the blob's again."""
+        self._core.marked(query_id)
 
     def skipped(self, query_id: str) -> None:
-        """The blob already held the row's batch (or newer) under the lease: acks answered."""
-        self._answer(self.core.skipped(query_id))
+        """The blob already held the row's batch (or newer): acks answered."""
+        self._answer(self._core.skipped(query_id))
+
+    def flushed(self, query_id: str) -> None:
+        """The flush is complete: its retry schedule starts over."""
+        self._core.flushed(query_id)
 
     def failed(
-        self,
-        query_id: str,
-        *,
-        retriable: bool,
-        outcome_unknown: bool,
-        retry_after_s: float | None = None,
+        self, query_id: str, *, retriable: bool, retry_after_s: float | None = None
     ) -> float:
         """A flush failed: seconds until its next try."""
-        return self.core.failed(
-            query_id,
-            retriable=retriable,
-            outcome_unknown=outcome_unknown,
-            retry_after_s=retry_after_s,
-        )
+        return self._core.failed(query_id, retriable=retriable, retry_after_s=retry_after_s)
+
+    def failures(self, query_id: str) -> int:
+        return self._core.failures(query_id)
 
     def lost(self, query_id: str, reason: str) -> None:
         """The store refused the lease on a write: stop writing until it is re-acquired."""
-        self.core.unknown(query_id)
         self.leases.lost(query_id, reason)
-
-    def unknown(self, query_id: str, *, lowered_to: int | None = None) -> None:
-        """A write's outcome is unknown (a reset's: it may have lowered the blob to
-        ``lowered_to``): read the blob again before the next one."""
-        self.core.unknown(query_id, lowered_to=lowered_to)
 
     @asynccontextmanager
     async def flushing(self, query_id: str) -> AsyncIterator[None]:
         """Hold the query for a flush: no admin op of it runs meanwhile."""
-        async with self._lock(query_id):
+        async with self._core.record(query_id).locks.flush:
             yield
 
     # --- admin ops -------------------------------------------------------------------------
@@ -287,16 +543,42 @@ class BlobStates:
         """Hold the query for an admin op: no flush of it runs inside, and none of a Redis
         row read before it ends runs after (a row read while the op was under way, before it
         wrote Redis, is as stale as one read before it began)."""
-        async with self._lock(query_id):
-            self.core.admin_op(query_id)
+        async with self._core.record(query_id).locks.flush:
+            self._core.admin_op(query_id)
             try:
                 yield
             finally:
-                self.core.admin_op(query_id)
+                self._core.admin_op(query_id)
 
-    def reset(self, query_id: str, lease: Held, doc: CheckpointDocument) -> None:
-        """A reset wrote ``doc`` under ``lease``: floor and acks follow it down."""
-        self._answer(self.core.reset(query_id, lease.term, doc))
+    def begin_write(self, query_id: str, lease: Held, base: Seen) -> bool:
+        """An admin op's write over ``base`` is about to be sent under ``lease``: False (and
+        nothing begun) when the lease was lost, or the blob seen to change, since it was read."""
+        return self.leases.holds(lease) and self._core.begin_write(query_id, base)
+
+    def reset(self, query_id: str, stored: Stored) -> None:
+        """A reset's write landed: the floor and acks follow it down."""
+        self._answer(self._core.reset(query_id, stored))
+
+    def archived(self, query_id: str) -> None:
+        """An admin op moved the blob away (retire --archive): there is none now."""
+        self._core.wrote(query_id, Stored(None, None))
+
+    async def write_refused(self, query_id: str, what: str, batch_id: int) -> None:
+        """An admin op's write was refused as another writer's (read again, counted)."""
+        self._core.refused(query_id)
+        await self._conflict(query_id, what, batch_id)
+
+    def unknown(self, query_id: str, *, lowered_to: int | None = None) -> None:
+        """An admin op's write has an unknown outcome (a reset's may have lowered the blob to
+        ``lowered_to``): read the blob again before the next write."""
+        self._core.unsure(query_id, lowered_to=lowered_to)
+
+    def not_sent(self, query_id: str) -> None:
+        """An admin op's write was refused before it ran (nothing written)."""
+        self._core.abandoned(query_id)
+
+    def lease_state(self, query_id: str) -> LeaseState | None:
+        return self.leases.state(query_id)
 
     # --- retirement --------------------------------------------------------------------------
 
@@ -305,21 +587,19 @@ class BlobStates:
         return await self.leases.retire(query_id)
 
     def forget(self, query_id: str) -> None:
-        """Drop everything known of the query's blob (retired); read again if it returns."""
-        self.core.forget(query_id)
-        self._leased.discard(query_id)
-
-    @asynccontextmanager
-    async def _lock(self, query_id: str) -> AsyncIterator[None]:
-        lock = self._locks.setdefault(query_id, anyio.Lock())
-        try:
-            async with lock:
-                yield
-        finally:
-            if not lock.statistics().tasks_waiting and not lock.locked():
-                self._locks.pop(query_id, None)
+        """Drop everything known of the query (retired): its record, with its lease, row,
+        acks and retries, in one removal; read again if it returns."""
+        self._core.forget(query_id)
+        self._owned(query_id)
 
 
-def _settle(waiter: Waiter, durable: bool) -> None:
+def _writer_of(doc: CheckpointDocument | None) -> str:
+    """Who wrote a document, for logs and the owner's metric."""
+    if doc is None:
+        return "nobody (empty blob)"
+    return f"{doc.writer.host} pid {doc.writer.pid}"
+
+
+def _settle(waiter: Waiter, outcome: Durability) -> None:
     if not waiter.done():
-        waiter.set_result(durable)
+        waiter.set_result(outcome)

@@ -1,101 +1,302 @@
 """The flush core: what this daemon knows of each query's blob, and every decision made on
 it. Pure and sans-IO, like the protocol: no event loop, no store, no Redis. The shell
-(``sidecar.flush.blob_state`` and the flusher) performs the reads and writes the core asks
-for and tells it what happened.
+(``sidecar.flush.blob_state``) performs the reads and writes the core asks for and tells it
+what happened; it is the one door in: nothing else calls the core, and nothing sets a field
+of its records.
 
-One :class:`QueryBlob` per query holds it all: the floor (the batch the blob holds, as
-ingest needs it), the durable batch (what acks wait for), the document last read or written
-and the lease term it is valid for, the acks waiting, whether the query is in a flush pass,
-its retry schedule and its admin-op stamp. Nothing else keeps a copy.
+One :class:`QueryState` per query holds all of it: **what the blob holds** (:data:`Blob`, one
+value: :class:`Unread`, :class:`Seen` or :class:`Writing`), the query's lease
+(``sidecar.flush.lease.QueryLease``), the acks waiting, its place in a flush pass, the last
+row an apply returned (blob ack mode), its retry schedule and its admin-op stamps. Retiring a
+query is one removal.
+
+What the blob holds moves only through :func:`advance`, a closed table of (value, event)::
+
+    Unread(durable) ─Read──────────────────────────────────────▶ Seen(version, document)
+    Seen ──Begin (a write names the version it read)───────────▶ Writing(base: Seen)
+    Writing ─Wrote───▶ Seen(new version)   ─Abandoned (never sent)─▶ Seen (its base)
+            ─Refused (412: another writer changed it)──────────▶ Unread(base's batch)
+            ─Unsure (timed out, connection lost: landed or not)─▶ Unread(base's batch, or
+                                                                   lower: a reset's target)
+    Unread | Seen ─Lapsed (the lease lost: another may write)──▶ Unread(its batch)
+    Unread | Seen ─Created (the lease's empty blob, made now)──▶ Seen(version, no document)
+    Unread | Seen ─RedisSays(batch) above the one seen, or a reset─▶ Unread(batch)
+
+Every other move raises :class:`IllegalMove`: a write from :class:`Unread` (no version to
+name), a second write while one is in flight, an answer with no write in flight.
 
 Invariants (``tests/unit/test_flush_simulation.py`` drives this module and the real flusher
 through random interleavings and checks them after every step):
 
-1. **Never backwards.** A write is planned only for a batch newer than what the blob holds,
-   and what the blob holds is known only from a read or a write under the *same* lease term.
-   A lease lost and re-acquired, or a write whose outcome is unknown, forgets it (read again
-   before the next write). So no blob moves backwards except by an admin reset.
+1. **Never backwards.** A write is planned only for a batch newer than what the blob is seen to
+   hold, and only from :class:`Seen`: it names the blob's version (``If-Match``), so a blob
+   another writer changed since is never overwritten — the store refuses, the core forgets
+   (:class:`Unread`), and the blob is read again. No blob moves backwards except by an admin
+   reset.
 2. **A reset is never undone.** Every admin op (reset, retire) stamps its query. A Redis row
    read before the stamp is never flushed, and Redis' flushed batch read before it is no
-   evidence of what the blob holds.
-3. **An ack is answered only when its batch is in the blob**: known from a read or a write
-   under the lease, a reset, or Redis' flushed batch read after the newest such evidence.
+   evidence of what the blob holds; a flush that had to read the blob reads its row again
+   (the row may predate another owner's reset).
+3. **An ack is answered only when its batch is in the blob**: known from a read, a write, a
+   reset, or Redis' flushed batch read after the newest such evidence.
 4. **Acknowledged batches become durable once faults stop**: a failed write is retried after
    a backoff; an ack that arrives while its query is in a pass wakes the loop when the pass
    ends, so it is never left for a whole interval.
-5. **One writer per lease**: a write is planned only for a held lease's term.
+5. **One writer per lease**: a write is planned only under a held lease (the shell checks its
+   term right before the write); an ack of a query whose lease another daemon holds is
+   answered ``not_owner`` at once, never left to time out.
 
 Stamps: one counter for the whole daemon, advanced by every admin op (and retirement) and
-every piece of evidence from the lease (read, write, reset). A read of Redis or of the blob
-without the lease remembers the stamp at its start (:attr:`FlushCore.stamp`); what it returns
-is kept for a query only if nothing newer happened to that query since.
+every piece of evidence about a blob (a write's answer, a reset, a read kept). A read of Redis
+or of the blob remembers the stamp at its start (:attr:`FlushCore.stamp`); what it returns is
+kept for a query only if nothing newer happened to that query since.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from sidecar.backoff import Backoff
 from sidecar.buffer.lua import NO_BLOB
-from sidecar.model.document import CheckpointDocument
+from sidecar.buffer.rows import PendingQuery
+from sidecar.flush.lease import QueryLease
+from sidecar.model.document import Stored
 
 #: A waiting ack's handle: whatever the shell settles when its batch is durable.
 W = TypeVar("W")
+#: The shell's per-query locks (kept on the query's record, dropped with it).
+L = TypeVar("L")
+
+
+class IllegalMove(RuntimeError):
+    """What the blob holds was asked to make a move :func:`advance` does not allow (a bug)."""
+
+
+# --- what the blob holds: one value ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Unread:
+    """Not known: never read, or forgotten (a write refused as another writer's, a write
+    whose outcome is unknown, Redis naming another batch). ``durable``: the newest batch known
+    to have been in the blob when it was last known (what acks count)."""
+
+    durable: int = NO_BLOB
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """The blob is at ``stored.version`` holding ``stored.document``, as read or written here."""
+
+    stored: Stored
+
+    @property
+    def batch(self) -> int:
+        """The batch the blob holds (``NO_BLOB``: no document)."""
+        batch = self.stored.batch_id
+        return NO_BLOB if batch is None else batch
+
+    @property
+    def durable(self) -> int:
+        return self.batch
+
+
+@dataclass(frozen=True, slots=True)
+class Writing:
+    """A write planned from ``base`` is in flight: until its answer the blob holds ``base``
+    or the new document."""
+
+    base: Seen
+
+    @property
+    def durable(self) -> int:
+        return self.base.batch
+
+
+#: What this daemon knows its query's blob holds.
+Blob = Unread | Seen | Writing
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """The blob was read: it holds ``stored``."""
+
+    stored: Stored
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    """A write is sent, naming the version seen."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wrote:
+    """The write landed: the blob now holds ``stored``."""
+
+    stored: Stored
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The store refused the write: the blob is no longer the version it named."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unsure:
+    """The write's outcome is unknown (timed out, connection lost mid-call). A reset's write
+    may have lowered the blob to ``lowered_to``."""
+
+    lowered_to: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Abandoned:
+    """A write was begun but not sent (the lease was lost meanwhile)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lapsed:
+    """The lease was lost (refused, broken, expired): another writer may change the blob."""
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """The lease's empty blob was created now, at ``version``: there was none."""
+
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class RedisSays:
+    """Redis records ``batch`` as the blob's (its flushed batch, read after the newest other
+    evidence); ``reset``: a reset was recorded in Redis since the last row seen (another owner
+    may have lowered the blob to it)."""
+
+    batch: int
+    reset: bool = False
+
+
+BlobEvent = Read | Begin | Wrote | Refused | Unsure | Abandoned | Lapsed | Created | RedisSays
+
+
+def advance(blob: Blob, event: BlobEvent) -> Blob:
+    """What the blob holds after ``event``: the one transition table (module docstring).
+
+    Raises:
+        IllegalMove: a move the table does not allow.
+    """
+    match event, blob:
+        case Read(stored), Unread() | Seen():
+            return Seen(stored)
+        case Read(), Writing():
+            return blob  # the write's answer will say; a read under it proves neither outcome
+        case Begin(), Seen():
+            return Writing(blob)
+        case Wrote(stored), Writing():
+            return Seen(stored)
+        case Refused(), Writing():
+            return Unread(blob.durable)
+        case Unsure(lowered_to), Writing():
+            lowest = blob.durable if lowered_to is None else min(blob.durable, lowered_to)
+            return Unread(lowest)
+        case Abandoned(), Writing():
+            return blob.base
+        case Lapsed(), Unread() | Seen():
+            return Unread(blob.durable)
+        case Lapsed(), Writing():
+            return blob  # its answer will say (refused for the lease: forgotten then)
+        case Created(version), Unread() | Seen():
+            return Seen(Stored(version, None))
+        case Created(), Writing():
+            return blob  # the write in flight will fail (no blob was there to name)
+        case RedisSays(batch), Unread():
+            return Unread(batch)
+        case RedisSays(batch, reset), Seen():
+            # Higher: another writer. Lower: Redis only lags (a write it has not recorded
+            # yet), unless a reset was recorded since: then the blob may have been lowered.
+            return Unread(batch) if reset or batch > blob.batch else blob
+        case RedisSays(), Writing():
+            return blob
+    raise IllegalMove(f"{type(event).__name__} while the blob is {type(blob).__name__}")
+
+
+# --- the record of one query ------------------------------------------------------------------
+
+
+class Flight(enum.Enum):
+    """A query's place in the flush loop."""
+
+    IDLE = "idle"
+    #: In a pass (read, or being written): a new ack waits for the pass to end.
+    IN_PASS = "in pass"
+    #: In a pass, and an ack arrived during it: wake the loop when it ends (group commit).
+    DEFERRED = "deferred"
 
 
 @dataclass(slots=True, eq=False)
-class QueryBlob(Generic[W]):
-    """What this daemon knows of one query's blob."""
+class QueryState(Generic[W, L]):
+    """Everything this daemon keeps of one query's blob. Only :class:`FlushCore` changes it."""
 
     query_id: str
+    locks: L
+    lease: QueryLease
     #: Stamp of the query's last admin op (at creation: the last one anywhere): Redis rows
     #: read before it are void.
     generation: int
-    #: Stamp of the newest evidence from the lease (read, write, reset) or admin op: reads
-    #: without the lease begun before it are not kept.
+    #: Stamp of the newest evidence about the blob or admin op: reads begun before are not
+    #: kept.
     evidence: int
-    #: The query's name for logs and metrics ("" until a Redis row told it).
     label: str = ""
-    #: The batch the blob holds as last read or written here (NO_BLOB: none); None: not read.
-    floor: int | None = None
-    #: The newest batch known to be in the blob: what blob-mode acks wait for.
-    durable: int = NO_BLOB
-    #: The lease term under which :attr:`document` is what the blob holds; None: unknown, so
-    #: read the blob before writing.
-    term: int | None = None
-    #: The document the blob holds (None: empty, or unknown): its history rides along.
-    document: CheckpointDocument | None = None
+    blob: Blob = Unread()
     #: Acks waiting for a batch to be durable: (batch id, handle).
-    waiters: list[tuple[int, W]] = field(default_factory=list)
-    #: In a flush pass (read, or being written): a new ack waits for the pass to end.
-    in_flight: bool = False
-    #: An ack arrived during the pass: wake the loop when it ends.
-    deferred: bool = False
+    acks: list[tuple[int, W]] = field(default_factory=list)
+    flight: Flight = Flight.IDLE
+    #: The last row an apply returned (blob ack mode), with the stamp its call began at.
+    row: tuple[PendingQuery, int] | None = None
     #: Left pending by a previous run: due whatever the thresholds until flushed.
     recovering: bool = False
     #: The last document written had its history thinned (logged once until it fits).
     thinned: bool = False
-    #: When ingest last re-read the floor (a refusal by the floor alone: a rewind elsewhere?).
+    #: When ingest last read the blob again after a refusal by the floor alone.
     rechecked_at: float = float("-inf")
+    #: Failed flushes in a row, and when the next may start.
+    failures: int = 0
+    retry_at: float = 0.0
+    #: Who last wrote the blob (host and pid), while another daemon holds its lease.
+    holder: str | None = None
+    #: Redis' count of the query's resets in the last row seen (None: none seen since this
+    #: daemon's own reset, or ever).
+    resets: int | None = None
+
+    @property
+    def floor(self) -> int | None:
+        """The batch the blob holds for ingest's purpose (no update older is stored): exact
+        when seen; during a write, the one it replaces; None when not known."""
+        match self.blob:
+            case Seen():
+                return self.blob.batch
+            case Writing(base):
+                return base.batch
+        return None
 
 
 class Step(enum.Enum):
-    #: Read the blob first: what it holds under this lease term is not known.
+    #: Read the blob first: what it holds is not known.
     READ = "read"
     #: The blob already holds this batch or a newer one: record it as flushed, write nothing.
     SKIP = "skip"
-    #: Write a document of the row's checkpoint, carrying ``previous``'s history.
+    #: Write a document of the row's checkpoint over ``base`` (naming its version).
     WRITE = "write"
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
     step: Step
-    #: What the blob holds (SKIP: the batch to record as flushed).
-    blob_batch: int = NO_BLOB
-    previous: CheckpointDocument | None = None
+    #: What the blob is seen to hold (SKIP, WRITE).
+    base: Seen | None = None
 
 
 class Ack(enum.Enum):
@@ -105,15 +306,26 @@ class Ack(enum.Enum):
     WAKE = "wake"
     #: Waiting; the loop is busy with the query or must not flush it yet (backing off).
     WAIT = "wait"
+    #: Another daemon holds the query's lease: answer ``not_owner`` now.
+    NOT_OWNER = "not_owner"
 
 
-class FlushCore(Generic[W]):
-    """Every query's blob state, and the decisions on it."""
+class FlushCore(Generic[W, L]):
+    """Every query's record, and the decisions on it."""
 
-    def __init__(self, backoff: Backoff) -> None:
-        #: The retry schedule of failed flushes, per query id.
-        self.backoff = backoff
-        self._queries: dict[str, QueryBlob[W]] = {}
+    def __init__(
+        self,
+        backoff: Backoff,
+        *,
+        clock: Callable[[], float],
+        locks: Callable[[], L],
+    ) -> None:
+        """``backoff``: the delays of failed flushes (its schedule; the count is per query
+        here); ``clock``: monotonic seconds; ``locks``: makes a new query's shell locks."""
+        self._backoff = backoff
+        self._clock = clock
+        self._make_locks = locks
+        self._queries: dict[str, QueryState[W, L]] = {}
         self._stamp = 0
         #: Stamp of the last admin op or retirement, of any query.
         self._last_op = 0
@@ -124,106 +336,150 @@ class FlushCore(Generic[W]):
     def __contains__(self, query_id: object) -> bool:
         return query_id in self._queries
 
+    def __iter__(self) -> Iterator[QueryState[W, L]]:
+        return iter(list(self._queries.values()))
+
     @property
     def stamp(self) -> int:
-        """Take it before a Redis read: what the read returns is judged against it."""
+        """Take it before a read: what the read returns is judged against it."""
         return self._stamp
 
-    def get(self, query_id: str) -> QueryBlob[W] | None:
+    def get(self, query_id: str) -> QueryState[W, L] | None:
         return self._queries.get(query_id)
 
-    def view(self, query_id: str, label: str | None = None) -> QueryBlob[W]:
-        """The query's state, created empty when new; ``label`` updates its name."""
+    def record(self, query_id: str, label: str | None = None) -> QueryState[W, L]:
+        """The query's record, created empty when new; ``label`` updates its name."""
         q = self._queries.get(query_id)
         if q is None:
-            q = self._queries[query_id] = QueryBlob(query_id, self._last_op, self._last_op)
+            q = self._queries[query_id] = QueryState(
+                query_id,
+                self._make_locks(),
+                QueryLease(query_id, label or query_id),
+                self._last_op,
+                self._last_op,
+            )
         if label:
-            q.label = label
+            q.label = q.lease.label = label
         return q
 
+    def new_lease(self, query_id: str) -> None:
+        """The query's lease was released while the query stays (released for retirement,
+        then seen again): a new one starts in ACQUIRING at its next write."""
+        q = self._queries.get(query_id)
+        if q is not None:
+            q.lease = QueryLease(query_id, q.lease.label)
+
+    def label(self, query_id: str) -> str | None:
+        """The query's name as a Redis row told it; None while not told."""
+        q = self._queries.get(query_id)
+        return q.label or None if q is not None else None
+
     def forget(self, query_id: str) -> None:
-        """Drop the query (retired). Acks still waiting time out; anything begun before
-        (a floor read, a flush of a row read before) finds its state gone and keeps nothing."""
+        """Drop the query (retired): one removal. Acks still waiting time out; anything begun
+        before (a read, a flush of a row read before) finds its record gone and keeps nothing."""
         self._stamp += 1
         self._last_op = self._stamp
         self._queries.pop(query_id, None)
-        self.backoff.forget(query_id)
 
-    def _evidence(self, q: QueryBlob[W]) -> None:
+    def _evidence(self, q: QueryState[W, L]) -> None:
         self._stamp += 1
         q.evidence = self._stamp
+
+    def _durable(self, q: QueryState[W, L]) -> list[W]:
+        """The acks what the blob holds answers (they stop waiting)."""
+        batch = q.blob.durable
+        answered = [w for b, w in q.acks if b <= batch]
+        if answered:
+            q.acks = [(b, w) for b, w in q.acks if b > batch]
+        return answered
+
+    def _advance(self, q: QueryState[W, L], event: BlobEvent) -> list[W]:
+        q.blob = advance(q.blob, event)
+        return self._durable(q)
 
     # --- the floor (ingest) ----------------------------------------------------------------
 
     def floor(self, query_id: str) -> int | None:
-        """The batch the query's blob holds as far as known, without I/O; None: not read."""
+        """The batch the query's blob holds as far as known, without I/O; None: not known."""
         q = self._queries.get(query_id)
         return q.floor if q is not None else None
 
-    def floor_read(
-        self, query_id: str, batch: int, since: int, *, exact: bool
-    ) -> tuple[int, list[W]]:
-        """A blob read done without the lease, begun at stamp ``since``: ``batch`` (NO_BLOB:
-        no blob) raises the floor, or with ``exact`` replaces it (a re-read after a refusal by
-        the floor alone: the blob may have been rewound by another owner). Begun before newer
+    def read(self, query_id: str, stored: Stored, since: int) -> tuple[int, list[W]]:
+        """The blob was read (begun at stamp ``since``): it holds ``stored``. Begun before newer
         evidence, an admin op or a retirement of the query, the read is returned, not kept: it
-        could raise a reset floor back. No floor is kept for a query without a blob. Returns
+        could raise a reset floor back. No record is made for a query without a blob. Returns
         the floor to use, and the acks the read answers."""
+        batch = NO_BLOB if stored.batch_id is None else stored.batch_id
         q = self._queries.get(query_id)
         if q is None:
-            if batch == NO_BLOB or self._last_op > since:
+            if stored.version is None or self._last_op > since:
                 return batch, []
-            q = self.view(query_id)
+            q = self.record(query_id)
         elif q.evidence > since:
             return (q.floor if q.floor is not None else batch), []
-        if exact or q.floor is None or batch > q.floor:
-            q.floor = batch
-        # The blob held it when read: an ack of that batch or older need not wait for a write
-        # (after Redis lost its data, nothing may be left to write), nor one waiting already.
-        # Read again exactly, it may be lower than what was durable (rewound by another
-        # owner): an ack of a batch above it waits for a write again.
-        return q.floor, self._durable(q, batch if exact else max(q.durable, batch))
+        answered = self._advance(q, Read(stored))
+        if not isinstance(q.blob, Writing):
+            self._evidence(q)
+        return (q.floor if q.floor is not None else batch), answered
+
+    def recheck_due(self, query_id: str, every_s: float) -> bool:
+        """Whether ingest may read the blob again now (a refusal by the floor alone; at most
+        every ``every_s`` per query); if so, that read is counted from now."""
+        q = self._queries.get(query_id)
+        if q is None:
+            return True
+        now = self._clock()
+        if now - q.rechecked_at < every_s:
+            return False
+        q.rechecked_at = now
+        return True
 
     # --- acks -----------------------------------------------------------------------------
 
     def ack(self, query_id: str, batch: int, waiter: W) -> Ack:
         """An ack wants ``batch`` of the query in the blob."""
-        q = self.view(query_id)
-        if q.durable >= batch:
+        q = self.record(query_id)
+        if q.blob.durable >= batch:
             return Ack.DURABLE
-        q.waiters.append((batch, waiter))
-        if q.in_flight:
-            q.deferred = True
+        if q.lease.held_elsewhere():
+            return Ack.NOT_OWNER
+        q.acks.append((batch, waiter))
+        if q.flight is not Flight.IDLE:
+            q.flight = Flight.DEFERRED
             return Ack.WAIT
-        return Ack.WAKE if self.backoff.ready(query_id) else Ack.WAIT
+        return Ack.WAKE if self._clock() >= q.retry_at else Ack.WAIT
 
     def ack_gone(self, query_id: str, waiter: W) -> None:
         """An ack stopped waiting (answered, or its time ran out)."""
         q = self._queries.get(query_id)
         if q is not None:
-            q.waiters = [(b, w) for b, w in q.waiters if w is not waiter]
+            q.acks = [(b, w) for b, w in q.acks if w is not waiter]
+
+    def held_elsewhere(self, query_id: str, holder: str | None) -> list[W]:
+        """Another daemon holds the query's lease (``holder``: who last wrote the blob, when
+        known): the acks waiting, to be answered ``not_owner`` (they stop waiting)."""
+        q = self._queries.get(query_id)
+        if q is None:
+            return []
+        if holder is not None:
+            q.holder = holder
+        waiting = [w for _, w in q.acks]
+        q.acks = []
+        return waiting
 
     def waiting(self) -> list[str]:
         """The queries acks wait on."""
-        return [q.query_id for q in self._queries.values() if q.waiters]
-
-    def _durable(self, q: QueryBlob[W], batch: int) -> list[W]:
-        """The blob holds ``batch``: the acks it answers (they stop waiting)."""
-        q.durable = batch
-        answered = [w for b, w in q.waiters if b <= batch]
-        if answered:
-            q.waiters = [(b, w) for b, w in q.waiters if b > batch]
-        return answered
+        return [q.query_id for q in self._queries.values() if q.acks]
 
     # --- a flush pass ----------------------------------------------------------------------
 
     def begin(self, query_id: str) -> None:
         """The query enters a pass of the flush loop (never two at once)."""
-        self.view(query_id).in_flight = True
+        self.record(query_id).flight = Flight.IN_PASS
 
     def in_flight(self, query_id: str) -> bool:
         q = self._queries.get(query_id)
-        return q is not None and q.in_flight
+        return q is not None and q.flight is not Flight.IDLE
 
     def end(self, query_id: str) -> bool:
         """The pass is done with the query (written, or no write needed, or failed). True:
@@ -232,9 +488,19 @@ class FlushCore(Generic[W]):
         q = self._queries.get(query_id)
         if q is None:
             return False
-        q.in_flight = False
-        deferred, q.deferred = q.deferred, False
-        return deferred and bool(q.waiters) and self.backoff.ready(query_id)
+        deferred = q.flight is Flight.DEFERRED
+        q.flight = Flight.IDLE
+        return deferred and bool(q.acks) and self._clock() >= q.retry_at
+
+    def due(self, query_id: str) -> bool:
+        """Due whatever the thresholds: an ack waits on it, or a previous run left it pending."""
+        q = self._queries.get(query_id)
+        return q is not None and (bool(q.acks) or q.recovering)
+
+    def recovering(self, query_ids: set[str]) -> None:
+        """A previous run left these pending: due until flushed."""
+        for query_id in query_ids:
+            self.record(query_id).recovering = True
 
     def current(self, query_id: str, since: int) -> bool:
         """Whether a Redis row of the query read at stamp ``since`` may still be flushed (no
@@ -242,105 +508,185 @@ class FlushCore(Generic[W]):
         q = self._queries.get(query_id)
         return (q.generation if q is not None else self._last_op) <= since
 
-    def flushed_in_redis(self, query_id: str, batch: int, since: int) -> list[W]:
-        """Redis says the blob got ``batch`` (its flushed batch id, read at stamp ``since``):
-        evidence unless the lease gave newer; the acks it answers."""
+    def redis_says(self, query_id: str, batch: int | None, resets: int, since: int) -> list[W]:
+        """Redis says the blob got ``batch`` (its flushed batch id, None: none recorded; read
+        at stamp ``since``, with the query's reset count ``resets``): evidence unless newer
+        evidence arrived since; the acks it answers."""
         q = self._queries.get(query_id)
-        if q is None or q.evidence > since or batch == q.durable:
+        if q is None or q.evidence > since:
             return []
-        return self._durable(q, batch)
+        reset = q.resets is not None and resets != q.resets
+        q.resets = resets
+        if batch is None:
+            return []
+        return self._advance(q, RedisSays(batch, reset))
 
-    def plan(self, query_id: str, batch: int, term: int) -> Plan:
-        """What to do with a due row of ``batch``, the lease held at ``term``."""
-        q = self.view(query_id)
-        if q.term != term or q.floor is None:
-            return Plan(Step.READ)
-        if batch <= q.floor:
-            return Plan(Step.SKIP, q.floor)
-        return Plan(Step.WRITE, q.floor, q.document)
+    # --- the rows applies return (blob ack mode) --------------------------------------------
 
-    def read(self, query_id: str, term: int, doc: CheckpointDocument | None) -> list[W]:
-        """The blob, read under the lease at ``term``, holds ``doc``: the floor follows it
-        exactly (a rewind by another owner lowers it too); the acks it answers."""
-        q = self.view(query_id)
+    def applied(self, rows: list[PendingQuery], since: int) -> list[W]:
+        """Rows an apply returned (its call began at stamp ``since``), in the order applied:
+        the last of a query is its latest. Each row's flushed batch is Redis' word on the blob
+        (another owner's reset sets it lower than what was seen here): the acks it answers."""
+        answered: list[W] = []
+        for row in rows:
+            self.record(row.query_id).row = (row, since)
+            if row.flushed_batch_id is not None:
+                answered += self.redis_says(row.query_id, row.flushed_batch_id, row.resets, since)
+        return answered
+
+    def rows_void(self, query_ids: list[str]) -> None:
+        """An apply failed and may have run: a row kept may be older than what Redis holds."""
+        for query_id in query_ids:
+            q = self._queries.get(query_id)
+            if q is not None:
+                q.row = None
+
+    def take_row(self, query_id: str) -> tuple[PendingQuery, int] | None:
+        """The query's kept row, for a flush an ack waits on (as good as a read now); None
+        otherwise. It is taken either way: a row read for the flush is newer."""
+        q = self._queries.get(query_id)
+        if q is None or q.row is None:
+            return None
+        row, q.row = q.row, None
+        return row if q.acks else None
+
+    def prune_rows(self, pending: set[str], now_ms: int) -> None:
+        """Drop the rows of queries no longer pending in a check at Redis time ``now_ms``
+        (flushed since they were applied)."""
+        for q in self._queries.values():
+            if q.row is not None and q.row[0].snapshot_ms < now_ms and q.query_id not in pending:
+                q.row = None
+
+    # --- one flush ----------------------------------------------------------------------------
+
+    def plan(self, query_id: str, batch: int) -> Plan:
+        """What to do with a due row of ``batch``."""
+        blob = self.record(query_id).blob
+        match blob:
+            case Seen() if batch <= blob.batch:
+                return Plan(Step.SKIP, blob)
+            case Seen() if blob.stored.version is not None:
+                return Plan(Step.WRITE, blob)
+        # Not seen, or seen absent (before the lease created it): no version to name.
+        return Plan(Step.READ)
+
+    def begin_write(self, query_id: str, base: Seen) -> bool:
+        """A write planned from ``base`` is sent (a flush's or a reset's); False, and nothing
+        begun, when the blob is no longer seen as ``base`` (a read meanwhile found another
+        writer's change, or forgot it): plan again."""
+        q = self.record(query_id)
+        if q.blob != base:
+            return False
+        q.blob = advance(q.blob, Begin())
+        return True
+
+    def wrote(self, query_id: str, stored: Stored) -> list[W]:
+        """The write landed; the acks it answers."""
+        q = self.record(query_id)
         self._evidence(q)
-        q.term, q.document = term, doc
-        q.floor = doc.batch_id if doc is not None else NO_BLOB
-        return self._durable(q, q.floor)
+        q.holder = None
+        return self._advance(q, Wrote(stored))
 
-    def written(self, query_id: str, term: int, doc: CheckpointDocument) -> list[W]:
-        """``doc`` was written under the lease at ``term``; the acks it answers."""
-        q = self.view(query_id)
+    def refused(self, query_id: str) -> None:
+        """The store refused the write: another writer changed the blob."""
+        q = self.record(query_id)
         self._evidence(q)
-        q.term, q.document, q.floor = term, doc, doc.batch_id
-        return self._durable(q, doc.batch_id)
+        self._advance(q, Refused())
+
+    def unsure(self, query_id: str, *, lowered_to: int | None = None) -> None:
+        """The write's outcome is unknown (a reset's may have lowered the blob to
+        ``lowered_to``: acks are then answered only once it is read or written again)."""
+        q = self.record(query_id)
+        self._evidence(q)  # a read begun before cannot set the floor back either
+        self._advance(q, Unsure(lowered_to))
+
+    def lapsed(self, query_id: str) -> None:
+        """The query's lease was lost: what the blob holds may change under another writer."""
+        q = self._queries.get(query_id)
+        if q is not None:
+            self._evidence(q)
+            q.blob = advance(q.blob, Lapsed())
+
+    def abandoned(self, query_id: str) -> None:
+        """The write was not sent (the lease was lost meanwhile)."""
+        q = self._queries.get(query_id)
+        if q is not None:
+            q.blob = advance(q.blob, Abandoned())
+
+    def created(self, query_id: str, version: str) -> None:
+        """The lease's empty blob was created now (there was none)."""
+        q = self.record(query_id)
+        self._evidence(q)
+        self._advance(q, Created(version))
+
+    def marked(self, query_id: str) -> None:
+        """Redis recorded the flush (its flushed batch is the blob's again): a Redis read that
+        began before, which may show the flushed batch before this write, is no evidence."""
+        q = self._queries.get(query_id)
+        if q is not None:
+            self._evidence(q)
 
     def skipped(self, query_id: str) -> list[W]:
-        """The blob, as known under the lease, already held the row's batch: the acks that
-        answers."""
+        """The blob, as seen, already held the row's batch: the acks that answers."""
         q = self._queries.get(query_id)
-        if q is None or q.floor is None:
-            return []
-        return self._durable(q, q.floor)
+        return self._durable(q) if q is not None else []
+
+    def thinned(self, query_id: str, thinned: bool) -> bool:
+        """Whether the history of the document just built was thinned; True the first time in
+        a row (log it once until it fits again)."""
+        q = self.record(query_id)
+        first = thinned and not q.thinned
+        q.thinned = thinned
+        return first
+
+    # --- retries ---------------------------------------------------------------------------------
+
+    def ready(self, query_id: str) -> bool:
+        """Whether the query may be flushed now (not backing off after a failure)."""
+        q = self._queries.get(query_id)
+        return q is None or self._clock() >= q.retry_at
+
+    def failures(self, query_id: str) -> int:
+        q = self._queries.get(query_id)
+        return q.failures if q is not None else 0
 
     def flushed(self, query_id: str) -> None:
         """The flush is complete (the blob holds the row, Redis recorded it): its retry
         schedule starts over, and a recovered query is no longer due for that alone."""
-        self.backoff.succeeded(query_id)
         q = self._queries.get(query_id)
         if q is not None:
-            q.recovering = False
+            q.failures, q.retry_at, q.recovering = 0, 0.0, False
 
     def failed(
-        self,
-        query_id: str,
-        *,
-        retriable: bool,
-        outcome_unknown: bool,
-        retry_after_s: float | None = None,
+        self, query_id: str, *, retriable: bool, retry_after_s: float | None = None
     ) -> float:
         """A flush failed: seconds until its next try. Not ``retriable`` (an operator must act
         first) waits the full cap; ``retry_after_s`` (the store's ``Retry-After``) at least
-        that long. ``outcome_unknown`` (timed out, connection lost mid-call, a 5xx): the blob
-        may hold the write or not, so read it again before the next one."""
-        if outcome_unknown:
-            self.unknown(query_id)
-        return self.backoff.failed(
-            query_id, give_up_ramp=not retriable, at_least_s=retry_after_s or 0.0
+        that long."""
+        q = self.record(query_id)
+        q.failures += 1
+        delay = self._backoff.after(
+            q.failures, give_up_ramp=not retriable, at_least_s=retry_after_s or 0.0
         )
+        q.retry_at = self._clock() + delay
+        return delay
 
-    def unknown(self, query_id: str, *, lowered_to: int | None = None) -> None:
-        """What the blob holds is unknown until read again: the store refused the lease, or
-        a write's outcome is unknown (it timed out, or lost its connection mid-call). The
-        floor is forgotten too: the write may have raised the blob (ingest reads it again
-        before it stores an update Redis does not know: after Redis lost its data, an older
-        batch must not pass under a write that landed). A write that may have lowered the
-        blob (a reset to ``lowered_to``) lowers the durable batch: an ack is then answered
-        only once the blob is read or written again."""
-        q = self._queries.get(query_id)
-        if q is None:
-            return
-        self._evidence(q)  # a read begun before cannot set the floor back either
-        q.term = None
-        q.floor = None
-        if lowered_to is not None:
-            q.durable = min(q.durable, lowered_to)
-
-    # --- admin ops ---------------------------------------------------------------------------
+    # --- admin ops -------------------------------------------------------------------------------
 
     def admin_op(self, query_id: str) -> None:
-        """A reset or retire of the query begins, or ends: rows read before now are void."""
+        """A reset or retire of the query begins, or ends: rows read before now are void (for
+        a query retired meanwhile, whose record is gone, every new record starts after it)."""
         self._stamp += 1
         self._last_op = self._stamp
-        q = self.view(query_id)
-        q.generation = q.evidence = self._stamp
+        q = self._queries.get(query_id)
+        if q is not None:
+            q.generation = q.evidence = self._stamp
 
-    def reset(self, query_id: str, term: int, doc: CheckpointDocument) -> list[W]:
-        """A reset wrote ``doc`` under the lease at ``term``: the floor and the durable batch
-        follow it down, so later batches above it are stored and acknowledged again."""
-        q = self.view(query_id)
-        self._evidence(q)
-        q.term, q.document, q.floor = term, doc, doc.batch_id
-        self.backoff.forget(query_id)
-        q.recovering = False
-        return self._durable(q, doc.batch_id)
+    def reset(self, query_id: str, stored: Stored) -> list[W]:
+        """A reset's write landed: the blob holds ``stored``; acks follow it down, so later
+        batches above it are stored and acknowledged again; its retries start over."""
+        q = self.record(query_id)
+        answered = self.wrote(query_id, stored)
+        q.failures, q.retry_at, q.recovering = 0, 0.0, False
+        q.resets = None  # this reset counted one more in Redis: news to no one here
+        return answered

@@ -11,11 +11,10 @@ no extra blob read or write.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
 
-from sidecar.flush.core import QueryBlob
 from sidecar.model import checkpoint as ckpt
-from sidecar.model import document
+from sidecar.model import document, stateful
 
 log = logging.getLogger("sidecar.flush.flusher")
 
@@ -29,13 +28,13 @@ class DocumentBuilder:
         self,
         checkpoint: ckpt.Checkpoint,
         previous: document.CheckpointDocument | None,
-        state: QueryBlob[Any],
+        first_thinned: Callable[[bool], bool],
     ) -> document.CheckpointDocument:
         """The document replacing ``previous`` (what the blob holds) with ``checkpoint``;
-        ``state``: the query's, which remembers whether its history was last thinned."""
+        ``first_thinned(thinned)``: told whether its history was thinned, says whether that
+        is new (the query's record remembers: logged once until it fits again)."""
         history, thinned = document.carry_history(previous, checkpoint.batch_id, self._history_size)
-        if thinned and not state.thinned:
-            state.thinned = True
+        if first_thinned(bool(thinned)):
             log.warning(
                 "flush query=%s batch=%d: history thinned to %d of %d checkpoints to stay "
                 "within %d bytes (wide offsets); lower SIDECAR_HISTORY_SIZE to silence this",
@@ -45,6 +44,7 @@ class DocumentBuilder:
                 len(history) + thinned,
                 document.HISTORY_MAX_BYTES,
             )
-        elif not thinned:
-            state.thinned = False
+        # What the blob said of state sticks (sidecar.model.stateful): a progress without state
+        # operators settles "unknown", never lowers "stateful".
+        checkpoint = stateful.carry(previous, checkpoint)
         return document.CheckpointDocument.of(checkpoint, self._writer, history, reset_of=previous)

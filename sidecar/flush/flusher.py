@@ -34,10 +34,10 @@ A Redis row read before an admin op (reset, retire) of its query is never flushe
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 import anyio
 from anyio.abc import TaskStatus
@@ -45,8 +45,14 @@ from anyio.abc import TaskStatus
 from sidecar.backoff import spread
 from sidecar.buffer.redis_buffer import PendingEntry, PendingQuery, RedisBuffer, Snapshot
 from sidecar.config import Config
-from sidecar.errors import CorruptRecord, LeaseLost, SidecarError, StoreUnavailable
-from sidecar.flush.blob_state import BlobStates
+from sidecar.errors import (
+    CorruptRecord,
+    LeaseLost,
+    SidecarError,
+    StoreUnavailable,
+    VersionConflict,
+)
+from sidecar.flush.blob_state import BlobStates, Replan
 from sidecar.flush.core import Step
 from sidecar.flush.documents import DocumentBuilder
 from sidecar.flush.quarantine import Quarantine
@@ -61,14 +67,9 @@ THRESHOLD_JITTER = 0.25
 #: Due queries whose checkpoints are read in one Redis call, and such reads in memory at
 #: once (of every flush pass): bounds the checkpoints held, whatever the number due.
 ROWS_PER_READ, ROW_READS = 64, 2
-
-
-class BlobWrites(Protocol):
-    """What the flusher writes (``sidecar.store.blobs.BlobStore``)."""
-
-    async def write(
-        self, query_id: str, body: bytes, *, lease_id: str, query_name: str | None
-    ) -> None: ...
+#: Writes of one flush when another writer keeps changing the blob (each refused write is
+#: read again and planned again); then the flush fails and backs off.
+WRITE_TRIES = 3
 
 
 class Flusher:
@@ -76,7 +77,6 @@ class Flusher:
         self,
         config: Config,
         buffer: RedisBuffer,
-        store: BlobWrites,
         blobs: BlobStates,
         metrics: Metrics,
         writer: Writer,
@@ -89,9 +89,7 @@ class Flusher:
         idle-query retirement knows every query the flusher holds state for."""
         self._config = config
         self._buffer = buffer
-        self._store = store
         self._blobs = blobs
-        self._core = blobs.core
         self._metrics = metrics
         self._documents = DocumentBuilder(writer, config.history_size)
         #: Called with each checkpoint once it is in the blob (Kafka commits follow it).
@@ -104,9 +102,6 @@ class Flusher:
         self._recovered = False
         #: Queries with updates pending (or an unreadable record) at the last snapshot read.
         self._pending: set[str] = set()
-        #: The last row each apply returned, with the stamp its call began at, until a flush
-        #: takes it (blob ack mode).
-        self._rows: dict[str, tuple[PendingQuery, int]] = {}
         self._loop = anyio.CancelScope()
         self._loop_done = anyio.Event()
         self._started = False
@@ -120,23 +115,6 @@ class Flusher:
         return (
             query_id in self._pending or query_id in self._quarantined or self._blobs.busy(query_id)
         )
-
-    # --- the rows applies return (sidecar.ingest.coalescer.RowSink) -------------------------
-
-    def stamp(self) -> int:
-        return self._core.stamp
-
-    def applied(self, rows: list[PendingQuery], since: int) -> None:
-        for row in rows:  # in the order applied: the last of a query is its latest
-            self._rows[row.query_id] = (row, since)
-
-    def unknown(self, query_ids: list[str]) -> None:
-        for query_id in query_ids:  # a row kept may be older than what Redis holds now
-            self._rows.pop(query_id, None)
-
-    def _acked(self, query_id: str) -> bool:
-        known = self._core.get(query_id)
-        return known is not None and bool(known.waiters)
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -156,7 +134,7 @@ class Flusher:
                         found = await self._check() or []
                     else:
                         found = [q for q in self._blobs.waiting() if self._blobs.ready(q)]
-                    due = [q for q in found if not self._core.in_flight(q)]
+                    due = [q for q in found if not self._blobs.in_flight(q)]
                     if due:
                         self._blobs.begin(due)
                         tg.start_soon(self._flush_in_background, due)
@@ -203,8 +181,7 @@ class Flusher:
 
     def _recovering(self, pending: set[str]) -> None:
         self._recovered = True
-        for query_id in pending:
-            self._core.view(query_id).recovering = True
+        self._blobs.recovering(pending)
         if pending:
             log.info(
                 "recovering %d query(ies) left pending by a previous run: %s",
@@ -215,7 +192,7 @@ class Flusher:
     async def _check(self, *, final: bool = False) -> list[str] | None:
         """The due queries, oldest first, from their flush state alone (no checkpoint is
         read); None when Redis could not be read."""
-        since = self._core.stamp  # before the read: an admin op after it voids what it says
+        since = self._blobs.stamp()  # before the read: an admin op after it voids what it says
         try:
             now_ms, entries = await self._buffer.pending(extra=self._blobs.waiting())
         except SidecarError as exc:
@@ -228,16 +205,13 @@ class Flusher:
             if query_id not in pending:
                 self._quarantined.readable(query_id, "redis")  # flushed or deleted meanwhile
         self._pending = pending
-        for query_id in [q for q, (row, _) in self._rows.items() if row.snapshot_ms < now_ms]:
-            if query_id not in pending:  # flushed since it was applied, or retired
-                del self._rows[query_id]
+        self._blobs.prune_rows(pending, now_ms)  # flushed since they were applied
         if not self._recovered:
             self._recovering(pending)
         due: list[tuple[float, str]] = []
         for e in entries:
             query_id, count = e.query_id, e.pending
-            known = self._core.get(query_id)
-            label = known.label if known is not None and known.label else None
+            label = self._blobs.label(query_id)
             first_ms = now_ms if count == 0 or e.first_pending_ms is None else e.first_pending_ms
             age_s = max(0.0, (now_ms - first_ms) / 1000)
             if label is not None:
@@ -245,8 +219,7 @@ class Flusher:
                     self._track(query_id, label)
                 m.pending_updates.labels(label).set(count or 0)
                 m.checkpoint_age.labels(label).set(age_s)
-            if e.flushed_batch_id is not None:
-                self._blobs.flushed_in_redis(query_id, e.flushed_batch_id, since)
+            self._blobs.flushed_in_redis(query_id, e.flushed_batch_id, e.resets, since)
             if count == 0 or (not final and not self._blobs.ready(query_id)):
                 continue
             # Read the row of an unreadable count (quarantined then), of a query not seen yet
@@ -259,8 +232,7 @@ class Flusher:
         cfg, factor = self._config, 1 - THRESHOLD_JITTER * spread(q.query_id)
         if (q.pending or 0) >= cfg.count_threshold or age_s >= cfg.time_threshold_s * factor:
             return True
-        known = self._core.get(q.query_id)
-        return known is not None and (bool(known.waiters) or known.recovering)
+        return self._blobs.due(q.query_id)
 
     async def _flush_due(
         self, due: list[str], *, final: bool = False, unstarted: set[str] | None = None
@@ -274,7 +246,7 @@ class Flusher:
             nonlocal failed
             try:
                 async with self._limiter, self._blobs.flushing(q.query_id):
-                    if not self._core.current(q.query_id, since):
+                    if not self._blobs.current(q.query_id, since):
                         return  # reset or retired since the snapshot: this flush would undo it
                     if not await self._flush(q):
                         failed += 1
@@ -288,9 +260,9 @@ class Flusher:
                 # An apply's row (blob ack mode) is as good as one read now for a query an ack
                 # waits on (due whatever its age): no read for it. The others are read; a row
                 # they had is older than that read.
-                taken = {q: row for q in ids if (row := self._rows.pop(q, None)) and self._acked(q)}
+                taken = {q: row for q in ids if (row := self._blobs.take_row(q))}
                 unread = [q for q in ids if q not in taken]
-                read_at = self._core.stamp  # before the read: an admin op after it voids it
+                read_at = self._blobs.stamp()  # before the read: an admin op after it voids it
                 try:
                     rows = Snapshot(0, [], {})
                     if unread:
@@ -306,11 +278,10 @@ class Flusher:
                 async with anyio.create_task_group() as tg:
                     for q, since in [*taken.values(), *((q, read_at) for q in rows.queries)]:
                         self._quarantined.readable(q.query_id, "redis")
-                        self._core.view(
-                            q.query_id, q.checkpoint.label
-                        )  # tracked from the next check
-                        if q.flushed_batch_id is not None:
-                            self._blobs.flushed_in_redis(q.query_id, q.flushed_batch_id, since)
+                        self._blobs.seen(q.query_id, q.checkpoint.label)  # tracked from now
+                        self._blobs.flushed_in_redis(
+                            q.query_id, q.flushed_batch_id, q.resets, since
+                        )
                         age_s = (q.snapshot_ms - (q.first_pending_ms or 0)) / 1000
                         if q.pending > 0 and (final or self._due(q, age_s)):
                             started.add(q.query_id)
@@ -330,12 +301,12 @@ class Flusher:
 
     async def _reread(self, q: PendingQuery) -> PendingQuery | None:
         """The query's row read again (None: nothing pending any more)."""
-        since = self._core.stamp
+        since = self._blobs.stamp()
         rows = await self._buffer.snapshot([q.query_id], only=True)
         self._metrics.flush_bodies_read.inc(len(rows.queries))
         fresh = next((r for r in rows.queries if r.query_id == q.query_id), None)
-        if fresh is not None and fresh.flushed_batch_id is not None:
-            self._blobs.flushed_in_redis(q.query_id, fresh.flushed_batch_id, since)
+        if fresh is not None:
+            self._blobs.flushed_in_redis(q.query_id, fresh.flushed_batch_id, fresh.resets, since)
         if fresh is None or fresh.pending == 0:
             log.debug("flush query=%s: nothing pending any more", q.checkpoint.label)
             return None
@@ -353,54 +324,72 @@ class Flusher:
             log.debug("flush query=%s batch=%d skipped: lease not held", label, q.batch_id)
             return True
         try:
-            plan = self._core.plan(q.query_id, checkpoint.batch_id, lease.term)
-            if plan.step is Step.READ:
-                # What the blob holds under this lease term is not known: read it.
-                known = self._core.view(q.query_id).document
-                doc = await self._blobs.document(q.query_id, lease)
-                seen_reset = known.reset_at if known is not None else None
-                if doc is not None and doc.reset_at not in (None, seen_reset):
-                    # Reset by another owner, who then let go: the row was read before the
-                    # lease was ours, maybe before that reset (Redis first, then the blob).
-                    # Read it again, now that nobody else can write: a reset is never undone.
+            for _ in range(WRITE_TRIES):
+                plan = self._blobs.plan(q.query_id, checkpoint.batch_id)
+                if plan.step is Step.READ:
+                    # What the blob holds is not known (first flush, a write of unknown
+                    # outcome, another writer's write): read it, then the row again: a row read
+                    # before may predate another owner's reset (Redis first, then the blob).
+                    await self._blobs.read(q.query_id)
                     fresh = await self._reread(q)
                     if fresh is None:
                         return True
                     q, checkpoint = fresh, fresh.checkpoint
-                plan = self._core.plan(q.query_id, checkpoint.batch_id, lease.term)
-            self._quarantined.readable(q.query_id, "blob")
-            if plan.step is Step.SKIP:
-                durable = plan.blob_batch
-                result = "skipped"
-                log.info(
-                    "flush query=%s batch=%d: blob already holds batch %d, not writing",
-                    label,
-                    checkpoint.batch_id,
-                    durable,
+                    plan = self._blobs.plan(q.query_id, checkpoint.batch_id)
+                self._quarantined.readable(q.query_id, "blob")
+                if plan.step is Step.SKIP:
+                    assert plan.base is not None
+                    durable, result = plan.base.batch, "skipped"
+                    log.info(
+                        "flush query=%s batch=%d: blob already holds batch %d, not writing",
+                        label,
+                        checkpoint.batch_id,
+                        durable,
+                    )
+                    self._blobs.skipped(q.query_id)
+                    break
+                if plan.step is Step.READ:
+                    continue  # read again meanwhile (a write in flight elsewhere ended unsure)
+                assert plan.base is not None
+                doc = self._documents.build(
+                    checkpoint,
+                    plan.base.stored.document,
+                    functools.partial(self._blobs.note_thinned, q.query_id),
                 )
-                self._blobs.skipped(q.query_id)
-            else:
-                doc = self._documents.build(checkpoint, plan.previous, self._core.view(q.query_id))
-                if not self._blobs.leases.holds(lease):
-                    # Lost (and maybe taken again, under a new term) while the blob was read:
-                    # what was read may be stale. The next pass starts over.
+                started = time.perf_counter()
+                try:
+                    # Waiting acks are answered as it lands, not after the bookkeeping below,
+                    # whose failure retries the flush.
+                    stored = await self._blobs.write(
+                        q.query_id, lease, plan.base, doc, encode_document(doc)
+                    )
+                except Replan:
+                    continue  # seen changed since the plan (a read meanwhile): plan again
+                except VersionConflict:
+                    # Another writer changed the blob (read again by now): plan again from
+                    # what it holds, never below it, with the row read again too.
+                    m.flushes.labels("conflict").inc()
+                    fresh = await self._reread(q)
+                    if fresh is None:
+                        return True
+                    q, checkpoint = fresh, fresh.checkpoint
+                    continue
+                if stored is None:
+                    # Lost (and maybe taken again, under a new term) since the blob was read:
+                    # the next pass starts over.
                     m.flushes.labels("not_owned").inc()
                     log.info("flush query=%s batch=%d: lease lost meanwhile", label, q.batch_id)
                     return True
-                started = time.perf_counter()
-                await self._store.write(
-                    q.query_id,
-                    encode_document(doc),
-                    lease_id=self._blobs.leases.lease_id,
-                    query_name=checkpoint.name,
-                )
                 m.flush_seconds.observe(time.perf_counter() - started)
-                durable = checkpoint.batch_id
-                # Waiting acks are answered now, not after the bookkeeping below, whose
-                # failure retries the flush.
-                self._blobs.written(q.query_id, lease, doc)
-                result = "ok"
+                durable, result = checkpoint.batch_id, "ok"
+                break
+            else:
+                raise VersionConflict(
+                    f"blob of query {label}: changed by another writer at each of {WRITE_TRIES} "
+                    "tries; retried after a backoff"
+                )
             left = await self._buffer.mark_flushed(q, durable)
+            self._blobs.marked(q.query_id)
         except LeaseLost as exc:
             m.flushes.labels("lease_lost").inc()
             self._blobs.lost(q.query_id, str(exc))
@@ -408,13 +397,10 @@ class Flusher:
         except SidecarError as exc:
             m.flushes.labels("error").inc()
             # A retriable error (store or Redis down) retries soon; any other (a refused
-            # credential, a bad request) waits the full cap: it needs an operator first. A
-            # store call that timed out or lost its connection may have written: read the
-            # blob again before the next write.
+            # credential, a bad request) waits the full cap: it needs an operator first.
             delay = self._blobs.failed(
                 q.query_id,
                 retriable=exc.retriable,
-                outcome_unknown=isinstance(exc, StoreUnavailable),
                 retry_after_s=exc.retry_after_s if isinstance(exc, StoreUnavailable) else None,
             )
             level = logging.WARNING if exc.retriable else logging.ERROR
@@ -425,7 +411,7 @@ class Flusher:
                 "flush query=%s batch=%d failed (retry %d in %.1fs): %s",
                 label,
                 q.batch_id,
-                self._core.backoff.failures(q.query_id),
+                self._blobs.failures(q.query_id),
                 delay,
                 exc,
                 extra={"retry_in_s": round(delay, 1), "query_id": q.query_id},  # JSON logs
@@ -433,7 +419,7 @@ class Flusher:
             # A quarantined blob is not a failure the final flush should keep retrying until
             # the grace period ends: only an operator can fix it (the update stays in Redis).
             return isinstance(exc, CorruptRecord)
-        self._core.flushed(q.query_id)
+        self._blobs.flushed(q.query_id)
         m.flushes.labels(result).inc()
         m.checkpoint_batch_id.labels(label).set(durable)
         m.pending_updates.labels(label).set(left)

@@ -1,12 +1,13 @@
-"""Blob lease ownership, one lease per query blob, held until the query is retired (idle,
-``sidecar.daemon.retirement``) or the daemon stops.
+"""The lease on one query's blob, as a state machine. Pure: the calls to the store are
+``sidecar.flush.lease_manager``'s, which drives these records; each hangs off its query's
+record in ``sidecar.flush.core`` (retiring a query removes both at once).
 
-Invariant: **a checkpoint blob is written only while its lease is HELD.** The flusher gets a
-lease only from :meth:`LeaseManager.ensure_held`, which returns a :class:`Held` (the query and
-its term) only in HELD and only while the lease is known to be valid (renewed in time); right
-before it writes, :meth:`LeaseManager.holds` checks that the same term is still HELD and valid
-(a read may have taken long enough for the lease to be lost and taken again). Every write
-also carries the lease id, so the store itself refuses a stale owner.
+Invariant: **a checkpoint blob is written only while its lease is HELD.** A writer gets a
+:class:`Held` (the query and its term) only in HELD and only while the lease is known to be
+valid (renewed in time); right before it writes, the manager checks that the same term is
+still HELD and valid. Every write also carries the lease id, so the store itself refuses a
+stale owner, and names the blob's version (``If-Match``), so the store refuses a write of
+any owner that did not see the blob's latest state (``sidecar.flush.core``).
 
 States and transitions (anything else raises :class:`IllegalTransition`)::
 
@@ -19,45 +20,31 @@ States and transitions (anything else raises :class:`IllegalTransition`)::
         └──────────▶ ACQUIRING
     ACQUIRING | HELD | LOST ──release (shutdown, retired)──▶ RELEASED (final)
 
-A retired query's lease is released and forgotten: if the query writes again, a new lease
-starts in ACQUIRING.
+A retired query's lease is released and dropped with its record: if the query writes again,
+a new lease starts in ACQUIRING.
 
-Each acquisition starts a new **term** (a number no other acquisition of this manager has).
-Whatever was learnt of the blob under one term (``sidecar.flush.core``) is void under the
-next: someone else may have written the blob while we did not hold it. This module knows
-nothing of what the blob holds.
+Each acquisition starts a new **term**. A write planned under one term is not made under
+another (someone else may have held the lease between them).
 
-LOST is "not owned": nothing is written, updates stay buffered in Redis, the state shows
-in ``checkpoint_sidecar_lease_held{query}``, logs and ``/readyz``, and acquisition is
-retried with capped exponential backoff and jitter (by the manager's own loop, so an idle
-query's lease comes back too).
+LOST is "not owned": nothing is written, updates stay buffered in Redis. It is *contested*
+when the store said so (another lease holds the blob, or ours was broken) rather than
+because the store did not answer: ``/readyz`` and ``checkpoint_sidecar_lease_held_elsewhere``
+report contested leases, and blob-mode acks of such a query are answered ``not_owner`` at
+once (``sidecar.flush.blob_state``).
 
-Validity is a timer, not a question asked at the next write: a lease whose last successful
-acquire or renew started more than its duration minus :data:`EXPIRY_MARGIN_S` ago is LOST
-within :data:`CHECK_EVERY_S`, also while its renewal hangs (a store that stopped answering
-times a call out only after ``SIDECAR_WRITE_TIMEOUT_S``). Every state change the loop makes
-happens under the lease's lock, so it never interleaves with ``ensure_held`` or a release.
+Validity is a timer: a lease whose last successful acquire or renew started more than its
+duration minus :data:`EXPIRY_MARGIN_S` ago is LOST within :data:`CHECK_EVERY_S`, also while its
+renewal hangs.
 """
 
 from __future__ import annotations
 
 import enum
-import itertools
 import logging
-import random
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
-import anyio
-from anyio.abc import TaskGroup, TaskStatus
-
-from sidecar.backoff import Backoff
-from sidecar.errors import LeaseConflict, LeaseLost, SidecarError
-from sidecar.telemetry.metrics import Metrics
-
-log = logging.getLogger(__name__)
+log = logging.getLogger("sidecar.flush.lease")
 
 #: A lease is treated as lost this long before it would expire without a renewal, so a
 #: write never starts on a lease that may lapse while the request is in flight.
@@ -102,33 +89,53 @@ class IllegalTransition(RuntimeError):
     """A lease was asked to make a move the state table does not allow (a bug)."""
 
 
-@dataclass
-class QueryLease:
-    """The lease on one query's blob, as this daemon sees it."""
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A lease as the manager's ``ensure_held`` returned it: a write planned under it is made
+    only while the manager's ``holds`` says the same term is still held."""
 
     query_id: str
-    label: str
-    state: LeaseState = LeaseState.ACQUIRING
-    #: Monotonic time after which the lease may have lapsed (valid while HELD).
-    valid_until: float = 0.0
-    #: Monotonic time of the next renewal (while HELD).
-    renew_at: float = 0.0
-    #: Monotonic time of the next acquisition attempt (while LOST).
-    retry_at: float = 0.0
-    failures: int = 0
-    #: The current acquisition (0: never acquired); new on every acquisition, so knowledge
-    #: of the blob tied to an older term is known to be stale.
-    term: int = 0
-    #: Not owned because the store said so — another lease holds the blob, or ours was
-    #: broken — rather than because the store did not answer (``LeaseManager.contested``).
-    contested: bool = False
-    #: The instance lock's epoch it was acquired under (``LeaseManager``'s ``live``).
-    epoch: int | None = None
-    #: Serialises acquire, release and the loop's state changes of this lease (a flush tick,
-    #: the final flush and the lease loop may overlap).
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    term: int
 
-    def to(self, new: LeaseState, reason: str) -> None:
+
+class QueryLease:
+    """The lease on one query's blob, as this daemon sees it. Its fields change only through
+    its methods, each a move of the state table."""
+
+    __slots__ = (
+        "contested",
+        "failures",
+        "label",
+        "query_id",
+        "renew_at",
+        "retry_at",
+        "state",
+        "term",
+        "valid_until",
+    )
+
+    def __init__(self, query_id: str, label: str) -> None:
+        self.query_id = query_id
+        self.label = label
+        self.state = LeaseState.ACQUIRING
+        #: Monotonic time after which the lease may have lapsed (valid while HELD).
+        self.valid_until = 0.0
+        #: Monotonic time of the next renewal (while HELD).
+        self.renew_at = 0.0
+        #: Monotonic time of the next acquisition attempt (while LOST).
+        self.retry_at = 0.0
+        #: Failed acquisitions (or losses) in a row.
+        self.failures = 0
+        #: The current acquisition (0: never acquired).
+        self.term = 0
+        #: Not owned because the store said so (another lease holds the blob, or ours was
+        #: broken), rather than because the store did not answer.
+        self.contested = False
+
+    def __repr__(self) -> str:
+        return f"QueryLease({self.label}, {self.state.name}, term {self.term})"
+
+    def _to(self, new: LeaseState, reason: str) -> None:
         if new not in _ALLOWED[self.state]:
             raise IllegalTransition(f"lease of {self.label}: {self.state.name} -> {new.name}")
         if new is not self.state:
@@ -144,335 +151,73 @@ class QueryLease:
             )
         self.state = new
 
+    # --- questions --------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class Held:
-    """A lease as :meth:`LeaseManager.ensure_held` returned it: what was learnt under it is
-    valid only while :meth:`LeaseManager.holds` says the same term is still held."""
+    def valid(self, now: float) -> bool:
+        """HELD and within its validity."""
+        return self.state is LeaseState.HELD and now < self.valid_until
 
-    query_id: str
-    term: int
-
-
-class LeaseStore(Protocol):
-    """The lease calls of the blob store (``sidecar.store.blobs.BlobStore``)."""
-
-    async def create_if_absent(self, query_id: str) -> None: ...
-
-    async def acquire_lease(self, query_id: str, lease_id: str, duration_s: int) -> None: ...
-
-    async def renew_lease(self, query_id: str, lease_id: str) -> None: ...
-
-    async def release_lease(self, query_id: str, lease_id: str) -> None: ...
-
-
-class LeaseManager:
-    """Acquires, renews and releases the leases of every query this daemon flushes."""
-
-    def __init__(
-        self,
-        store: LeaseStore,
-        lease_id: str,
-        duration_s: int,
-        metrics: Metrics,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        jitter: Callable[[], float] = random.random,
-        live: Callable[[], int | None] = lambda: 0,
-    ) -> None:
-        """``clock``: monotonic seconds, for every lease deadline (tests inject their own);
-        ``jitter``: uniform in [0, 1), spreads renewals (:func:`renew_delay`); ``live``:
-        the epoch of this daemon's instance lock while it is the live daemon of its lease id
-        (``sidecar.daemon.instance``), None while not — then no lease is acquired, written
-        under or released; a lease acquired under an older epoch is acquired again (a new
-        term) before it is written under."""
-        self._store = store
-        self.lease_id = lease_id
-        self._duration_s = duration_s
-        self._metrics = metrics
-        self._clock = clock
-        self._jitter = jitter
-        self._live = live
-        self._leases: dict[str, QueryLease] = {}
-        #: Set when the first lease is registered: with none, the loop has nothing to time
-        #: and sleeps until then (an idle daemon does not wake four times a second).
-        self._first = anyio.Event()
-        self._terms = itertools.count(1)
-        #: Queries with a renewal or a re-acquisition under way in the loop (one at a time).
-        self._busy: set[str] = set()
-        #: The loop's checks so far (tests and debugging wait on it, not on a fixed time).
-        self.ticks = 0
-        # The cap keeps a standby's takeover within about a third of a lease duration after
-        # the owner lets go.
-        self._backoff = Backoff(1.0, self.renew_every_s, clock=clock, jitter=jitter)
-
-    @property
-    def renew_every_s(self) -> float:
-        """The nominal renewal interval; each renewal is jittered around it."""
-        return self._duration_s / 3
-
-    def not_owned(self) -> list[str]:
-        """Labels of the queries whose lease this daemon wants but does not hold: LOST, or
-        being re-acquired after a loss (not a first acquisition, which is not a failure)."""
-        return [
-            q.label
-            for q in self._leases.values()
-            if q.state is LeaseState.LOST or (q.state is LeaseState.ACQUIRING and q.failures)
-        ]
-
-    def contested(self) -> list[str]:
-        """Labels of the not-owned queries (:meth:`not_owned`) the store refused: another
-        lease holds the blob, or ours was broken. A store that does not answer is not here:
-        that is the store's health (``BlobStore.available``), not ownership."""
-        return [
-            q.label
-            for q in self._leases.values()
-            if q.contested
-            and (q.state is LeaseState.LOST or (q.state is LeaseState.ACQUIRING and q.failures))
-        ]
-
-    def held(self) -> list[str]:
-        """Labels of the queries whose lease this daemon holds (after a stop: not released)."""
-        return [q.label for q in self._leases.values() if q.state is LeaseState.HELD]
-
-    def state(self, query_id: str) -> LeaseState | None:
-        lease = self._leases.get(query_id)
-        return lease.state if lease else None
-
-    def holds(self, held: Held) -> bool:
-        """Whether ``held``'s term is still HELD and valid: no write without it, right before
-        the write (no await between)."""
-        lease = self._leases.get(held.query_id)
-        return (
-            lease is not None
-            and lease.epoch is not None
-            and lease.epoch == self._live()
-            and lease.state is LeaseState.HELD
-            and lease.term == held.term
-            and self._clock() < lease.valid_until
+    def not_owned(self) -> bool:
+        """Wanted but not held: LOST, or being re-acquired after a loss (a first acquisition
+        is not a failure)."""
+        return self.state is LeaseState.LOST or (
+            self.state is LeaseState.ACQUIRING and self.failures > 0
         )
 
-    async def ensure_held(self, query_id: str, label: str) -> Held | None:
-        """The query's lease when HELD (acquiring it if due), else None: do not write."""
-        while True:
-            lease = self._leases.get(query_id)
-            if lease is None:
-                lease = self._leases[query_id] = QueryLease(query_id, label)
-                self._first.set()
-            lease.label = label
-            async with lease.lock:
-                if self._leases.get(query_id) is lease:
-                    held = await self._ensure_held(lease)
-                    return None if held is None else Held(query_id, held.term)
-            # Retired while we waited for its lock: start again with a new lease.
+    def held_elsewhere(self) -> bool:
+        """Not owned, and the store said so: another lease holds the blob, or ours was broken."""
+        return self.contested and self.not_owned()
 
-    async def _ensure_held(self, lease: QueryLease) -> QueryLease | None:
-        epoch = self._live()
-        if epoch is None:
-            return None
-        query_id = lease.query_id
-        now = self._clock()
-        if lease.state is LeaseState.HELD:
-            if lease.epoch != epoch:
-                # Held through a time this daemon was not live: acquire again, a new term.
-                self._lose(lease, "the instance lock lapsed meanwhile", immediately=True)
-                lease.to(LeaseState.ACQUIRING, "the instance lock is back")
-            elif now < lease.valid_until:
-                return lease
-            else:
-                self._expire(lease)
-        if lease.state is LeaseState.RELEASED:
-            return None
-        if lease.state is LeaseState.LOST:
-            if now < lease.retry_at:
-                return None
-            lease.to(LeaseState.ACQUIRING, f"retry {lease.failures}")
-        try:
-            await self._store.create_if_absent(query_id)
-            started = self._clock()
-            await self._store.acquire_lease(query_id, self.lease_id, self._duration_s)
-        except LeaseConflict:
-            self._lose(lease, "another owner holds the lease", contested=True)
-            return None
-        except SidecarError as exc:
-            self._lose(lease, f"could not acquire: {exc}")
-            return None
-        lease.valid_until = started + self._duration_s - EXPIRY_MARGIN_S
-        lease.renew_at = started + renew_delay(self.renew_every_s, self._jitter())
-        lease.failures, lease.contested = 0, False
-        lease.epoch = epoch
-        lease.term = next(self._terms)  # someone else may have written while we did not own it
-        lease.to(LeaseState.HELD, f"acquired for {self._duration_s}s")
-        self._metrics.lease_held.labels(lease.label).set(1)
-        return lease
+    # --- moves --------------------------------------------------------------------------------
 
-    def lost(self, query_id: str, reason: str) -> None:
-        """A write was refused for the lease: stop writing until it is re-acquired."""
-        lease = self._leases.get(query_id)
-        if lease is not None and lease.state is LeaseState.HELD:
-            self._lose(lease, reason, contested=True)
+    def acquiring(self, reason: str) -> None:
+        """LOST → ACQUIRING: try again (its backoff elapsed, or at once)."""
+        self._to(LeaseState.ACQUIRING, reason)
 
-    def _expire(self, lease: QueryLease) -> None:
-        """HELD past its validity: we can no longer be sure it is ours. Try again at once
-        (it may only have been a slow renewal)."""
-        self._lose(
-            lease,
-            f"not renewed within {self._duration_s}s minus a {EXPIRY_MARGIN_S:g}s margin; "
-            "it may have lapsed",
-            immediately=True,
-        )
+    def acquired(self, term: int, started: float, duration_s: float, renew_in_s: float) -> None:
+        """The store granted it: HELD under a new ``term``, valid from ``started`` (when the
+        call began) for the duration minus :data:`EXPIRY_MARGIN_S`."""
+        self.valid_until = started + duration_s - EXPIRY_MARGIN_S
+        self.renew_at = started + renew_in_s
+        self.failures, self.contested = 0, False
+        self.term = term
+        self._to(LeaseState.HELD, f"acquired for {duration_s:g}s")
 
-    def _lose(
-        self, lease: QueryLease, reason: str, *, immediately: bool = False, contested: bool = False
-    ) -> None:
-        lease.contested = contested
-        if lease.state is LeaseState.LOST:
-            return
-        lease.to(LeaseState.LOST, reason)
-        self._metrics.lease_held.labels(lease.label).set(0)
-        self._schedule_retry(lease, self._clock(), immediately=immediately)
-
-    def _schedule_retry(self, lease: QueryLease, now: float, immediately: bool = False) -> None:
-        lease.failures += 1
-        if immediately:
-            lease.retry_at = now
-            return
-        lease.retry_at = now + self._backoff.delay(lease.failures)
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Keep the leases, until cancelled (with none, sleep until the first is registered):
-        every :data:`CHECK_EVERY_S`, a HELD lease past
-        its validity goes LOST (its own timer, whatever its renewal is doing), a HELD lease
-        is renewed a third of its duration after its last renewal, and a LOST one is
-        re-acquired once its backoff has elapsed. Renewals and retries run as tasks of this
-        loop, so a hanging store call never delays the timers."""
-        async with anyio.create_task_group() as tg:
-            task_status.started()
-            while True:
-                if not self._leases:
-                    self._first = anyio.Event()
-                    await self._first.wait()
-                await anyio.sleep(CHECK_EVERY_S)
-                self._tick(tg)
-                self.ticks += 1
-
-    def _tick(self, tg: TaskGroup) -> None:
-        self.expire_lapsed()
-        now = self._clock()
-        for lease in list(self._leases.values()):
-            if lease.query_id in self._busy:
-                continue
-            if lease.state is LeaseState.HELD and now >= lease.renew_at:
-                self._busy.add(lease.query_id)
-                tg.start_soon(self._renew, lease)
-            elif lease.state is LeaseState.LOST and now >= lease.retry_at:
-                self._busy.add(lease.query_id)
-                tg.start_soon(self._reacquire, lease)
-
-    def expire_lapsed(self) -> list[str]:
-        """The timer's step: mark LOST every HELD lease past its validity (a renewal that
-        hangs or timed out rather than being refused); return their labels. Metrics and
-        ``/readyz`` follow at once, not at the query's next write."""
-        lapsed = []
-        for lease in list(self._leases.values()):
-            if lease.state is not LeaseState.HELD or self._clock() < lease.valid_until:
-                continue
-            # Under the lease's lock, but never waiting for it: whoever holds it
-            # (ensure_held, a release) decides the state itself, and the next check is soon.
-            try:
-                lease.lock.acquire_nowait()
-            except anyio.WouldBlock:
-                continue
-            try:
-                self._expire(lease)
-                lapsed.append(lease.label)
-            finally:
-                lease.lock.release()
-        return lapsed
-
-    async def _reacquire(self, lease: QueryLease) -> None:
-        try:
-            async with lease.lock:
-                await self._ensure_held(lease)
-        finally:
-            self._busy.discard(lease.query_id)
-
-    async def _renew(self, lease: QueryLease) -> None:
-        try:
-            started = self._clock()
-            try:
-                await self._store.renew_lease(lease.query_id, self.lease_id)
-            except LeaseLost as exc:
-                self._metrics.lease_renewals.labels("lost").inc()
-                async with lease.lock:
-                    if lease.state is LeaseState.HELD:
-                        self._lose(lease, f"renewal refused: {exc}", contested=True)
-                return
-            except SidecarError as exc:
-                self._metrics.lease_renewals.labels("error").inc()
-                lease.renew_at = self._clock() + RENEW_RETRY_S
-                log.warning(
-                    "lease query=%s renewal failed (retry in %.0fs; valid for %.1fs more): %s",
-                    lease.label,
-                    RENEW_RETRY_S,
-                    max(0.0, lease.valid_until - self._clock()),
-                    exc,
-                )
-                return
-            self._metrics.lease_renewals.labels("ok").inc()
-            async with lease.lock:
-                # Only a lease still HELD is extended: one that expired meanwhile must go
-                # through ACQUIRING again (the state table allows no LOST -> HELD).
-                if lease.state is LeaseState.HELD:
-                    lease.valid_until = max(
-                        lease.valid_until, started + self._duration_s - EXPIRY_MARGIN_S
-                    )
-                    lease.renew_at = started + renew_delay(self.renew_every_s, self._jitter())
-        finally:
-            self._busy.discard(lease.query_id)
-
-    async def release_all(self) -> None:
-        """Release every held lease (shutdown), so a successor need not wait for expiry."""
-        async with anyio.create_task_group() as tg:
-            for lease in list(self._leases.values()):
-                tg.start_soon(self._release, lease)
-
-    async def retire(self, query_id: str) -> bool:
-        """Release the query's lease and forget it (the query is idle), so a standby can take
-        it at once. False when a renewal or re-acquisition is under way: try again later.
-        ``checkpoint_sidecar_lease_held`` is left as it is (its series is the retirement's
-        to remove: another id of the same name may hold its own lease)."""
-        lease = self._leases.get(query_id)
-        if lease is None:
-            return True
-        if query_id in self._busy:
+    def renewed(self, started: float, duration_s: float, renew_in_s: float) -> bool:
+        """A renewal begun at ``started`` succeeded: the validity is extended, only while
+        still HELD (one that expired meanwhile must go through ACQUIRING: no LOST → HELD).
+        Whether it was."""
+        if self.state is not LeaseState.HELD:
             return False
-        self._busy.add(query_id)  # no renewal starts while it is being released
-        try:
-            async with lease.lock:
-                await self._release_locked(lease, "query retired (idle)", metric=False)
-                if self._leases.get(query_id) is lease:
-                    del self._leases[query_id]
-        finally:
-            self._busy.discard(query_id)
+        self.valid_until = max(self.valid_until, started + duration_s - EXPIRY_MARGIN_S)
+        self.renew_at = started + renew_in_s
         return True
 
-    async def _release(self, lease: QueryLease) -> None:
-        async with lease.lock:
-            await self._release_locked(lease)
+    def renew_again_at(self, when: float) -> None:
+        """A renewal failed without being refused: try again at ``when`` (still HELD while
+        valid)."""
+        self.renew_at = when
 
-    async def _release_locked(
-        self, lease: QueryLease, reason: str = "shutdown", *, metric: bool = True
-    ) -> None:
-        # Not the live daemon of this lease id: the lease is the other daemon's to release.
-        if lease.state is LeaseState.HELD and self._live() is not None:
-            try:
-                await self._store.release_lease(lease.query_id, self.lease_id)
-            except SidecarError as exc:
-                log.warning(
-                    "lease query=%s release failed (it expires by itself): %s", lease.label, exc
-                )
-        if lease.state is not LeaseState.RELEASED:
-            lease.to(LeaseState.RELEASED, reason)
-            if metric:
-                self._metrics.lease_held.labels(lease.label).set(0)
+    def lost(
+        self,
+        reason: str,
+        now: float,
+        backoff: Callable[[int], float] | None = None,
+        *,
+        contested: bool = False,
+    ) -> bool:
+        """Not owned any more (refused, expired, or never granted): LOST, retried after
+        ``backoff(failures in a row)`` seconds (None: at once). Whether this was a change (a
+        LOST lease stays as it was, but for ``contested``)."""
+        self.contested = contested
+        if self.state is LeaseState.LOST:
+            return False
+        self.failures += 1
+        self.retry_at = now if backoff is None else now + backoff(self.failures)
+        self._to(LeaseState.LOST, reason)
+        return True
+
+    def released(self, reason: str) -> None:
+        """Let go (shutdown, retired): RELEASED, final."""
+        if self.state is not LeaseState.RELEASED:
+            self._to(LeaseState.RELEASED, reason)

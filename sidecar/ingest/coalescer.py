@@ -34,7 +34,8 @@ _Submitted = tuple[Checkpoint, int | None, PendingWrite]
 
 
 class RowSink(Protocol):
-    """Who takes the rows of the updates applied (the flusher, ``sidecar.flush.flusher``)."""
+    """Who takes the rows of the updates applied (each query's blob state,
+    ``sidecar.flush.blob_state``, for the flusher)."""
 
     def stamp(self) -> int:
         """Taken before each call: rows read before an admin op of their query are void."""
@@ -42,7 +43,7 @@ class RowSink(Protocol):
     def applied(self, rows: list[PendingQuery], since: int) -> None:
         """The rows of one call (in the order applied), which began at stamp ``since``."""
 
-    def unknown(self, query_ids: list[str]) -> None:
+    def void(self, query_ids: list[str]) -> None:
         """A call failed, maybe after it ran: rows kept of these queries may be stale."""
 
 
@@ -150,7 +151,7 @@ class WriteCoalescer:
 
     def _unknown(self, checkpoints: list[Checkpoint]) -> None:
         if self._rows is not None:
-            self._rows.unknown([c.query_id for c in checkpoints])
+            self._rows.void([c.query_id for c in checkpoints])
 
 
 def _fail(slot: PendingWrite, exc: BaseException) -> None:

@@ -38,7 +38,7 @@ import msgspec
 
 from sidecar.buffer.lua import NO_BLOB
 from sidecar.buffer.redis_buffer import Outcome, RedisBuffer
-from sidecar.errors import NotReplicated, SidecarError
+from sidecar.errors import NotOwner, NotReplicated, SidecarError
 from sidecar.ingest.coalescer import PendingWrite, WriteCoalescer
 from sidecar.model import checkpoint as ckpt
 from sidecar.telemetry.metrics import Metrics
@@ -81,7 +81,8 @@ async def _now(reply: bytes) -> bytes:
     return reply
 
 
-#: True once the query's blob holds this batch or a newer one, False after the timeout (s).
+#: True once the query's blob holds this batch or a newer one, False after the timeout (s);
+#: raises ``NotOwner`` when another daemon holds the query's lease.
 WaitDurable = Callable[[str, int, float], Awaitable[bool]]
 #: A checkpoint read from the blob store, by query id or by name (encoded), or None.
 LookupBlob = Callable[[str | None, str | None], Awaitable[bytes | None]]
@@ -214,7 +215,12 @@ class RequestHandler:
             # The deadline counts from when the request was read, not from when its turn in
             # the connection's reply order came: the acks of one read wait concurrently.
             left = self._blob_ack_timeout_s - (time.perf_counter() - started)
-            if await self._wait_durable(c.query_id, c.batch_id, max(0.0, left)):
+            try:
+                durable = await self._wait_durable(c.query_id, c.batch_id, max(0.0, left))
+            except NotOwner as exc:  # another daemon holds the lease: prompt, retriable
+                self._metrics.not_durable.labels("not_owner").inc()
+                return self._error(rid, ErrorCode.NOT_OWNER, str(exc))
+            if durable:
                 self._metrics.ack_seconds.observe(time.perf_counter() - started)
                 return encode_ok(rid, applied=applied)
             self._metrics.not_durable.labels("blob").inc()

@@ -133,13 +133,16 @@ class Checkpoint(_Position, frozen=True, kw_only=True, omit_defaults=True):
     """The latest known position of one streaming query.
 
     ``stateful``: the query keeps state (its progress lists state operators): rewinding it
-    needs its state store rewound too, so admin tools refuse without ``--force``.
-    ``position``: which position this is next to Spark's own checkpoint (:class:`Position`;
-    None: the listener did not say). Both are left out of the JSON when unset (older records
-    and readers are unchanged).
+    needs its state store rewound too, so admin tools refuse without ``--state-rewound``.
+    ``state_unknown``: whether it keeps state is not known (imported from a checkpoint
+    directory copied without ``state/``): ``stateful`` is then true, so older readers refuse
+    to rewind it too (``sidecar.model.stateful``). ``position``: which position this is next
+    to Spark's own checkpoint (:class:`Position`; None: the listener did not say). All are
+    left out of the JSON when unset (older records and readers are unchanged).
     """
 
     stateful: bool = False
+    state_unknown: bool = False
     position: Position | None = None
 
     @property

@@ -9,6 +9,7 @@ The checkpoint itself (its fields, offsets kept as the client's JSON text) is
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import msgspec
@@ -195,6 +196,21 @@ def reset_document(
         reset_at=doc.written_at,
         reset_reason=reason,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A checkpoint blob as read or written: its version (the store's ETag; None: there is no
+    blob) and the document it holds (None: none, or empty, as created for its lease). Every
+    write names the version it replaces, so a value and its version always travel together."""
+
+    version: str | None
+    document: CheckpointDocument | None
+
+    @property
+    def batch_id(self) -> int | None:
+        """The batch the blob holds; None when it holds no document."""
+        return self.document.batch_id if self.document is not None else None
 
 
 _doc_decoder = msgspec.json.Decoder(CheckpointDocument)

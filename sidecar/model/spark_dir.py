@@ -305,8 +305,11 @@ def to_checkpoint(batch: SparkBatch, name: str, descriptions: Sequence[str]) -> 
             f"batch {batch.batch_id} has no offset for any source: nothing says where to "
             "resume; let the query finish a batch that reads something, then import"
         )
+    # No state/ and no state ids: not known to be stateless (the usual copy of a directory
+    # leaves state/ out), so recorded as unknown, never as stateless (sidecar.model.stateful).
     return Checkpoint(
-        stateful=batch.stateful,
+        stateful=True,
+        state_unknown=not batch.stateful,
         position=Position.COMMITTED,
         query_id=batch.query_id,
         run_id=IMPORTED_RUN_ID,

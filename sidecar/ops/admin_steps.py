@@ -33,6 +33,7 @@ from sidecar.buffer.redis_buffer import RedisBuffer
 from sidecar.config import Config
 from sidecar.errors import AdminRefused, CorruptRecord, InvalidRequest, NotFound
 from sidecar.model import checkpoint as ckpt
+from sidecar.model import stateful
 from sidecar.model.checkpoint import Checkpoint, Position, SourceOffsets
 from sidecar.model.document import CheckpointDocument, Writer, encode_document, reset_document
 from sidecar.model.stateful import rewind_refusal
@@ -140,16 +141,21 @@ def target_of(
     Raises:
         NotFound: ``to_batch`` is not retained (or there is no document).
         InvalidRequest: explicit offsets for another number of sources than the query has.
-        AdminRefused: the query is stateful and the reset moves it back, not forced
-            (``sidecar.model.stateful``).
+        AdminRefused: the query is stateful (or may be) and the reset moves it back, without
+            ``state_rewound`` (``sidecar.model.stateful``).
     """
     label = name or query_id
-    if current is not None and not (request.force or request.from_spark):
-        refusal = rewind_refusal(
-            current, to_batch=request.to_batch, explicit=request.to_batch is None
-        )
+    if current is not None and not request.state_rewound:
+        if request.from_spark:  # Spark's own batch: refused only when older than the blob's
+            older = request.batch_id if request.batch_id is not None else current.batch_id
+            refusal = rewind_refusal(current, to_batch=older, explicit=False)
+        else:
+            refusal = rewind_refusal(
+                current, to_batch=request.to_batch, explicit=request.to_batch is None
+            )
         if refusal is not None:
-            raise AdminRefused(f"reset refused, nothing changed: {refusal}")
+            what = "import" if request.from_spark else "reset"
+            raise AdminRefused(f"{what} refused, nothing changed: {refusal}")
     if request.to_batch is not None:
         found = current.at_batch(request.to_batch) if current is not None else None
         if found is None:
@@ -159,7 +165,7 @@ def target_of(
                 + (f"the blob retains batches {retained}" if retained else "it has no blob")
                 + " (`checkpoint-sidecar history`); --offsets sets explicit offsets"
             )
-        return found
+        return stateful.carry(current, found)
     assert request.sources is not None
     known = current.sources if current is not None else []
     if current is not None and len(request.sources) != len(known):
@@ -179,9 +185,7 @@ def target_of(
         for i, s in enumerate(request.sources)
     ]
     now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    stateful = current is not None and current.stateful
-    return Checkpoint(
-        stateful=stateful if request.stateful is None else request.stateful,
+    target = Checkpoint(
         position=Position.COMMITTED if request.from_spark else None,
         query_id=query_id,
         run_id=request.run_id or (current.run_id if current else "reset"),
@@ -189,6 +193,14 @@ def target_of(
         batch_id=_first(request.batch_id, current.batch_id if current else None, 0),
         timestamp=request.timestamp or (current.timestamp if current else now),
         sources=sources,
+    )
+    # What the request says of state: Spark's directory with state, or not known (an import
+    # never says stateless); anything known before sticks (``sidecar.model.stateful``).
+    said = stateful.State.STATEFUL if request.stateful else stateful.State.UNKNOWN
+    if not request.from_spark and request.stateful is None:
+        said = stateful.state_of(current) if current is not None else stateful.State.STATELESS
+    return stateful.with_state(
+        target, stateful.carried(stateful.state_of(current) if current else None, said)
     )
 
 
@@ -205,15 +217,20 @@ async def reset_under_lease(
     target: Checkpoint,
     *,
     lease_id: str,
+    version: str,
     writer: Writer,
     still_held: Callable[[], bool] = lambda: True,
-) -> tuple[CheckpointDocument, int]:
+) -> tuple[CheckpointDocument, int, str]:
     """Redis, then the blob (the lease ``lease_id`` held, which ``still_held`` checks right
-    before the write); the document written and how many unflushed updates Redis dropped.
+    before the write; ``version``: the blob's, as ``current`` was read at, which the write
+    names); the document written, how many unflushed updates Redis dropped, and the blob's
+    new version.
 
     Raises:
         AdminRefused: an update was applied within the quiet time (nothing changed), or the
             lease was lost before the blob was written (Redis was reset: run it again).
+        VersionConflict: the blob changed since it was read (another writer): Redis was
+            reset, the blob not: run it again.
     """
     doc = reset_document(
         current, target, writer, reason=request.reason, history_size=config.history_size
@@ -230,8 +247,10 @@ async def reset_under_lease(
             f"the lease on {store.blob_name(target.query_id)} was lost while Redis was reset; "
             "the blob is unchanged: run the command again"
         )
-    await store.write(target.query_id, body, lease_id=lease_id, query_name=target.name)
-    return doc, int(answer[2])
+    written = await store.write(
+        target.query_id, body, lease_id=lease_id, query_name=target.name, version=version
+    )
+    return doc, int(answer[2]), written
 
 
 async def retire_in_redis(

@@ -36,6 +36,7 @@ from sidecar.errors import (
 )
 from sidecar.model.checkpoint import Checkpoint, SourceOffsets, offset_value
 from sidecar.model.document import Writer
+from sidecar.model.stateful import State, state_of
 from sidecar.ops.admin_steps import (
     AdminResult,
     archive_stamp,
@@ -67,16 +68,19 @@ async def apply_reset(
     reason: str,
     force: bool = False,
     from_spark: bool = False,
+    state_rewound: bool = False,
 ) -> AdminResult:
     """Make ``checkpoint`` (its query id, name, batch id, run id, timestamp and sources) the
     query's position, as a reset: through the daemon when one runs on the configured socket,
     else under the blob's lease. ``force``: even if the query was heard from within
     ``SIDECAR_ADMIN_QUIET_S``; ``from_spark``: the offsets are Spark's own committed batch
-    (``Reset.from_spark``). What was done (``.summary()`` says it in one line).
+    (``Reset.from_spark``); ``state_rewound``: a stateful query's state store moved with it
+    (``sidecar.model.stateful``). What was done (``.summary()`` says it in one line).
 
     Raises:
         AdminForbidden: the daemon runs without ``SIDECAR_ADMIN_OPS=true``.
-        AdminRefused: the query may be running, or another owner holds the blob's lease.
+        AdminRefused: the query may be running, another owner holds the blob's lease, or a
+            stateful query would move back without ``state_rewound``.
         InvalidRequest: another number of sources than the query's blob has.
         SidecarError: Redis or the blob store failed (``retriable`` says whether to retry).
     """
@@ -91,7 +95,9 @@ async def apply_reset(
         force=force,
         by=who(),
         from_spark=from_spark,
-        stateful=checkpoint.stateful if from_spark else None,
+        # Spark's directory with state says so; without it, nothing is known (never stateless)
+        stateful=(True if state_of(checkpoint) is State.STATEFUL else None) if from_spark else None,
+        state_rewound=state_rewound,
     )
     return await reset(config, request)
 
@@ -184,6 +190,16 @@ async def _lease(store: BlobStore, config: Config, query_id: str) -> str:
     return lease_id
 
 
+def _version(version: str | None, store: BlobStore, query_id: str) -> str:
+    """The version of a blob the tool's lease holds (the lease made it exist)."""
+    if version is None:
+        raise AdminRefused(
+            f"{store.blob_name(query_id)} was deleted while the tool held its lease; nothing "
+            "was changed: run the command again"
+        )
+    return version
+
+
 async def _release(store: BlobStore, query_id: str, lease_id: str) -> None:
     with anyio.CancelScope(shield=True), anyio.move_on_after(10):
         await store.release_lease(query_id, lease_id)
@@ -200,11 +216,19 @@ async def _reset(
     await store.ensure_container()
     lease_id = await _lease(store, config, query_id)
     try:
-        current = await store.read(query_id)
-        target = target_of(request, query_id, name, current)
+        stored = await store.read_stored(query_id)
+        target = target_of(request, query_id, name, stored.document)
         writer = Writer(socket.gethostname(), os.getpid(), lease_id)
-        doc, dropped = await reset_under_lease(
-            buffer, store, config, request, current, target, lease_id=lease_id, writer=writer
+        doc, dropped, _ = await reset_under_lease(
+            buffer,
+            store,
+            config,
+            request,
+            stored.document,
+            target,
+            lease_id=lease_id,
+            version=_version(stored.version, store, query_id),
+            writer=writer,
         )
     finally:
         await _release(store, query_id, lease_id)
@@ -237,7 +261,10 @@ async def _retire(
         try:
             removed = await retire_in_redis(buffer, config, request, query_id, label)
             if request.archive:
-                archived = await store.archive(query_id, lease_id, archive_stamp())
+                version = (await store.read_stored(query_id)).version
+                archived = await store.archive(
+                    query_id, lease_id, archive_stamp(), _version(version, store, query_id)
+                )
         finally:
             await _release(store, query_id, lease_id)
     return AdminResult(

@@ -18,6 +18,7 @@ from sidecar.config import Config
 from sidecar.errors import SidecarError
 from sidecar.model.checkpoint import Checkpoint, Position
 from sidecar.model.document import CheckpointDocument
+from sidecar.model.stateful import State, state_of
 from sidecar.store.blobs import BlobInfo, BlobStore, newest_named
 
 
@@ -157,6 +158,7 @@ def print_history(info: BlobInfo, *, as_json: bool, out: TextIO = sys.stdout) ->
             "schema_version": doc.schema_version,
             "position": doc.position,
             "stateful": doc.stateful,
+            "state": state_of(doc).value,
         }
         out.write(msgspec.json.encode({**head, "checkpoints": rows}).decode() + "\n")
         return
@@ -189,8 +191,14 @@ def position_text(doc: Checkpoint) -> str:
 
 def state_text(doc: Checkpoint) -> str:
     """Whether the query keeps state, and what that means for moving it back."""
-    if doc.stateful:
-        return "stateful (rewinding it needs its state store rewound: --force)"
+    match state_of(doc):
+        case State.STATEFUL:
+            return "stateful (rewinding it needs its state store rewound: --state-rewound)"
+        case State.UNKNOWN:
+            return (
+                "state unknown (imported without state/; rewinding it needs --state-rewound "
+                "until its next progress tells)"
+            )
     return "stateless"
 
 

@@ -31,6 +31,7 @@ from sidecar.model.spark_dir import (
     parse_query_metadata,
     to_checkpoint,
 )
+from sidecar.model.stateful import State, rewind_refusal, state_of
 from sidecar.store.blobs import BlobStore, newest_named
 
 
@@ -136,14 +137,17 @@ async def plan(config: Config, spark_checkpoint: str, batch: SparkBatch, name: s
     return Adoption(spark_checkpoint, batch, checkpoint, blob, own, described_by)
 
 
-def check_write(adoption: Adoption, *, force: bool) -> None:
-    """The import's own rule, before the write: never move a query back silently. A reset
+def check_write(adoption: Adoption, *, force: bool, state_rewound: bool = False) -> None:
+    """The import's own rules, before the write: never move a query back silently. A reset
     may go back on purpose, so ``apply_reset`` does not check this; an import goes back only
-    with ``force`` (an older copy of a checkpoint directory is an easy mistake).
+    with ``force`` (an older copy of a checkpoint directory is an easy mistake), and a
+    stateful query (or one that may be) only with ``state_rewound`` as well: its state store
+    must move too (``sidecar.model.stateful``; the daemon checks that again).
 
     Raises:
-        AdminRefused: the query's blob holds a newer batch (unless ``force``), or another
-            number of sources than Spark's log (a reset keeps the sources: never forced).
+        AdminRefused: the query's blob holds a newer batch (unless ``force``; and, for a
+            stateful query, ``state_rewound``), or another number of sources than Spark's
+            log (a reset keeps the sources: never forced).
     """
     a, c = adoption, adoption.checkpoint
     if a.existing is None:
@@ -155,6 +159,9 @@ def check_write(adoption: Adoption, *, force: bool) -> None:
             "older copy, or the query kept running with the listener); pass --force to move the "
             f"query back to batch {c.batch_id}"
         )
+    refusal = rewind_refusal(a.existing, to_batch=c.batch_id, explicit=False)
+    if refusal is not None and not state_rewound:
+        raise AdminRefused(f"import refused, nothing written: {refusal}")
     if len(a.existing.sources) != len(c.sources):
         raise AdminRefused(
             f"blob {a.blob} holds {len(a.existing.sources)} source(s) for this query, Spark's "
@@ -174,6 +181,7 @@ def print_adoption(
     via: str | None,
     as_json: bool,
     force: bool = False,
+    state_rewound: bool = False,
     out: TextIO = sys.stdout,
 ) -> None:
     """What was written (``via`` "daemon" or "lease": ``AdminResult.via``) or, ``via`` None,
@@ -191,6 +199,7 @@ def print_adoption(
             "offsets_log_version": a.batch.log_version,
             "source_ids": a.batch.source_ids,
             "stateful": c.stateful,
+            "state": state_of(c).value,
             "written": written,
             "via": via,
             "checkpoint": c,
@@ -209,7 +218,11 @@ def print_adoption(
         f"query id          {c.query_id}",
         f"last committed    batch {c.batch_id} (Spark timestamp {c.timestamp or '-'}){planned}",
         f"logs              offsets v{a.batch.log_version}"
-        + ("; stateful (state/ or state ids in commits/)" if c.stateful else "; stateless"),
+        + (
+            "; stateful (state/ or state ids in commits/)"
+            if state_of(c) is State.STATEFUL
+            else "; state unknown (no state/: the query's next progress tells)"
+        ),
         f"sources           described by {a.described_by}",
     ]
     for i, s in enumerate(c.sources):
@@ -223,7 +236,7 @@ def print_adoption(
         )
     else:
         try:
-            check_write(a, force=force)
+            check_write(a, force=force, state_rewound=state_rewound)
         except AdminRefused as exc:
             lines.append(f"the write would be refused: {exc}")
         lines.append("dry run: nothing written (run it again without --dry-run to write)")

@@ -31,8 +31,9 @@ from sidecar.errors import (
     SidecarError,
     StoreError,
     StoreUnavailable,
+    VersionConflict,
 )
-from sidecar.model.document import CheckpointDocument, decode_document
+from sidecar.model.document import CheckpointDocument, Stored, decode_document
 from sidecar.store.probe import Probe
 from sidecar.store.proxies import proxies_for, shown
 from sidecar.store.sdk import credential, loaded
@@ -230,18 +231,21 @@ class BlobStore:
             except sdk().ResourceExistsError:
                 pass
 
-    async def create_if_absent(self, query_id: str) -> None:
-        """Create the query's blob (empty) so it can be leased; a no-op when it exists."""
+    async def create_if_absent(self, query_id: str) -> str | None:
+        """Create the query's blob (empty) so it can be leased, only if it does not exist
+        (``If-None-Match: *``): its version when this call created it, None when it existed."""
         blob = await self._blob(self.blob_name(query_id))
         async with self._call("create blob"):
             try:
-                await blob.upload_blob(b"", overwrite=False)
+                created = await blob.upload_blob(b"", overwrite=False)
             except sdk().ResourceExistsError:
-                pass
+                return None
             except sdk().HttpResponseError as exc:
                 # An existing blob under someone's lease answers 412 to a lease-less create.
                 if exc.status_code != 412:
                     raise
+                return None
+        return str(created["etag"])
 
     async def acquire_lease(self, query_id: str, lease_id: str, duration_s: int) -> None:
         """Acquire (or re-acquire) the lease with our ``lease_id``.
@@ -263,41 +267,63 @@ class BlobStore:
             with contextlib.suppress(sdk().ResourceNotFoundError):  # archived: no lease left
                 await (await self._lease_client(query_id, lease_id)).release()
 
-    async def archive(self, query_id: str, lease_id: str, stamp: str) -> str:
+    async def archive(self, query_id: str, lease_id: str, stamp: str, version: str) -> str:
         """Move the query's blob to ``<namespace>/archive/<id>.<stamp>.json`` (never listed as
-        a query): copy it (metadata kept), then delete it under ``lease_id``; the new name."""
+        a query): copy it (metadata kept), then delete it under ``lease_id``; the new name.
+        Both the copy's read and the delete are conditional on ``version``, the one the caller
+        decided on: a blob changed meanwhile is neither copied nor deleted.
+
+        Raises:
+            VersionConflict: the blob is no longer at ``version`` (nothing was deleted).
+        """
         blob = await self._blob(self.blob_name(query_id))
         name = f"{self._namespace}/archive/{query_id}.{stamp}.json"
+        unchanged = sdk().MatchConditions.IfNotModified
         async with self._call("archive checkpoint"):
-            stream = await blob.download_blob()
+            stream = await blob.download_blob(etag=version, match_condition=unchanged)
             target = self._container.get_blob_client(name)
             await target.upload_blob(await stream.readall(), metadata=stream.properties.metadata)
-            await blob.delete_blob(lease=lease_id)
+            await blob.delete_blob(lease=lease_id, etag=version, match_condition=unchanged)
         return name
 
     async def write(
-        self, query_id: str, body: bytes, *, lease_id: str, query_name: str | None
-    ) -> None:
-        """Replace the query's document. The store refuses it unless ``lease_id`` is held.
+        self, query_id: str, body: bytes, *, lease_id: str, query_name: str | None, version: str
+    ) -> str:
+        """Replace the query's document, conditionally: the store refuses it unless
+        ``lease_id`` holds the blob's lease and the blob is still at ``version`` (``If-Match``,
+        the version the writer read or wrote last). Returns the new version.
 
         Raises:
             LeaseLost: the store refused the lease (expired, broken, another owner).
+            VersionConflict: the blob changed since ``version`` (another writer): nothing
+                was written; read it again.
         """
         blob = await self._blob(self.blob_name(query_id))
         metadata = {"query_id": query_id}
         if query_name:
             metadata["query_name"] = query_name.encode("ascii", "replace").decode()
         async with self._call("write checkpoint"):
-            await blob.upload_blob(
+            answer = await blob.upload_blob(
                 body,
                 overwrite=True,
                 lease=lease_id,  # type: ignore[arg-type]  # the SDK accepts the id string
                 metadata=metadata,
                 content_settings=sdk().json,
+                etag=version,
+                match_condition=sdk().MatchConditions.IfNotModified,
             )
+        return str(answer["etag"])
 
     async def read(self, query_id: str) -> CheckpointDocument | None:
         """The query's document, or None when there is no blob (or it is still empty).
+
+        Raises:
+            CorruptRecord: the blob is not a checkpoint document of that query.
+        """
+        return (await self.read_stored(query_id)).document
+
+    async def read_stored(self, query_id: str) -> Stored:
+        """The query's blob as it is now: its version and document (both None: no blob).
 
         Raises:
             CorruptRecord: the blob is not a checkpoint document of that query.
@@ -308,8 +334,8 @@ class BlobStore:
                 stream = await blob.download_blob()
                 data = await stream.readall()
             except sdk().ResourceNotFoundError:
-                return None
-        return decode_document(data, blob.blob_name, query_id)
+                return Stored(None, None)
+        return Stored(str(stream.properties.etag), decode_document(data, blob.blob_name, query_id))
 
     async def find(self, query_id: str | None, name: str | None) -> CheckpointDocument | None:
         """The document of query ``query_id``, else the newest of the queries named ``name``.
@@ -440,9 +466,12 @@ class BlobStore:
             client = self._containers[name] = self._open().get_container_client(name)
         return client
 
-    async def eventhubs_checkpoints(self, container: str, prefix: str) -> dict[str, str | None]:
+    async def eventhubs_checkpoints(
+        self, container: str, prefix: str
+    ) -> dict[str, tuple[str | None, str]]:
         """The Event Hubs checkpoint blobs under ``prefix`` in ``container``: each blob's last
-        name part (the partition id) → its ``sequencenumber`` metadata as stored (None: none).
+        name part (the partition id) → its ``sequencenumber`` metadata as stored (None: none)
+        and its version (ETag), which a write of it names.
 
         Raises:
             StoreError: the container does not exist (the message says so).
@@ -452,7 +481,10 @@ class BlobStore:
         async with self._call("list eventhubs checkpoints"):
             try:
                 return {
-                    item.name.rsplit("/", 1)[-1]: (item.metadata or {}).get("sequencenumber")
+                    item.name.rsplit("/", 1)[-1]: (
+                        (item.metadata or {}).get("sequencenumber"),
+                        str(item.etag),
+                    )
                     async for item in client.list_blobs(
                         name_starts_with=prefix, include=["metadata"]
                     )
@@ -461,26 +493,37 @@ class BlobStore:
                 raise _no_container(exc, self.where, container) from exc
 
     async def write_eventhubs_checkpoint(
-        self, container: str, name: str, metadata: dict[str, str]
-    ) -> None:
-        """Set the metadata of the checkpoint blob ``name``, creating the blob (empty) when it
-        does not exist yet: what the SDKs' ``BlobCheckpointStore.update_checkpoint`` does.
+        self, container: str, name: str, metadata: dict[str, str], version: str | None
+    ) -> str:
+        """Set the metadata of the checkpoint blob ``name`` if it is still at ``version``
+        (``If-Match``), or, with ``version`` None, create it (empty, ``If-None-Match: *``):
+        what the SDKs' ``BlobCheckpointStore.update_checkpoint`` does, but never blind. Returns
+        the blob's new version.
 
         Raises:
+            VersionConflict: the blob changed since ``version`` was listed, was deleted, or
+                exists already (another writer): list it again before deciding.
             StoreError: the container does not exist (the message says so).
         """
         await loaded(identity=self._identity)
         blob = self._container_named(container).get_blob_client(name)
         async with self._call("write eventhubs checkpoint"):
             try:
-                try:
-                    await blob.set_blob_metadata(metadata)
-                except sdk().ResourceNotFoundError as exc:
-                    if _code(exc) != "BlobNotFound":
-                        raise
-                    await blob.upload_blob(b"", overwrite=True, metadata=metadata)
+                if version is None:
+                    answer = await blob.upload_blob(b"", overwrite=False, metadata=metadata)
+                else:
+                    answer = await blob.set_blob_metadata(
+                        metadata, etag=version, match_condition=sdk().MatchConditions.IfNotModified
+                    )
+            except sdk().ResourceExistsError as exc:
+                raise VersionConflict(f"blob store {self.where}: {name} exists already") from exc
             except sdk().ResourceNotFoundError as exc:
+                if _code(exc) == "BlobNotFound":
+                    raise VersionConflict(
+                        f"blob store {self.where}: {name} was deleted since it was listed"
+                    ) from exc
                 raise _no_container(exc, self.where, container) from exc
+        return str(answer["etag"])
 
     @asynccontextmanager
     async def _not_created_yet(self) -> AsyncIterator[None]:
@@ -576,6 +619,8 @@ def _translate(exc: HttpResponseError, what: str, where: str) -> Exception:
     status = exc.status_code or 0
     code = _code(exc)
     detail = f"blob store {where}: {what} refused ({status} {code})"
+    if status == 412 and code == "ConditionNotMet":
+        return VersionConflict(f"{detail}: the blob changed since it was read (another writer)")
     if code == "LeaseAlreadyPresent":
         return LeaseConflict(f"{detail}: another owner holds the lease")
     if status in (409, 412) and code.startswith("Lease"):

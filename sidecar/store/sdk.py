@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 if TYPE_CHECKING:
-    from azure.core import exceptions
+    from azure.core import MatchConditions, exceptions
     from azure.core.pipeline.transport import AioHttpTransport
     from azure.identity.aio import DefaultAzureCredential
     from azure.storage.blob import ContentSettings
@@ -32,6 +32,7 @@ class Sdk:
     HttpResponseError: type[exceptions.HttpResponseError]
     ResourceExistsError: type[exceptions.ResourceExistsError]
     ResourceNotFoundError: type[exceptions.ResourceNotFoundError]
+    ResourceModifiedError: type[exceptions.ResourceModifiedError]
     ServiceRequestError: type[exceptions.ServiceRequestError]
     ServiceResponseError: type[exceptions.ServiceResponseError]
     BlobLeaseClient: type[BlobLeaseClient]
@@ -39,6 +40,8 @@ class Sdk:
     AioHttpTransport: type[AioHttpTransport]
     #: The content settings of a checkpoint document.
     json: ContentSettings
+    #: ``If-Match`` / ``If-None-Match`` for conditional calls.
+    MatchConditions: type[MatchConditions]
 
 
 async def loaded(*, identity: bool = False) -> Sdk:
@@ -63,6 +66,7 @@ def credential() -> type[DefaultAzureCredential]:
 @functools.cache
 def load() -> Sdk:
     """Import the SDK (once; thread-safe: Python's import lock) and return its names."""
+    from azure.core import MatchConditions
     from azure.core import exceptions as e
     from azure.core.pipeline.transport import AioHttpTransport
     from azure.storage.blob import ContentSettings
@@ -73,10 +77,12 @@ def load() -> Sdk:
         e.HttpResponseError,
         e.ResourceExistsError,
         e.ResourceNotFoundError,
+        e.ResourceModifiedError,
         e.ServiceRequestError,
         e.ServiceResponseError,
         BlobLeaseClient,
         BlobServiceClient,
         AioHttpTransport,
         ContentSettings(content_type="application/json"),
+        MatchConditions,
     )

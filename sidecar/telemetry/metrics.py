@@ -14,9 +14,12 @@ from sidecar.wire.protocol import ErrorCode
 
 UPDATE_RESULTS = ("applied", "stale", "no_offsets", "rejected")
 #: ok: written; skipped: the blob already held that batch or newer; not_owned: lease held
-#: elsewhere; lease_lost: the store refused our lease; error: store/Redis failure (retried).
-FLUSH_RESULTS = ("ok", "skipped", "not_owned", "lease_lost", "error")
+#: elsewhere; lease_lost: the store refused our lease; conflict: the blob changed since read
+#: (another writer; read again, never lowered); error: store/Redis failure (retried).
+FLUSH_RESULTS = ("ok", "skipped", "not_owned", "lease_lost", "conflict", "error")
 RENEWAL_RESULTS = ("ok", "lost", "error")
+#: What a conditional write refused as another writer's was writing.
+WRITE_CONFLICT_WHAT = ("checkpoint", "reset", "archive", "eventhubs")
 #: Where an unreadable record was found (sidecar.errors.CorruptRecord.where).
 BAD_RECORD_WHERE = ("redis", "blob")
 FLUSH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -58,9 +61,10 @@ class Metrics:
         )
         self.not_durable = Counter(
             "checkpoint_sidecar_not_durable",
-            "not_durable replies by reason: replicas (fewer Redis replicas than "
+            "not_durable and not_owner replies by reason: replicas (fewer Redis replicas than "
             "SIDECAR_REDIS_MIN_REPLICAS confirmed in time), blob (ack_mode=blob: not in the "
-            "blob within SIDECAR_BLOB_ACK_TIMEOUT_S)",
+            "blob within SIDECAR_BLOB_ACK_TIMEOUT_S), not_owner (ack_mode=blob: another "
+            "daemon holds the query's lease)",
             ["reason"],
             registry=r,
         )
@@ -149,15 +153,27 @@ class Metrics:
             ["where"],
             registry=r,
         )
-        self.instance_lock_held = Gauge(
-            "checkpoint_sidecar_instance_lock_held",
-            "1 while this daemon is the live daemon of its instance identity (may write blobs)",
-            registry=r,
-        )
         self.lease_held = Gauge(
             "checkpoint_sidecar_lease_held",
             "1 while this daemon holds the lease on the query's blob",
             ["query"],
+            registry=r,
+        )
+        self.write_conflicts = Counter(
+            "checkpoint_sidecar_write_conflicts",
+            "Conditional writes the store refused because the blob had changed since this "
+            "daemon read or wrote it (another writer: a predecessor's late write, a second "
+            "daemon, an operator), by what was written: checkpoint, reset, archive, eventhubs. "
+            "Nothing was overwritten; the blob is read again and never lowered",
+            ["what"],
+            registry=r,
+        )
+        self.lease_elsewhere = Gauge(
+            "checkpoint_sidecar_lease_held_elsewhere",
+            "1 while another daemon holds the lease on the query's blob (this one buffers its "
+            "updates in Redis and writes nothing); writer: who last wrote the blob (host and "
+            "pid), the likely owner",
+            ["query", "writer"],
             registry=r,
         )
         self.lease_renewals = Counter(
@@ -230,7 +246,7 @@ class Metrics:
             self.bad_requests.labels(code.value)
         for result in FLUSH_RESULTS:
             self.flushes.labels(result)
-        for reason in ("replicas", "blob"):
+        for reason in ("replicas", "blob", "not_owner"):
             self.not_durable.labels(reason)
         for where in BAD_RECORD_WHERE:
             self.bad_records.labels(where)
@@ -239,6 +255,8 @@ class Metrics:
         for result in ("ok", "regressed", "error"):
             self.kafka_commits.labels(result)
             self.eventhubs_checkpoints.labels(result)
+        for what in WRITE_CONFLICT_WHAT:
+            self.write_conflicts.labels(what)
         for op in ("reset", "retire"):
             for result in ("ok", "refused", "error"):
                 self.admin_ops.labels(op, result)
@@ -253,6 +271,9 @@ class Metrics:
             self.lease_held,
         ):
             gauge.remove(label)
+        for labels in list(self.lease_elsewhere._metrics):  # by query and writer
+            if labels[0] == label:
+                self.lease_elsewhere.remove(*labels)
 
     def set_redis_aof(self, enabled: bool | None) -> None:
         """``checkpoint_sidecar_redis_aof_enabled``: 1/0, absent while unknown (CONFIG

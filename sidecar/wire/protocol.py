@@ -74,6 +74,7 @@ class ErrorCode(enum.StrEnum):
     FRAME_TOO_LARGE = "frame_too_large"  # line over the limit; the connection is closed
     UNAVAILABLE = "unavailable"  # Redis unreachable; nothing stored; retry
     NOT_DURABLE = "not_durable"  # ack_mode=blob: stored in Redis, not yet in the blob in time
+    NOT_OWNER = "not_owner"  # ack_mode=blob: stored in Redis; another daemon holds the lease
     SHUTTING_DOWN = "shutting_down"  # the daemon is stopping; retry against the next one
     FORBIDDEN = "forbidden"  # an admin op this listener does not allow (the message says why)
     CONFLICT = "conflict"  # an admin op refused for now: query running, lease held elsewhere
@@ -85,7 +86,13 @@ class ErrorCode(enum.StrEnum):
 #: or not yet durable); every other error is final for that update. Clients classify replies
 #: with this set: the Python sender imports it, the JVM listener's copy is checked against it.
 RETRIABLE_CODES: frozenset[str] = frozenset(
-    {ErrorCode.UNAVAILABLE, ErrorCode.NOT_DURABLE, ErrorCode.SHUTTING_DOWN, ErrorCode.INTERNAL}
+    {
+        ErrorCode.UNAVAILABLE,
+        ErrorCode.NOT_DURABLE,
+        ErrorCode.NOT_OWNER,
+        ErrorCode.SHUTTING_DOWN,
+        ErrorCode.INTERNAL,
+    }
 )
 #: Error codes after which the daemon closes the connection: a client reconnects.
 CLOSING_CODES: frozenset[str] = frozenset({ErrorCode.FRAME_TOO_LARGE})
@@ -162,11 +169,12 @@ class Reset(msgspec.Struct, frozen=True, tag_field="op", tag="reset"):
     """Admin: make a checkpoint the query's position, recorded as a reset (docs/operator-ops.md).
     Exactly one of ``to_batch`` (a checkpoint the blob retains) or ``sources`` (explicit
     offsets, stored as batch ``batch_id``: by default the batch the blob holds). ``by``: who
-    asks, as the client says (user@host, pid), for the log. ``from_spark``: the offsets are
-    Spark's own last committed batch (``import-spark-checkpoint``), so they match the query's
-    state store and the stateful-rewind rule (``sidecar.model.stateful``) does not apply,
-    the position is Spark's committed one and ``stateful`` says whether the query keeps state
-    (else it is the blob's); ``force`` also overrides that rule."""
+    asks, as the client says (user@host, pid), for the log. ``force``: even if the query was
+    heard from within the quiet time. ``from_spark``: the offsets are Spark's own last
+    committed batch (``import-spark-checkpoint``): the position is Spark's committed one and
+    ``stateful`` true says its directory has state (None: not known; never "stateless").
+    ``state_rewound``: the caller moved the query's state store with it (or starts it fresh),
+    so a stateful query may move back (``sidecar.model.stateful``); nothing else lets it."""
 
     reason: str
     query_id: Id | None = None
@@ -180,6 +188,7 @@ class Reset(msgspec.Struct, frozen=True, tag_field="op", tag="reset"):
     by: str | None = None
     from_spark: bool = False
     stateful: bool | None = None
+    state_rewound: bool = False
     id: RequestId = None
 
 

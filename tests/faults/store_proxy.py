@@ -13,7 +13,10 @@ a :class:`Fault` matches, answers or breaks it instead:
 - ``reset``: the request runs upstream, the client gets half of the response and then a TCP
   reset (the call's outcome is unknown to the daemon: the write may have landed);
 - ``drop``: the connection reset before the request reaches Azurite (a store that is down);
-- ``delay_headers`` / ``delay_body``: the response, or its body, held ``delay_s``.
+- ``delay_headers`` / ``delay_body``: the response, or its body, held ``delay_s``;
+- ``hold``: the request kept in the network (never answered, not yet sent upstream) until
+  :meth:`StoreFaultProxy.deliver_held` sends it on — a write delayed past its client's
+  timeout, or past its client's death, that lands later.
 
 The kind of a call is read from the REST request: ``acquire``, ``renew``, ``release``,
 ``break`` (lease actions), ``create`` (an empty blob, if absent), ``upload``, ``read``,
@@ -36,7 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from tests.services import azurite_connection_string
 
-Action = Literal["status", "reset", "drop", "delay_headers", "delay_body"]
+Action = Literal["status", "reset", "drop", "delay_headers", "delay_body", "hold"]
 _REASONS = {503: "Service Unavailable", 500: "Internal Server Error", 408: "Request Timeout"}
 _CODES = {503: "ServerBusy", 500: "OperationTimedOut", 408: "RequestTimeout"}
 
@@ -84,6 +87,8 @@ class StoreFaultProxy:
         self.injected: Counter[tuple[str, str]] = Counter()
         #: Every fault injected: (action, kind, request line), in order.
         self.struck: list[tuple[str, str, str]] = []
+        #: Requests held by a ``hold`` fault, in order, until delivered.
+        self.held: list[bytes] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
@@ -154,6 +159,9 @@ class StoreFaultProxy:
                 if fault is not None and fault.action == "drop":
                     _reset(writer)
                     return
+                if fault is not None and fault.action == "hold":
+                    self.held.append(raw)
+                    await asyncio.Event().wait()  # never answered: the client gives up or dies
                 if fault is not None and fault.action == "status" and not fault.forward:
                     writer.write(_error(fault))
                     await writer.drain()
@@ -184,6 +192,15 @@ class StoreFaultProxy:
         finally:
             self._writers.discard(writer)
             writer.close()
+
+    def deliver_held(self) -> list[int]:
+        """Send every held request on to the store now; the status of each answer."""
+        held, self.held = self.held, []
+        answers = [
+            asyncio.run_coroutine_threadsafe(self._forward(raw), self._loop).result(timeout=30)
+            for raw in held
+        ]
+        return [int(answer.split(b" ", 2)[1]) for answer in answers]
 
     async def _forward(self, raw: bytes) -> bytes:
         """Send ``raw`` to Azurite on a connection of its own; the whole response, framed

@@ -8,11 +8,19 @@ import anyio
 import pytest
 
 from sidecar.errors import StoreUnavailable
-from sidecar.flush.lease import LeaseManager, LeaseState
+from sidecar.flush.lease import LeaseState
 from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
 from sidecar.telemetry.metrics import Metrics
-from tests.helpers import Clock, ConfigFactory, eventually, running_daemon, sample, scrape
+from tests.helpers import (
+    Clock,
+    ConfigFactory,
+    eventually,
+    lease_manager,
+    running_daemon,
+    sample,
+    scrape,
+)
 from tests.sparkshapes import kafka_progress
 
 OURS = "00000000-0000-0000-0000-0000000000bb"
@@ -24,7 +32,7 @@ async def test_a_lease_past_its_validity_is_lost_by_the_timer_then_reacquired(
     store = BlobStore(make_config())
     await store.ensure_container()
     clock, metrics = Clock(1000.0), Metrics()
-    leases = LeaseManager(store, OURS, 15, metrics, clock=clock)
+    leases = lease_manager(store, OURS, metrics=metrics, clock=clock)
     try:
         assert await leases.ensure_held("q-lapse", "lapse") is not None
         held = metrics.registry.get_sample_value
@@ -67,7 +75,7 @@ async def test_an_idle_query_whose_renewals_time_out_shows_not_owned_within_a_se
 
         monkeypatch.setattr(daemon.store, "renew_lease", renewal_times_out)
         monkeypatch.setattr(daemon.store, "acquire_lease", acquisition_times_out)
-        lease = daemon.leases._leases["q-idle"]
+        lease = daemon.leases._core.record("q-idle").lease
         # valid_until is on the monotonic clock; lapse is due then, and shown within ~1 s.
         await anyio.sleep(max(0.0, lease.valid_until - anyio.current_time()))
         await eventually(

@@ -233,18 +233,22 @@ async def test_ack_mode_blob_replies_only_once_the_blob_holds_the_batch(
             assert writes(azurite, config) - before == 1
 
 
-async def test_ack_mode_blob_says_not_durable_when_the_lease_is_elsewhere(
+async def test_ack_mode_blob_says_not_owner_at_once_when_the_lease_is_elsewhere(
     make_config: ConfigFactory, azurite: Azurite
 ) -> None:
-    config = make_config(ack_mode="blob", blob_ack_timeout_s=1)
+    # Never an ack that waits for its timeout (60 s here): another daemon holds the lease, so
+    # this one cannot make the update durable, and says so at once (retriable).
+    config = make_config(ack_mode="blob", blob_ack_timeout_s=60)
     async with blob_reader(config) as store:
+        await store.ensure_container()
         await store.create_if_absent(QID)
         await store.acquire_lease(QID, "00000000-0000-0000-0000-0000000000aa", 60)
         async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
-            reply = await c.progress(kafka_progress(QID, 3))
+            with anyio.fail_after(10):
+                reply = await c.progress(kafka_progress(QID, 3))
         await store.release_lease(QID, "00000000-0000-0000-0000-0000000000aa")
-    assert reply.error is not None and reply.error.code == "not_durable"
-    assert "resending is safe" in reply.error.message
+    assert reply.error is not None and reply.error.code == "not_owner"
+    assert "another daemon holds the lease" in reply.error.message
     assert await redis_field(config, "batch_id") == b"3"  # it is buffered all the same
 
 
@@ -253,8 +257,10 @@ async def test_two_daemons_one_owner_then_takeover_without_regression(
 ) -> None:
     # The owner flushes every 3 updates, the standby on every update: after the owner's
     # first flush, one more update makes only the standby try (and fail) to take the lease.
-    first = make_config(count_threshold=3, time_threshold_s=3600)
-    second = make_config(count_threshold=1, socket_path=str(short_tmp / "b.sock"))
+    first = make_config(count_threshold=3, time_threshold_s=3600, instance_id="owner")
+    second = make_config(
+        count_threshold=1, socket_path=str(short_tmp / "b.sock"), instance_id="standby"
+    )
     async with blob_reader(first) as store, anyio.create_task_group() as tg:
         owner = Daemon(first)
         await tg.start(owner.run)
@@ -275,7 +281,8 @@ async def test_two_daemons_one_owner_then_takeover_without_regression(
         assert metric_value(text, "checkpoint_sidecar_lease_held", query="orders-to-delta") == 0
         assert metric_value(text, "checkpoint_sidecar_flushes_total", result="not_owned") >= 1
         status, body = await anyio.to_thread.run_sync(scrape, standby, "/readyz")
-        assert status == 503 and "lease not held" in body and "orders-to-delta" in body
+        assert status == 503 and "lease held by another daemon" in body
+        assert "orders-to-delta (last written by" in body
         assert await blob_batch(store) == 2  # the standby wrote nothing
 
         owner.request_stop()  # final flush of batch 3, then it releases its lease

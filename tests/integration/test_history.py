@@ -102,10 +102,12 @@ def test_history_is_kept_newest_first_bounded_in_the_same_single_write(
     written = [doc.written_at, *(h.written_at for h in doc.history)]
     assert written == sorted(written, reverse=True)
     # One write per flush, and no read for the history: it came from the document this
-    # daemon had just written. The reads are the floor's (the first update of a query Redis
-    # did not know), the flusher's after acquiring the lease, and this test's.
+    # daemon had just written. No read before the first write either: the namespace's listing
+    # had no blob of the query (no floor to read), and the lease's create (If-None-Match: *)
+    # told the version of the empty blob it made, which the first write names. The one read
+    # is this test's.
     assert azurite.blob_writes(config.container, f"{config.namespace}/{QID}.json") == 12
-    assert blob_requests(azurite, config, "GET") == 3
+    assert blob_requests(azurite, config, "GET") == 1
     # What get / starting-offsets return by default is the latest checkpoint, as before.
     assert "history" not in ckpt.as_builtins(doc.checkpoint())
 
@@ -200,8 +202,14 @@ async def put_blob(config: Config, body: bytes) -> None:
         await store.ensure_container()
         await store.create_if_absent(QID)
         await store.acquire_lease(QID, "11111111-2222-3333-4444-555555555555", 15)
+        version = (await store.read_stored(QID)).version
+        assert version is not None
         await store.write(
-            QID, body, lease_id="11111111-2222-3333-4444-555555555555", query_name=NAME
+            QID,
+            body,
+            lease_id="11111111-2222-3333-4444-555555555555",
+            query_name=NAME,
+            version=version,
         )
         await store.release_lease(QID, "11111111-2222-3333-4444-555555555555")
     finally:

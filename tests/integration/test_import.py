@@ -30,6 +30,7 @@ from sidecar.model.spark_dir import (
     parse_offsets,
     to_checkpoint,
 )
+from sidecar.model.stateful import State, state_of
 from sidecar.ops import admin_tool
 from sidecar.ops.client import SidecarClient
 from sidecar.ops.spark_import import read_spark_checkpoint
@@ -103,9 +104,13 @@ def test_logs_v2_ordinal_lines_in_source_order_state_ids_mean_stateful(tmp_path:
     assert (batch.log_version, batch.source_ids, batch.stateful) == (2, ("0", "1", "2"), True)
     checkpoint = to_checkpoint(batch, "orders", describe(batch.end_offsets, None))
     assert (checkpoint.stateful, checkpoint.position) == (True, "committed")
-    # A stateless v2 commit (empty stateUniqueIds) and no state/: not stateful.
+    assert state_of(checkpoint) is State.STATEFUL
+    # A stateless v2 commit (empty stateUniqueIds) and no state/: not known to have state,
+    # and recorded as unknown, never as stateless (the usual copy leaves state/ out).
     (root / "commits" / "0").write_text('v2\n{"nextBatchWatermarkMs":0,"stateUniqueIds":{}}\n')
     assert read_spark_checkpoint(root).stateful is False
+    unknown = to_checkpoint(read_spark_checkpoint(root), "orders", ["a", "b", "c"])
+    assert state_of(unknown) is State.UNKNOWN and unknown.stateful is True
     (root / "state").mkdir()  # a v1 stateful query: its state store's directory
     assert read_spark_checkpoint(root).stateful is True
 

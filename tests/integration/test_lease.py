@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import anyio
 import pytest
 
-from sidecar.flush.lease import (
-    RENEW_JITTER,
-    IllegalTransition,
-    LeaseManager,
-    LeaseState,
-    QueryLease,
-)
+from sidecar.flush.lease import RENEW_JITTER, IllegalTransition, LeaseState, QueryLease
 from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
 from sidecar.telemetry.metrics import Metrics
@@ -19,6 +15,7 @@ from tests.helpers import (
     Clock,
     ConfigFactory,
     eventually,
+    lease_manager,
     metric_value,
     running_daemon,
     sample,
@@ -31,32 +28,44 @@ OURS = "11111111-2222-3333-4444-555555555555"
 THEIRS = "99999999-8888-7777-6666-555555555555"
 
 
+def _lease_in(state: LeaseState) -> QueryLease:
+    lease = QueryLease("q", "q")
+    if state is not LeaseState.ACQUIRING:
+        lease.acquired(1, 0.0, 15, 5)
+    if state in (LeaseState.LOST, LeaseState.RELEASED):
+        lease.lost("test", 0.0)
+    if state is LeaseState.RELEASED:
+        lease.released("test")
+    assert lease.state is state
+    return lease
+
+
 @pytest.mark.parametrize(
-    ("start", "target"),
+    ("start", "move"),
     [
-        (LeaseState.RELEASED, LeaseState.ACQUIRING),
-        (LeaseState.RELEASED, LeaseState.HELD),
-        (LeaseState.LOST, LeaseState.HELD),  # only through ACQUIRING
-        (LeaseState.HELD, LeaseState.ACQUIRING),
+        (LeaseState.RELEASED, lambda lease: lease.acquiring("test")),
+        (LeaseState.RELEASED, lambda lease: lease.acquired(2, 0.0, 15, 5)),
+        (LeaseState.LOST, lambda lease: lease.acquired(2, 0.0, 15, 5)),  # only via ACQUIRING
+        (LeaseState.HELD, lambda lease: lease.acquiring("test")),
     ],
 )
-def test_illegal_transitions_are_refused(start: LeaseState, target: LeaseState) -> None:
-    lease = QueryLease("q", "q", state=start)
+def test_illegal_transitions_are_refused(
+    start: LeaseState, move: Callable[[QueryLease], None]
+) -> None:
+    lease = _lease_in(start)
     with pytest.raises(IllegalTransition):
-        lease.to(target, "test")
+        move(lease)
     assert lease.state is start
 
 
 def test_the_normal_lifecycle_is_allowed() -> None:
     lease = QueryLease("q", "q")
-    for state in (
-        LeaseState.HELD,
-        LeaseState.LOST,
-        LeaseState.ACQUIRING,
-        LeaseState.HELD,
-        LeaseState.RELEASED,
-    ):
-        lease.to(state, "test")
+    lease.acquired(1, 0.0, 15, 5)
+    assert lease.lost("refused", 1.0, contested=True) and lease.held_elsewhere()
+    lease.acquiring("retry")
+    lease.acquired(2, 2.0, 15, 5)
+    assert lease.valid(3.0) and not lease.not_owned()
+    lease.released("test")
     assert lease.state is LeaseState.RELEASED
 
 
@@ -65,8 +74,8 @@ async def test_conflict_expiry_and_reacquire_against_azurite(make_config: Config
     store = BlobStore(config)
     await store.ensure_container()
     clock = Clock()
-    ours = LeaseManager(store, OURS, 15, Metrics(), clock=clock)
-    theirs = LeaseManager(store, THEIRS, 15, Metrics())
+    ours = lease_manager(store, OURS, clock=clock)
+    theirs = lease_manager(store, THEIRS)
     try:
         lease = await ours.ensure_held("q1", "query-one")
         assert lease is not None and ours.state("q1") is LeaseState.HELD and ours.holds(lease)
@@ -127,8 +136,8 @@ async def test_overlapping_acquire_and_release_never_break_the_state_machine(
     config = make_config()
     store = BlobStore(config)
     await store.ensure_container()
-    theirs = LeaseManager(store, THEIRS, 15, Metrics())
-    ours = LeaseManager(store, OURS, 15, Metrics())
+    theirs = lease_manager(store, THEIRS)
+    ours = lease_manager(store, OURS)
     try:
         assert await theirs.ensure_held("q2", "q2") is not None
         # two passes (a tick and the final flush) racing on a lease held elsewhere
@@ -139,7 +148,7 @@ async def test_overlapping_acquire_and_release_never_break_the_state_machine(
         await theirs.release_all()
         # an acquisition racing with shutdown's release: the lease ends released, not held
         async with anyio.create_task_group() as tg:
-            ours._leases["q2"].retry_at = 0
+            ours._core.record("q2").lease.retry_at = 0
             tg.start_soon(ours.ensure_held, "q2", "q2")
             tg.start_soon(ours.release_all)
         assert ours.state("q2") is LeaseState.RELEASED
@@ -156,9 +165,9 @@ async def test_a_lost_lease_is_taken_back_by_the_loop_without_a_flush(
     config = make_config()
     store = BlobStore(config)
     await store.ensure_container()
-    theirs = LeaseManager(store, THEIRS, 15, Metrics())
+    theirs = lease_manager(store, THEIRS)
     metrics = Metrics()
-    ours = LeaseManager(store, OURS, 15, metrics)
+    ours = lease_manager(store, OURS, metrics=metrics)
     try:
         assert await theirs.ensure_held("q3", "q3") is not None
         assert await ours.ensure_held("q3", "q3") is None

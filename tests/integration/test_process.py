@@ -97,7 +97,15 @@ def test_live_socket_is_not_stolen(
     first = start(spawn, daemon_env, short_tmp)
     second = start(spawn, daemon_env, short_tmp, wait=False)
     assert second.wait() == 1
-    assert "another process is serving" in second.log()
+    # Refused at its first step: the live daemon holds the lease file beside the socket.
+    assert f"another live daemon (pid {first.pid} " in second.log()
+    assert "give each its own SIDECAR_SOCKET_PATH" in second.log()
+    # With a state directory of its own, the socket itself is refused (not stolen).
+    third = start(
+        spawn, daemon_env | {"SIDECAR_STATE_DIR": str(short_tmp / "other")}, short_tmp, wait=False
+    )
+    assert third.wait() == 1
+    assert "another process is serving" in third.log()
     assert first.running
     assert ping(daemon_env["SIDECAR_SOCKET_PATH"]) == b'{"id":1,"ok":true}\n'
 

@@ -490,7 +490,7 @@ def stateful_progress(qid: str, batch: int) -> dict[str, Any]:
     return {**kafka_progress(qid, batch, name=NAME), "stateOperators": [operator]}
 
 
-async def test_a_stateful_query_is_not_moved_back_by_hand_unless_forced(
+async def test_a_stateful_query_is_not_moved_back_by_hand_without_the_state_flag(
     make_config: ConfigFactory,
 ) -> None:
     config = make_config(admin_ops="true", count_threshold=1, history_size=5, admin_quiet_s=0)
@@ -510,7 +510,8 @@ async def test_a_stateful_query_is_not_moved_back_by_hand_unless_forced(
         for refused in (back, explicit):
             assert refused.error is not None and refused.error.code == "conflict"
             assert f"query {NAME} is stateful" in refused.error.message
-            assert "restore the checkpoint directory's state/" in refused.error.message
+            assert "its state store must move to the same batch" in refused.error.message
+            assert "--state-rewound" in refused.error.message
         assert "moving it to batch 2 (it is at batch 4)" in back.error.message  # type: ignore[union-attr]
         assert "explicit offsets" in explicit.error.message  # type: ignore[union-attr]
         assert (await store.read(QID)).batch_id == 4  # type: ignore[union-attr]
@@ -519,15 +520,22 @@ async def test_a_stateful_query_is_not_moved_back_by_hand_unless_forced(
         # starting-offsets of an earlier batch: the same rule, the same way out.
         refused_cli = await acli(config, "starting-offsets", NAME, "--batch", "2")
         assert refused_cli.returncode == 1 and refused_cli.stdout == ""
-        assert "is stateful" in refused_cli.stderr and "--force" in refused_cli.stderr
+        assert "is stateful" in refused_cli.stderr and "--state-rewound" in refused_cli.stderr
         latest = await acli(config, "starting-offsets", NAME)  # not a rewind: allowed
         assert latest.returncode == 0 and json.loads(latest.stdout) == end_of(4)
-        forced_cli = await acli(config, "starting-offsets", NAME, "--batch", "2", "--force")
-        assert forced_cli.returncode == 0, forced_cli.stderr
-        assert json.loads(forced_cli.stdout) == end_of(2)
+        rewound_cli = await acli(
+            config, "starting-offsets", NAME, "--batch", "2", "--state-rewound"
+        )
+        assert rewound_cli.returncode == 0, rewound_cli.stderr
+        assert json.loads(rewound_cli.stdout) == end_of(2)
 
-        forced = await admin(config, "reset", name=NAME, to_batch=2, reason="rewound", force=True)
-        assert forced.ok, forced.error
+        # --force is the quiet time's: it does not move a stateful query back.
+        forced = await admin(config, "reset", name=NAME, to_batch=2, reason="r", force=True)
+        assert forced.error is not None and "is stateful" in forced.error.message
+        rewound = await admin(
+            config, "reset", name=NAME, to_batch=2, reason="rewound", state_rewound=True
+        )
+        assert rewound.ok, rewound.error
         after = await store.read(QID)
         assert after is not None and (after.batch_id, after.stateful) == (2, True)
         assert [ckpt.offset_value(s.end_offset) for s in after.sources] == [end_of(2)]

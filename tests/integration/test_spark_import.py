@@ -285,7 +285,8 @@ def test_offsets_log_v2_two_sources(
         10 * (batch + 1),
         5 * (batch + 1),
     ]
-    assert shown["stateful"] is False and shown["position"] == "committed"
+    # No state/: not known to be stateless (the usual copy leaves state/ out): unknown.
+    assert shown["state_unknown"] is True and shown["position"] == "committed"
 
 
 @pytest.mark.spark4
@@ -381,3 +382,85 @@ def test_named_sources_of_source_evolution(
         restarted = first_new_batch(spark, named, "import_named", ck, committed + 1)
     starts = sorted(as_json(s["startOffset"])["offset"] for s in restarted["sources"])
     assert starts == sorted(json.loads(v)["offset"] for v in logged.values())
+
+
+def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI, whatever its exit code."""
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        env={"PATH": "/usr/bin:/bin", **env, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_an_import_or_reset_never_lowers_a_stateful_querys_guard(
+    spark: SparkSession, daemon_env: dict[str, str], short_tmp: Path, procs: list[DaemonProcess]
+) -> None:
+    """A real stateful aggregation reported by the JVM listener (recorded stateful); its
+    directory copied as docs say for an import (metadata, offsets, commits: no state/) and cut
+    back 3 batches. The import of that older cut and a plain reset are refused naming the
+    state store, even with --force; the query stays stateful. With --state-rewound both go
+    through, and it still is."""
+    env = {
+        **daemon_env,
+        "SIDECAR_COUNT_THRESHOLD": "1",
+        "SIDECAR_ADMIN_OPS": "true",
+        "SIDECAR_ADMIN_QUIET_S": "0",
+    }
+    daemon = DaemonProcess(env, short_tmp / "daemon.log")
+    procs.append(daemon)
+    daemon.start()
+    handle = spark_bridge.attach(spark, env["SIDECAR_SOCKET_PATH"], listener="jvm")
+    ck = short_tmp / "ck"
+    q = start_update(spark, counts, "guarded", ck)
+    try:
+        wait_for(lambda: q.lastProgress is not None and q.lastProgress["batchId"] >= 7, what="8")
+    finally:
+        q.stop()
+    last = int(q.lastProgress["batchId"])  # type: ignore[index]
+    wait_for(lambda: handle.stats().offered >= last + 1, what="the last event")
+    assert handle.flush(10) and handle.close()
+    doc = wait_blob(env, str(q.id), last)
+    assert doc.stateful is True and not doc.state_unknown
+
+    committed, _ = sparks_log(ck)
+    cut = short_tmp / "cut"
+    (cut / "offsets").mkdir(parents=True)
+    (cut / "commits").mkdir()
+    (cut / "metadata").write_bytes((ck / "metadata").read_bytes())
+    for log in ("offsets", "commits"):
+        for f in (ck / log).iterdir():
+            if f.name.isdigit() and int(f.name) <= committed - 3:
+                (cut / log / f.name).write_bytes(f.read_bytes())
+    older = committed - 3
+
+    refused = run_cli(
+        env, "import-spark-checkpoint", str(cut), "--query-name", "guarded", "--force"
+    )
+    assert refused.returncode == 1
+    assert "is stateful" in refused.stderr and "state store" in refused.stderr
+    assert "--state-rewound" in refused.stderr
+    reset = run_cli(env, "reset", "guarded", "--to-batch", str(older), "--force")
+    assert reset.returncode == 1 and "is stateful" in reset.stderr
+    shown = json.loads(cli(env, "show", "guarded", "--json").stdout)
+    assert (shown["batch_id"], shown["stateful"], shown["state_unknown"]) == (last, True, False)
+
+    imported = cli(
+        env,
+        "import-spark-checkpoint",
+        str(cut),
+        "--query-name",
+        "guarded",
+        "--force",
+        "--state-rewound",
+    )
+    assert "wrote batch" in imported.stdout
+    shown = json.loads(cli(env, "show", "guarded", "--json").stdout)
+    # An import without state/ (unknown) never lowers what the blob knew.
+    assert (shown["batch_id"], shown["stateful"], shown["state_unknown"]) == (older, True, False)
+    again = run_cli(env, "reset", "guarded", "--to-batch", str(older - 1), "--state-rewound")
+    assert again.returncode == 0, again.stderr
+    shown = json.loads(cli(env, "show", "guarded", "--json").stdout)
+    assert (shown["batch_id"], shown["stateful"]) == (older - 1, True)

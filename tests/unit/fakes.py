@@ -8,12 +8,19 @@ lease may be taken by anyone, and a broken or taken lease refuses renewals and w
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.errors import LeaseConflict, LeaseLost, StoreUnavailable
+from sidecar.errors import LeaseConflict, LeaseLost, StoreUnavailable, VersionConflict
 from sidecar.model import checkpoint as ckpt
-from sidecar.model.document import CheckpointDocument, Writer, decode_document, encode_document
+from sidecar.model.document import (
+    CheckpointDocument,
+    Stored,
+    Writer,
+    decode_document,
+    encode_document,
+)
 
 WRITER = Writer(host="unit", pid=1, instance_id="unit")
 
@@ -44,16 +51,25 @@ class Lease:
 
 
 class FakeBlobStore:
-    """Blobs and their leases in memory; ``clock`` decides when a lease expires. Set
-    :attr:`down` to make every call raise ``StoreUnavailable`` (nothing happens)."""
+    """Blobs, their versions (ETags) and their leases in memory; ``clock`` decides when a
+    lease expires. Set :attr:`down` to make every call raise ``StoreUnavailable`` (nothing
+    happens). Conditional writes follow Azure: a write names the version it replaces."""
 
     def __init__(self, clock: Callable[[], float] = lambda: 0.0) -> None:
         self._clock = clock
         self.bodies: dict[str, bytes] = {}
+        #: Each blob's current version (a new one at every change of its body).
+        self.versions: dict[str, str] = {}
         self.leases: dict[str, Lease] = {}
         self.down = False
         #: (query id, batch id) of every write that landed, in order.
         self.writes: list[tuple[str, int]] = []
+        self._etags = itertools.count(1)
+
+    def _set(self, query_id: str, body: bytes) -> str:
+        self.bodies[query_id] = body
+        version = self.versions[query_id] = f'"0x{next(self._etags):X}"'
+        return version
 
     def _call(self) -> None:
         if self.down:
@@ -65,15 +81,17 @@ class FakeBlobStore:
 
     def put(self, query_id: str, batch: int) -> None:
         """Write a document at ``batch`` as another owner would (no lease checked)."""
-        self.bodies[query_id] = encode_document(document(query_id, batch))
+        self._set(query_id, encode_document(document(query_id, batch)))
 
     def batch(self, query_id: str) -> int | None:
         doc = decode_document(self.bodies.get(query_id, b""), query_id, query_id)
         return doc.batch_id if doc is not None else None
 
-    async def create_if_absent(self, query_id: str) -> None:
+    async def create_if_absent(self, query_id: str) -> str | None:
         self._call()
-        self.bodies.setdefault(query_id, b"")
+        if query_id in self.bodies:
+            return None
+        return self._set(query_id, b"")
 
     async def acquire_lease(self, query_id: str, lease_id: str, duration_s: int) -> None:
         self._call()
@@ -99,21 +117,29 @@ class FakeBlobStore:
         self.leases.pop(query_id, None)
 
     async def write(
-        self, query_id: str, body: bytes, *, lease_id: str, query_name: str | None
-    ) -> None:
+        self, query_id: str, body: bytes, *, lease_id: str, query_name: str | None, version: str
+    ) -> str:
         self._call()
         active = self._active(query_id)
         if active is None or active.lease_id != lease_id:
             raise LeaseLost("fake store: our lease is no longer valid")
+        if self.versions.get(query_id) != version:
+            raise VersionConflict("fake store: the blob changed since it was read")
         doc = decode_document(body, query_id, query_id)
         assert doc is not None, "the flusher never writes an empty body"
-        self.bodies[query_id] = body
         self.writes.append((query_id, doc.batch_id))
+        return self._set(query_id, body)
 
     async def read(self, query_id: str) -> CheckpointDocument | None:
+        return (await self.read_stored(query_id)).document
+
+    async def read_stored(self, query_id: str) -> Stored:
         self._call()
         body = self.bodies.get(query_id)
-        return decode_document(body, f"{query_id}.json", query_id) if body else None
+        if body is None:
+            return Stored(None, None)
+        doc = decode_document(body, f"{query_id}.json", query_id) if body else None
+        return Stored(self.versions[query_id], doc)
 
     async def query_ids(self) -> set[str]:
         self._call()

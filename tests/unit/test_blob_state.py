@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 
 import anyio
+import pytest
 
 from sidecar.buffer.lua import NO_BLOB
-from sidecar.errors import CorruptRecord
-from sidecar.flush.blob_state import LISTING_MAX_AGE_S, RECHECK_EVERY_S, BlobStates
-from sidecar.flush.lease import Held, LeaseManager
-from sidecar.model.document import CheckpointDocument
+from sidecar.errors import CorruptRecord, LeaseConflict, NotOwner, VersionConflict
+from sidecar.flush.blob_state import LISTING_MAX_AGE_S, RECHECK_EVERY_S, BlobStates, Durability
+from sidecar.flush.core import Seen
+from sidecar.model.document import Stored, encode_document
 from sidecar.telemetry.metrics import Metrics
 from tests.helpers import Clock
 from tests.unit.fakes import FakeBlobStore, document
@@ -24,8 +25,18 @@ NEW = "5e1d0000-0000-4000-8000-0000000000f2"
 
 def states_of(store: FakeBlobStore, clock: Clock | None = None) -> BlobStates:
     clock = clock or Clock(0.0)
-    leases = LeaseManager(store, "ours", 15, Metrics(), clock=clock)
-    return BlobStates(store, leases, clock=clock)
+    states = BlobStates(store, "", 15, Metrics(), clock=clock)
+    states.leases.use("ours")
+    return states
+
+
+async def written(states: BlobStates, store: FakeBlobStore, query_id: str, batch: int) -> None:
+    """A flush's write of ``batch`` under our lease, as the flusher makes it."""
+    held = await states.held(query_id, "q")
+    assert held is not None
+    base = await states.stored(query_id)
+    doc = document(query_id, batch)
+    assert await states.write(query_id, held, base, doc, encode_document(doc)) is not None
 
 
 class GatedStore(FakeBlobStore):
@@ -36,10 +47,10 @@ class GatedStore(FakeBlobStore):
         self.release = anyio.Event()
         self.reads: list[str] = []
 
-    async def read(self, query_id: str) -> CheckpointDocument | None:
+    async def read_stored(self, query_id: str) -> Stored:
         self.reads.append(query_id)
         await self.release.wait()
-        return await super().read(query_id)
+        return await super().read_stored(query_id)
 
 
 async def test_concurrent_first_updates_share_one_blob_read() -> None:
@@ -57,13 +68,12 @@ async def test_concurrent_first_updates_share_one_blob_read() -> None:
         await anyio.wait_all_tasks_blocked()
         store.release.set()
     assert store.reads == [QID] and got == [7] * 5
-    # A read without the lease never lowers it; a write under the lease sets it.
-    assert states.core.floor_read(QID, 5, states.core.stamp, exact=False) == (7, [])
     assert states.known(QID) == 7
-    states.core.written(QID, 1, document(QID, 9))
+    store.release.set()
+    await written(states, store, QID, 9)  # a write sets it
     assert states.known(QID) == 9
     states.forget(QID)
-    assert states.known(QID) is None
+    assert states.known(QID) is None and QID not in states
 
 
 async def test_a_blob_read_begun_before_a_reset_does_not_raise_its_floor_back() -> None:
@@ -80,14 +90,19 @@ async def test_a_blob_read_begun_before_a_reset_does_not_raise_its_floor_back() 
         tg.start_soon(load)
         await anyio.wait_all_tasks_blocked()
         async with states.exclusive(QID):
-            states.reset(QID, Held(QID, term=1), document(QID, 4))
+            now = Stored(store.versions[QID], document(QID, 9))  # as a read under it finds
+            states._core.read(QID, now, states.stamp())
+            base = Seen(now)
+            held = await states.held(QID, "q")
+            assert held is not None and states.begin_write(QID, held, base)
+            states.reset(QID, Stored('"reset"', document(QID, 4)))
         store.release.set()
     assert got == [4] and states.known(QID) == 4  # batches 5..9 are stored again
 
 
 async def test_no_blob_and_an_unreadable_blob_are_no_floor() -> None:
     class Unreadable(FakeBlobStore):
-        async def read(self, query_id: str) -> CheckpointDocument | None:
+        async def read_stored(self, query_id: str) -> Stored:
             raise CorruptRecord("blob", f"{query_id}.json", "is not a checkpoint document")
 
     assert await states_of(FakeBlobStore()).load(QID) == NO_BLOB
@@ -103,9 +118,9 @@ async def test_queries_without_a_blob_cost_one_listing_not_a_read_each() -> None
             self.reads: list[str] = []
             self.listings: list[float] = []
 
-        async def read(self, query_id: str) -> CheckpointDocument | None:
+        async def read_stored(self, query_id: str) -> Stored:
             self.reads.append(query_id)
-            return await super().read(query_id)
+            return await super().read_stored(query_id)
 
         async def query_ids(self) -> set[str]:
             self.listings.append(clock.now)
@@ -119,13 +134,14 @@ async def test_queries_without_a_blob_cost_one_listing_not_a_read_each() -> None
         assert await states.load(f"invented-{i}") == NO_BLOB
     assert await states.load(QID) == 4
     assert (len(store.listings), store.reads) == (1, [QID])
-    assert len(states.core) == 1  # no floor kept for queries without a blob
+    assert len(states) == 1  # no record kept for queries without a blob
 
     store.put(NEW, 4)  # another daemon created NEW's blob since
     clock.now = LISTING_MAX_AGE_S + 1
     assert await states.load(NEW) == 4
     assert store.listings == [0.0, LISTING_MAX_AGE_S + 1] and store.reads == [QID, NEW]
-    states.core.written("written-here", 1, document("written-here", 2))  # a first blob
+    await written(states, store, "written-here", 2)  # a first blob, made by our lease
+    assert states.known("written-here") == 2
     assert await states.load("written-here") == 2 and len(store.listings) == 2
 
 
@@ -149,40 +165,114 @@ async def test_an_ack_deferred_while_its_query_is_in_a_pass_wakes_the_loop_once_
     # An ack that arrives while its query is in a flush pass must not be forgotten when the
     # pass ends without making it durable (a row found not due, a write skipped, not owned or
     # failed).
-    states = states_of(FakeBlobStore())
+    store = FakeBlobStore()
+    states = states_of(store)
     states.begin([QID])
     async with anyio.create_task_group() as tg:
         tg.start_soon(states.wait_durable, QID, 5, None)
         await anyio.wait_all_tasks_blocked()
         assert not states.wake.is_set()  # deferred: its query is in a pass
         states.end(QID)  # the pass ends without batch 5 in the blob
-        assert states.wake.is_set() and not states.core.in_flight(QID)
+        assert states.wake.is_set() and not states.in_flight(QID)
         states.wake.clear()
         states.end(QID)  # released again with nothing deferred: no second wake
         assert not states.wake.is_set()
-        states.written(QID, Held(QID, term=1), document(QID, 5))
+        await written(states, store, QID, 5)
     assert states.waiting() == []  # answered and gone
 
 
 async def test_an_ack_times_out_when_its_batch_never_reaches_the_blob() -> None:
-    states = states_of(FakeBlobStore())
+    store = FakeBlobStore()
+    states = states_of(store)
     assert await states.wait_durable(QID, 3, 0.01) is False
     assert states.waiting() == []
-    states.written(QID, Held(QID, term=1), document(QID, 3))
+    await written(states, store, QID, 3)
     assert await states.wait_durable(QID, 2, 0.01) is True  # durable already: no wait
 
 
 async def test_redis_flushed_batch_read_before_newer_blob_evidence_answers_no_ack() -> None:
-    # The flusher read Redis' flushed batch (9) at stamp ``since``; meanwhile a read under the
-    # lease found the blob at batch 3 (another owner rewound it). Redis' older word is no
-    # evidence now: the ack of batch 5 keeps waiting. Read after the lease's word, it counts.
+    # The flusher read Redis' flushed batch (9) at stamp ``since``; meanwhile a read found the
+    # blob at batch 3 (another owner rewound it). Redis' older word is no evidence now: the
+    # ack of batch 5 keeps waiting. Read after the blob's word, it counts.
     states = states_of(FakeBlobStore())
-    core = states.core
-    waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    core = states._core
+    waiter: asyncio.Future[Durability] = asyncio.get_running_loop().create_future()
     core.ack(QID, 5, waiter)
     since = core.stamp
-    assert core.read(QID, 1, document(QID, 3)) == []
-    assert core.flushed_in_redis(QID, 9, since) == []
+    assert core.read(QID, Stored('"v3"', document(QID, 3)), core.stamp) == (3, [])
+    assert core.redis_says(QID, 9, 0, since) == []
     assert core.waiting() == [QID]
-    assert core.flushed_in_redis(QID, 9, core.stamp) == [waiter]
+    assert core.redis_says(QID, 9, 0, core.stamp) == [waiter]
     assert core.waiting() == []
+
+
+async def test_an_ack_of_a_query_whose_lease_another_daemon_holds_is_answered_not_owner() -> None:
+    # Blob ack mode on a daemon that does not own the query: never an ack that waits until
+    # its timeout, but a prompt, retriable not_owner naming who last wrote the blob.
+    store = FakeBlobStore()
+    store.put(QID, 4)
+    await store.acquire_lease(QID, "another daemon", 15)
+    states = states_of(store)
+    async with anyio.create_task_group() as tg:
+        waiting = tg.start_soon  # an ack already waiting when the lease turns out held
+        outcome: list[object] = []
+
+        async def ack() -> None:
+            try:
+                outcome.append(await states.wait_durable(QID, 5, None))
+            except NotOwner as exc:
+                outcome.append(exc)
+
+        waiting(ack)
+        await anyio.wait_all_tasks_blocked()
+        assert await states.held(QID, "q") is None  # the flusher's try: refused
+    assert isinstance(outcome[0], NotOwner) and "unit pid 1" in str(outcome[0])
+    assert states.holders() == {"q": "unit pid 1"}
+    with pytest.raises(NotOwner):  # a new ack is answered at once
+        await states.wait_durable(QID, 6, None)
+    assert await states.wait_durable(QID, 4, None) is True  # what the blob holds is durable
+
+
+async def test_a_write_refused_as_another_writers_reads_the_blob_and_never_goes_below() -> None:
+    # Our view: batch 3 at version v. Another writer (a predecessor's late PUT under the same
+    # lease id) wrote batch 8 meanwhile. Our write of batch 5 names v: refused, counted, the
+    # blob read again, and the plan for batch 5 is now to skip it.
+    store = FakeBlobStore()
+    store.put(QID, 3)
+    metrics = Metrics()
+    states = BlobStates(store, "", 15, metrics, clock=Clock(0.0))
+    states.leases.use("ours")
+    held = await states.held(QID, "q")
+    assert held is not None
+    base = await states.stored(QID)
+    store.put(QID, 8)
+    doc = document(QID, 5)
+    with pytest.raises(VersionConflict):
+        await states.write(QID, held, base, doc, encode_document(doc))
+    assert metrics.write_conflicts.labels("checkpoint")._value.get() == 1
+    assert states.known(QID) == 8 and store.batch(QID) == 8
+    plan = states.plan(QID, 5)
+    assert plan.step.value == "skip" and plan.base is not None and plan.base.batch == 8
+
+
+async def test_retiring_a_query_leaves_no_record_of_it() -> None:
+    store = FakeBlobStore()
+    states = states_of(store)
+    await written(states, store, QID, 2)
+    states.applied([], states.stamp())
+    assert QID in states
+    assert await states.release(QID)
+    states.forget(QID)
+    assert QID not in states and len(states) == 0 and states.leases.held() == []
+    assert QID not in store.leases  # released
+
+
+async def test_a_lease_taken_by_another_daemon_is_refused_and_not_written_under() -> None:
+    store = FakeBlobStore()
+    await store.create_if_absent(QID)
+    await store.acquire_lease(QID, "twin", 15)
+    states = states_of(store)
+    assert await states.held(QID, "q") is None
+    assert states.leases.contested() == ["q"]
+    with pytest.raises(LeaseConflict):
+        await store.acquire_lease(QID, "ours", 15)

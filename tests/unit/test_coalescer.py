@@ -27,7 +27,7 @@ class Sink:
     def applied(self, rows: list[PendingQuery], since: int) -> None:
         self.rows += [(r.query_id, r.batch_id, since) for r in rows]
 
-    def unknown(self, query_ids: list[str]) -> None:
+    def void(self, query_ids: list[str]) -> None:
         self.unknown_ids += query_ids
 
 

@@ -42,6 +42,7 @@ DEFAULTS = {
     "container": "spark-checkpoints",
     "lease_duration_s": 30,
     "instance_id": None,
+    "state_dir": None,
     "count_threshold": 100,
     "time_threshold_s": 10.0,
     "flush_interval_s": 1.0,

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from sidecar.config import Config
-from sidecar.errors import StoreError, StoreUnavailable
+from sidecar.errors import StoreError, StoreUnavailable, VersionConflict
 from sidecar.eventhubs import checkpointer as checkpointer_module
 from sidecar.eventhubs import plan as eh
 from sidecar.eventhubs.checkpointer import EventHubsCheckpointer
@@ -209,25 +209,38 @@ class MemoryBlobs:
 
     def __init__(self) -> None:
         self.blobs: dict[tuple[str, str], dict[str, str]] = {}
+        self.versions: dict[tuple[str, str], str] = {}
         self.fail: Exception | None = None
         self.writes = 0
+        self.changes = 0
 
-    async def eventhubs_checkpoints(self, container: str, prefix: str) -> dict[str, str | None]:
+    async def eventhubs_checkpoints(
+        self, container: str, prefix: str
+    ) -> dict[str, tuple[str | None, str]]:
         if self.fail is not None:
             raise self.fail
         return {
-            name.rsplit("/", 1)[-1]: meta.get("sequencenumber")
+            name.rsplit("/", 1)[-1]: (meta.get("sequencenumber"), self.versions[(c, name)])
             for (c, name), meta in self.blobs.items()
             if c == container and name.startswith(prefix)
         }
 
     async def write_eventhubs_checkpoint(
-        self, container: str, name: str, metadata: dict[str, str]
-    ) -> None:
+        self, container: str, name: str, metadata: dict[str, str], version: str | None
+    ) -> str:
         if self.fail is not None:
             raise self.fail
+        if self.versions.get((container, name)) != version:
+            raise VersionConflict(f"memory: {name} changed since it was listed")
         self.writes += 1
+        return self.put(container, name, metadata)
+
+    def put(self, container: str, name: str, metadata: dict[str, str]) -> str:
+        """Set a blob's metadata as any writer would (a new version)."""
         self.blobs[(container, name)] = dict(metadata)
+        self.changes += 1
+        version = self.versions[(container, name)] = f'"0x{self.changes:X}"'
+        return version
 
     def numbers(self) -> dict[str, int]:
         return {name: int(meta["sequencenumber"]) for (_, name), meta in self.blobs.items()}
@@ -258,7 +271,7 @@ async def test_checkpointer_writes_durable_positions_and_never_lowers_them() -> 
     writer = EventHubsCheckpointer(config(), metrics, blobs)
     group = f"{STORED_AS}/telemetry/spark-telemetry-to-delta/checkpoint"
     # A checkpoint left by an earlier run (or another writer): partition 1 is ahead.
-    blobs.blobs[("checkpoints", f"{group}/1")] = {"sequencenumber": "500", "offset": ""}
+    blobs.put("checkpoints", f"{group}/1", {"sequencenumber": "500", "offset": ""})
     writer.durable(durable(QID, 2, partitions=3, per_partition=10))  # ends 30, 31, 32
     await writer.final_commit()
     assert blobs.numbers() == {f"{group}/0": 29, f"{group}/1": 500, f"{group}/2": 31}

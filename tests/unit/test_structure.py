@@ -49,6 +49,7 @@ PURE_MODULES = {
     "ops.diagnosis",
     "eventhubs.plan",
     "flush.core",
+    "flush.lease",
     "ingest.replies",
     "telemetry.logs",  # stdlib only: cli.main sets logging up without the daemon's extra
 }

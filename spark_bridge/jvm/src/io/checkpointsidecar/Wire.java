@@ -23,7 +23,9 @@ final class Wire {
    */
   static final Set<String> RETRIABLE =
       Collections.unmodifiableSet(
-          new HashSet<>(Arrays.asList("unavailable", "not_durable", "shutting_down", "internal")));
+          new HashSet<>(
+              Arrays.asList(
+                  "unavailable", "not_durable", "not_owner", "shutting_down", "internal")));
 
   /** Error codes after which the daemon closes the connection ({@code sidecar.wire.protocol.CLOSING_CODES}). */
   static final Set<String> CLOSING = Collections.singleton("frame_too_large");
