@@ -143,6 +143,11 @@ class CutFile(msgspec.Struct, frozen=True):
     role: Role
     stamp: str = ""
 
+    @property
+    def listed(self) -> ListedFile:
+        """The file as it was listed (what a source opens and checks it against)."""
+        return ListedFile(self.path, self.size, self.stamp)
+
 
 class StoreCut(msgspec.Struct, frozen=True):
     """What the cut holds of one state store: where its version ``version`` starts from."""
