@@ -215,8 +215,7 @@ def parse_commit_state_ids(data: bytes, path: str) -> dict[int, tuple[tuple[str,
             and operator.isdigit()
             and isinstance(partitions, list)
             and all(
-                isinstance(ids, list) and all(isinstance(i, str) for i in ids)
-                for ids in partitions
+                isinstance(ids, list) and all(isinstance(i, str) for i in ids) for ids in partitions
             )
         ):
             raise SparkCheckpointError(

@@ -47,10 +47,12 @@ HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvi
 CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 FORMAT = "spark.sql.streaming.stateStore.checkpointFormatVersion"
 
-#: Every query: few partitions, Spark's snapshots often (so cuts hold snapshots and deltas).
+#: Every query: few partitions, Spark's snapshots often (so cuts hold snapshots and deltas),
+#: the file source's log compacted every 3 entries (so cuts hold a compaction: 2.compact).
 COMMON = {
     "spark.sql.shuffle.partitions": "2",
     "spark.sql.streaming.stateStore.minDeltasForSnapshot": "2",
+    "spark.sql.streaming.fileSource.log.compactInterval": "3",
 }
 STORES: dict[str, dict[str, str]] = {
     "hdfs": {PROVIDER: HDFS},
@@ -222,6 +224,10 @@ def assert_cut_shape(cut: Cut, store: str, kind: str, batch: int) -> None:
         assert all(s.base == batch + 1 and s.replayed == 0 for s in cut.stores)
     assert not [f for f in cut.files if f.path.endswith((".crc", ".tmp"))]
     assert cut.ignored == ()
+    log = [
+        f.path for f in cut.files if f.role == Role.SOURCE_LOG and f.path.startswith("sources/0/")
+    ]
+    assert log == [f"sources/0/{b}" + (".compact" if b == 2 else "") for b in range(batch + 1)]
 
 
 # -- the proof ----------------------------------------------------------------------------
