@@ -156,7 +156,9 @@ async def take_cut(source: CheckpointSource, location: str, batch: int) -> Cut:
     thread, reading the few files it parses through ``source``).
 
     Raises:
-        CutError: see :func:`~sidecar.snapshot.cut.cut_of`.
+        CutError: see :func:`~sidecar.snapshot.cut.cut_of` (a file gone since the listing is
+            ``missing_file``).
+        SourceError: the location cannot be listed, or a file the cut parses is too large.
     """
     listing = await source.listing(location)
 
