@@ -183,6 +183,11 @@ def spark() -> Iterator[SparkSession]:
         .appName("checkpoint-sidecar-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        # The state stores' maintenance (snapshots, RocksDB uploads, old files deleted) runs on
+        # a timer started with the first stateful query's setting, once per JVM: short, so
+        # the snapshot tests see Spark's own snapshots and deletions (tests/integration/
+        # test_snapshot_restore.py) whichever stateful test runs first.
+        .config("spark.sql.streaming.stateStore.maintenanceInterval", "500ms")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

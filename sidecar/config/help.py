@@ -94,6 +94,11 @@ HELP = {
         "eventhubs_container": "blob container of the Event Hubs checkpoints (default: "
         "the checkpoint container); never created by the daemon",
     },
+    "checkpoint snapshots (off unless a root is set)": {
+        "snapshot_root": "directory holding the queries' Spark checkpoint locations, as mounted "
+        "in this container (read-only is enough): each location is found by its metadata "
+        "file, and the state of stateful queries is snapshotted from it (unset: off)",
+    },
     "admin endpoint, logging, event loop, shutdown": {
         "metrics_host": "address for /metrics, /healthz, /readyz",
         "metrics_port": "port for /metrics, /healthz, /readyz (0: pick a free one)",

@@ -122,6 +122,9 @@ EventHubsNamespace = Annotated[str, Meta(
     extra={"must": "must be the fully qualified namespace, a host name such as "
            "<namespace>.servicebus.windows.net (no sb://, no path)"})]
 Password = Annotated[str, Meta(extra={"redact": lambda _: "***"})]
+AbsolutePath = Annotated[str, Meta(pattern=r"^/", extra={
+    "must": "must be an absolute directory path (a checkpoint on abfss:// or wasbs:// is not "
+    "read yet: mount a volume holding it)"})]
 # fmt: on
 
 
@@ -187,6 +190,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     eventhubs_namespace: EventHubsNamespace | None = None
     eventhubs_consumer_group_template: GroupTemplate = "spark-{query_name}"
     eventhubs_container: ContainerName | None = None
+    # checkpoint snapshots
+    snapshot_root: AbsolutePath | None = None
     # admin endpoint, logging, event loop, shutdown
     metrics_host: str = "0.0.0.0"
     metrics_port: Annotated[int, Meta(ge=0, le=65535)] = 9400

@@ -102,6 +102,9 @@ class SparkOffsets(msgspec.Struct, frozen=True):
     end_offsets: tuple[Any, ...]
     #: v2: each source's id, in the same order; v1: empty.
     source_ids: tuple[str, ...] = ()
+    #: The SQL settings Spark records with the batch and restores on restart (the state store
+    #: provider class, the number of shuffle partitions, ...), as text.
+    conf: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class _QueryMetadata(msgspec.Struct):
@@ -110,6 +113,7 @@ class _QueryMetadata(msgspec.Struct):
 
 class _OffsetsMetadata(msgspec.Struct, rename="camel"):
     batch_timestamp_ms: int | None = None
+    conf: dict[str, Any] | None = None
 
 
 class _CommitMetadata(msgspec.Struct, rename="camel"):
@@ -190,17 +194,49 @@ def parse_commit(data: bytes, path: str) -> bool:
     Raises:
         SparkCheckpointError: an empty or damaged file, or an unknown version.
     """
+    return bool(_commit_metadata(data, path).state_unique_ids)
+
+
+def parse_commit_state_ids(data: bytes, path: str) -> dict[int, tuple[tuple[str, ...], ...]]:
+    """The state store checkpoint ids a ``commits/<N>`` file names (state format v2): for each
+    operator id, per partition, the id of each of its stores' version N+1 (one for most
+    operators; four for a stream-stream join, in the order of its stores). Empty for a v1
+    commit or a stateless query.
+
+    Raises:
+        SparkCheckpointError: an empty or damaged file, an unknown version, or ids that are
+            not lists of lists of text per operator.
+    """
+    raw = _commit_metadata(data, path).state_unique_ids or {}
+    out: dict[int, tuple[tuple[str, ...], ...]] = {}
+    for operator, partitions in raw.items():
+        if not (
+            operator.isascii()
+            and operator.isdigit()
+            and isinstance(partitions, list)
+            and all(
+                isinstance(ids, list) and all(isinstance(i, str) for i in ids) for ids in partitions
+            )
+        ):
+            raise SparkCheckpointError(
+                f"{path}: stateUniqueIds of operator {operator!r} is not a list of id lists "
+                "per partition; the checkpoint is damaged"
+            )
+        out[int(operator)] = tuple(tuple(ids) for ids in partitions)
+    return out
+
+
+def _commit_metadata(data: bytes, path: str) -> _CommitMetadata:
     lines = data.decode(errors="replace").splitlines()
     if not lines:
         raise SparkCheckpointError(f"{path} is empty: the checkpoint is damaged")
     _version(lines[0], path, "a commit log", COMMIT_LOG_VERSIONS)
     if len(lines) < 2 or not lines[1].strip():
-        return False
+        return _CommitMetadata()
     try:
-        meta = msgspec.json.decode(lines[1], type=_CommitMetadata)
+        return msgspec.json.decode(lines[1], type=_CommitMetadata)
     except msgspec.DecodeError as exc:
         raise SparkCheckpointError(f"{path} line 2 is not the commit metadata: {exc}") from exc
-    return bool(meta.state_unique_ids)
 
 
 def parse_offsets(data: bytes, path: str) -> SparkOffsets:
@@ -255,7 +291,8 @@ def parse_offsets(data: bytes, path: str) -> SparkOffsets:
     if meta.batch_timestamp_ms is not None:
         when = datetime.fromtimestamp(meta.batch_timestamp_ms / 1000, UTC)
         timestamp = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return SparkOffsets(version, timestamp, tuple(offsets), tuple(ids))
+    conf = {str(k): v if isinstance(v, str) else str(v) for k, v in (meta.conf or {}).items()}
+    return SparkOffsets(version, timestamp, tuple(offsets), tuple(ids), conf)
 
 
 def _shown(line: str) -> str:

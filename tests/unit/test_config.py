@@ -69,6 +69,7 @@ DEFAULTS = {
     "eventhubs_namespace": None,
     "eventhubs_consumer_group_template": "spark-{query_name}",
     "eventhubs_container": None,
+    "snapshot_root": None,
 }
 
 
@@ -149,6 +150,7 @@ def test_every_setting_is_named_after_its_field() -> None:
         ("SIDECAR_SHUTDOWN_GRACE_S", "30", "shutdown_grace_s", 30.0),
         ("SIDECAR_LOG_LEVEL", "debug", "log_level", "DEBUG"),
         ("SIDECAR_LOG_FORMAT", "JSON", "log_format", "json"),
+        ("SIDECAR_SNAPSHOT_ROOT", "/mnt/checkpoints", "snapshot_root", "/mnt/checkpoints"),
     ],
 )
 def test_environment_value_is_parsed(var: str, raw: str, field: str, expected: Any) -> None:
@@ -196,6 +198,8 @@ def test_invalid_override_is_named_by_its_flag() -> None:
         ("SIDECAR_SHUTDOWN_GRACE_S", "soon", "could not convert"),
         ("SIDECAR_LOG_LEVEL", "TRACE", "must be one of DEBUG, INFO, WARNING, ERROR"),
         ("SIDECAR_LOG_FORMAT", "logfmt", "must be one of text, json"),
+        ("SIDECAR_SNAPSHOT_ROOT", "abfss://c@a.dfs.core.windows.net/ck", "not read yet"),
+        ("SIDECAR_SNAPSHOT_ROOT", "checkpoints", "must be an absolute directory path"),
     ],
 )
 def test_invalid_value_is_refused_naming_the_variable(var: str, raw: str, fragment: str) -> None:
@@ -504,6 +508,7 @@ def test_settings_are_grouped_by_component_in_the_order_data_flows() -> None:
         "count_threshold",
         "kafka_bootstrap_servers",
         "eventhubs_namespace",
+        "snapshot_root",
         "metrics_host",
     ]
     kafka = next(names for title, names in groups.items() if title.startswith("Kafka"))

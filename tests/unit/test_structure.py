@@ -30,6 +30,7 @@ PACKAGES: dict[str, set[str]] = {
     "kafka": {"model", "telemetry"},
     "eventhubs": {"model", "telemetry"},  # the store through a protocol only
     "ops": {"wire", "model", "buffer", "store", "kafka"},
+    "snapshot": {"model"},
     "daemon": {"ingest", "flush", "kafka", "eventhubs", "ops", "buffer", "store", "telemetry"}
     | {"wire", "model"},
     "cli": {"daemon", "ops", "kafka", "eventhubs", "flush", "ingest", "store", "buffer"}
@@ -51,6 +52,7 @@ PURE_MODULES = {
     "flush.core",
     "flush.lease",
     "ingest.replies",
+    "snapshot.cut",
     "telemetry.logs",  # stdlib only: cli.main sets logging up without the daemon's extra
 }
 #: Third-party SDKs and the modules that may import them: each edge owns its SDK.

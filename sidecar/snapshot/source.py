@@ -1,0 +1,382 @@
+"""Where a checkpoint's files are read from: the reading side's I/O edge.
+
+A :class:`CheckpointSource` is one root holding query checkpoint locations. It answers five
+questions, and nothing above it touches the files another way:
+
+- :meth:`~CheckpointSource.locations`: each query's checkpoint location under the root — a
+  directory with a ``metadata`` file holding the query id (Spark writes ``{"id": …}`` there
+  when the query first starts). Found by a walk of bounded depth that does not descend into
+  a location once found, nor into ``state/``, ``_spark_metadata/`` or hidden directories.
+- :meth:`~CheckpointSource.listing`: every file of one location, as :class:`ListedFile`
+  (relative ``/``-separated path, size, and a stamp of this version of the file), what
+  :func:`~sidecar.snapshot.cut.cut_of` takes. A directory's own files are listed before its
+  subdirectories are walked: RocksDB uploads a snapshot's SST files before its ``.zip``, so a
+  ``.zip`` in the listing finds its SSTs listed after it (unless Spark deleted them since).
+- :meth:`~CheckpointSource.read`: one small file, whole (the few the cut parses); raises
+  ``FileNotFoundError`` when it is gone.
+- :meth:`~CheckpointSource.open`: a file for streaming, checked against its listing: opened
+  only if it still has the listed size and stamp, and checked again when its last byte was
+  read — a file Spark deleted, rewrote or replaced meanwhile raises :class:`FileChanged`, so
+  that snapshot fails cleanly and a later one (a new listing, a new cut) succeeds. Memory is
+  bounded by the chunk size whatever the file's size.
+- :meth:`~CheckpointSource.server_copy`: how the destination can copy the file itself, with
+  no bytes through the pod, or None. A local or shared volume (:class:`LocalSource`) has no
+  such way: its bytes are streamed.
+
+**Where the checkpoint is, next.** A checkpoint already on Azure storage (``abfss://``,
+``wasbs://``) is a source of the same shape: ``locations`` lists blob prefixes holding a
+``metadata`` blob, ``listing`` is a flat blob listing (path, size, the ETag as stamp),
+``read`` a blob download, ``open`` a ranged download with ``If-Match`` on the listed ETag
+(a rewritten blob answers 412: :class:`FileChanged`), and ``server_copy`` answers a
+:class:`ServerCopy` (the blob's URL and ETag) so the uploader copies it server-side (Put Block
+From URL with a source ``If-Match``) instead of streaming it. The cut, the uploader and the
+index do not change.
+
+Everything here runs its blocking calls in worker threads; nothing blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Literal, Protocol
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+import msgspec
+
+from sidecar.config import Config
+from sidecar.errors import SidecarError
+from sidecar.model.spark_dir import SparkCheckpointError, parse_query_metadata
+from sidecar.snapshot.cut import Cut, ListedFile, cut_of
+
+#: How deep under the root checkpoint locations are looked for (the root itself is depth 0):
+#: ``<root>/<app>/<query>`` is depth 2.
+MAX_LOCATION_DEPTH = 4
+#: Directory names never walked into while looking for locations: a checkpoint's state (its
+#: largest subtree), the file sink's log, hidden directories.
+SKIPPED_DIRS = frozenset({"state", "_spark_metadata"})
+#: A ``metadata`` file larger than this is not Spark's (``{"id":"<uuid>"}`` is 45 bytes).
+METADATA_MAX_BYTES = 4096
+#: The largest file :meth:`CheckpointSource.read` returns whole: the cut reads logs, operator
+#: metadata and RocksDB ``.zip`` files (a few KiB to a few MiB: MANIFEST, OPTIONS, metadata).
+SMALL_FILE_MAX_BYTES = 64 * 1024 * 1024
+#: Bytes read per chunk when a file is streamed: the copy's memory per file in flight.
+CHUNK_BYTES = 1024 * 1024
+
+
+class Location(msgspec.Struct, frozen=True):
+    """One query's checkpoint location under a source's root."""
+
+    #: Relative to the root, ``/``-separated; ``""`` is the root itself.
+    path: str
+    query_id: str
+
+
+class ServerCopy(msgspec.Struct, frozen=True):
+    """A file the destination can copy by itself: from ``url``, if it still has ``etag``."""
+
+    url: str
+    etag: str
+
+
+class SourceError(SidecarError):
+    """The source cannot be read (its root is missing, a file is too large to read whole)."""
+
+    def __init__(self, message: str, *, reason: Literal["unreadable", "too_large"]) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class FileChanged(SidecarError):
+    """A file is no longer the one listed: gone, rewritten or replaced. That copy fails; a
+    new listing and cut will do (Spark deletes and rewrites files as it runs)."""
+
+    retriable = True
+
+    def __init__(self, message: str, *, reason: Literal["gone", "changed"]) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class FileStream(Protocol):
+    """An open file, read in chunks; the last chunk comes only after the file was checked."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+
+class CheckpointSource(Protocol):
+    """A root holding Spark checkpoint locations (see the module's docstring)."""
+
+    async def locations(self) -> list[Location]:
+        """Every checkpoint location under the root, sorted by path.
+
+        Raises:
+            SourceError: the root cannot be read.
+        """
+        ...
+
+    async def listing(self, location: str) -> list[ListedFile]:
+        """Every file of ``location`` (a :attr:`Location.path`)."""
+        ...
+
+    async def read(self, location: str, path: str) -> bytes:
+        """One file of ``location`` whole.
+
+        Raises:
+            FileNotFoundError: it is gone.
+            SourceError: it is larger than :data:`SMALL_FILE_MAX_BYTES`.
+        """
+        ...
+
+    def open(self, location: str, file: ListedFile) -> AbstractAsyncContextManager[FileStream]:
+        """``file`` of ``location`` to stream, checked against its listing.
+
+        Raises:
+            FileChanged: when opened or after its last byte: it is gone or not as listed.
+        """
+        ...
+
+    def server_copy(self, location: str, file: ListedFile) -> ServerCopy | None:
+        """Where the destination can copy ``file`` from by itself; None: stream it."""
+        ...
+
+
+def configured_source(config: Config) -> CheckpointSource | None:
+    """The source ``SIDECAR_SNAPSHOT_ROOT`` names; None when it is unset (snapshots off)."""
+    return LocalSource(Path(config.snapshot_root)) if config.snapshot_root else None
+
+
+async def take_cut(source: CheckpointSource, location: str, batch: int) -> Cut:
+    """The cut of ``batch`` of the checkpoint at ``location``: listed, then cut (in a worker
+    thread, reading the few files it parses through ``source``).
+
+    Raises:
+        CutError: see :func:`~sidecar.snapshot.cut.cut_of` (a file gone since the listing is
+            ``missing_file``).
+        SourceError: the location cannot be listed, or a file the cut parses is too large.
+    """
+    listing = await source.listing(location)
+
+    def read(path: str) -> bytes:
+        return anyio.from_thread.run(source.read, location, path)
+
+    return await anyio.to_thread.run_sync(cut_of, listing, read, batch)
+
+
+def _relative(path: str) -> str:
+    """``path`` checked to stay below its location: relative, no ``..``, no empty part."""
+    parts = path.split("/")
+    if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"not a relative checkpoint path: {path!r}")
+    return path
+
+
+def _stamp(st: os.stat_result) -> str:
+    return f"{st.st_ino}:{st.st_mtime_ns}"
+
+
+class LocalSource:
+    """A checkpoint root on a local or shared (NFS, Azure Files) volume: ``SIDECAR_SNAPSHOT_ROOT``.
+
+    The stamp of a file is its inode and modification time: Spark writes each file to a
+    temporary name and renames it into place, so a rewrite is a new inode.
+    """
+
+    def __init__(
+        self, root: Path, *, max_depth: int = MAX_LOCATION_DEPTH, chunk_bytes: int = CHUNK_BYTES
+    ) -> None:
+        self.root = root
+        self.max_depth = max_depth
+        self.chunk_bytes = chunk_bytes
+
+    def _dir(self, location: str) -> Path:
+        return self.root / _relative(location) if location else self.root
+
+    async def locations(self) -> list[Location]:
+        return await anyio.to_thread.run_sync(self._locations)
+
+    def _locations(self) -> list[Location]:
+        if not self.root.is_dir():
+            raise SourceError(
+                f"the snapshot root {self.root} is not a directory: mount the checkpoint "
+                "volume there (read-only is enough) or set SIDECAR_SNAPSHOT_ROOT to where it is",
+                reason="unreadable",
+            )
+        found: list[Location] = []
+        pending: list[tuple[Path, str, int]] = [(self.root, "", 0)]
+        while pending:
+            directory, rel, depth = pending.pop()
+            try:
+                with os.scandir(directory) as entries:
+                    listed = list(entries)
+            except OSError:  # gone or not readable meanwhile: not a location
+                continue
+            query_id = self._query_id(listed, rel)
+            if query_id is not None:
+                found.append(Location(rel, query_id))
+                continue
+            if depth >= self.max_depth:
+                continue
+            for entry in listed:
+                if (
+                    entry.name.startswith(".")
+                    or entry.name in SKIPPED_DIRS
+                    or not entry.is_dir(follow_symlinks=False)
+                ):
+                    continue
+                pending.append((Path(entry.path), f"{rel}/{entry.name}".lstrip("/"), depth + 1))
+        return sorted(found, key=lambda loc: loc.path)
+
+    @staticmethod
+    def _query_id(entries: list[os.DirEntry[str]], rel: str) -> str | None:
+        for entry in entries:
+            if entry.name == "metadata" and entry.is_file(follow_symlinks=False):
+                try:
+                    with open(entry.path, "rb") as f:
+                        data = f.read(METADATA_MAX_BYTES + 1)
+                except OSError:
+                    return None
+                if len(data) > METADATA_MAX_BYTES:
+                    return None
+                try:
+                    return parse_query_metadata(data, rel or ".")
+                except SparkCheckpointError:
+                    return None
+        return None
+
+    async def listing(self, location: str) -> list[ListedFile]:
+        return await anyio.to_thread.run_sync(self._listing, self._dir(location))
+
+    @staticmethod
+    def _listing(top: Path) -> list[ListedFile]:
+        if not top.is_dir():
+            raise SourceError(
+                f"{top} is not a directory: the checkpoint location is gone or not mounted",
+                reason="unreadable",
+            )
+        out: list[ListedFile] = []
+        pending: list[tuple[Path, str]] = [(top, "")]
+        while pending:
+            directory, rel = pending.pop()
+            try:
+                with os.scandir(directory) as entries:
+                    listed = list(entries)
+            except FileNotFoundError:  # Spark removed it meanwhile
+                continue
+            subdirs = []
+            # A directory's files first, then its subdirectories (see the module docstring).
+            for entry in listed:
+                path = f"{rel}/{entry.name}" if rel else entry.name
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    out.append(ListedFile(path, st.st_size, _stamp(st)))
+                elif stat.S_ISDIR(st.st_mode):
+                    subdirs.append((Path(entry.path), path))
+            pending.extend(sorted(subdirs, reverse=True))
+        return out
+
+    async def read(self, location: str, path: str) -> bytes:
+        return await anyio.to_thread.run_sync(self._read, self._dir(location) / _relative(path))
+
+    @staticmethod
+    def _read(full: Path) -> bytes:
+        with open(full, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > SMALL_FILE_MAX_BYTES:
+                raise SourceError(
+                    f"{full} has {size} bytes, more than the {SMALL_FILE_MAX_BYTES} read whole "
+                    "for a cut: it is not a file Spark writes that small; is the checkpoint "
+                    "damaged?",
+                    reason="too_large",
+                )
+            return f.read()
+
+    @asynccontextmanager
+    async def open(self, location: str, file: ListedFile) -> AsyncIterator[FileStream]:
+        full = self._dir(location) / _relative(file.path)
+        fd = await anyio.to_thread.run_sync(_open_checked, full, file)
+        try:
+            yield _LocalStream(fd, full, file, self.chunk_bytes)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(os.close, fd)
+
+    def server_copy(self, location: str, file: ListedFile) -> ServerCopy | None:
+        return None
+
+
+def _open_checked(full: Path, file: ListedFile) -> int:
+    try:
+        fd = os.open(full, os.O_RDONLY)
+    except FileNotFoundError as exc:
+        raise FileChanged(
+            f"{file.path} is gone since it was listed (Spark deleted it): this copy fails; "
+            "the next snapshot lists the checkpoint again",
+            reason="gone",
+        ) from exc
+    try:
+        _check(os.fstat(fd), file, "when opened")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check(st: os.stat_result, file: ListedFile, when: str) -> None:
+    if st.st_size != file.size or _stamp(st) != file.stamp:
+        raise FileChanged(
+            f"{file.path} changed since it was listed ({when}: {st.st_size} bytes, stamp "
+            f"{_stamp(st)}; listed {file.size} bytes, stamp {file.stamp}): Spark rewrote or "
+            "replaced it; this copy fails, the next snapshot lists the checkpoint again",
+            reason="changed",
+        )
+
+
+class _LocalStream:
+    """Chunks of an open file up to its listed size; the file is checked again by path after
+    its last chunk was read (still there, same inode, size and mtime) before the iteration
+    ends, so a consumer that read every chunk without error holds the listed file."""
+
+    def __init__(self, fd: int, full: Path, file: ListedFile, chunk_bytes: int) -> None:
+        self.fd, self.full, self.file, self.chunk_bytes = fd, full, file, chunk_bytes
+        self.offset = 0
+        self.checked = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.offset >= self.file.size:
+            if not self.checked:
+                await anyio.to_thread.run_sync(self._check_after)
+                self.checked = True
+            raise StopAsyncIteration
+        want = min(self.chunk_bytes, self.file.size - self.offset)
+        chunk = await anyio.to_thread.run_sync(os.pread, self.fd, want, self.offset)
+        if not chunk:
+            raise FileChanged(
+                f"{self.file.path} ended after {self.offset} of its {self.file.size} listed "
+                "bytes: Spark rewrote it; this copy fails, the next snapshot lists it again",
+                reason="changed",
+            )
+        self.offset += len(chunk)
+        return chunk
+
+    def _check_after(self) -> None:
+        try:
+            st = os.stat(self.full)
+        except FileNotFoundError as exc:
+            raise FileChanged(
+                f"{self.file.path} was deleted while it was copied (Spark's retention or a "
+                "rewrite): this copy fails; the next snapshot lists the checkpoint again",
+                reason="gone",
+            ) from exc
+        _check(st, self.file, "after it was read")

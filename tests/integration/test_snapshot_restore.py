@@ -1,0 +1,356 @@
+"""The cut proven against real Spark: a query restarted from a copy of exactly the cut of
+batch M continues as if it had never stopped.
+
+Each query's every output is known in advance: a file source fed one known file per batch
+(``maxFilesPerTrigger`` 1, so each batch reads exactly its file), a count by key, or a
+stream-stream join of two such sources. The query runs to batch M; the cut of M is taken
+(while it runs: Spark's maintenance may upload or delete files meanwhile) and its files, and
+only those, are copied to a fresh directory; the query runs on to batch K, the reference.
+Then the copy is started on the same inputs: its batches must be exactly M+1..K, each
+output equal to the reference's and to the one computed here — counts continue from M's,
+join matches find rows that arrived before M.
+
+Stores: HDFS, RocksDB without and with changelog checkpointing, and (PySpark 4, ``spark4``)
+checkpoint format v2. Also: a cut of an older batch after later ones ran; a cut refused
+once Spark's maintenance deleted its files; a copy that fails when maintenance deletes a
+file under it, and the next cut and copy that succeed.
+
+One local SparkSession serves the run (``conftest.spark``: shuffle partitions are set per
+query here; the state store maintenance runs every 500 ms).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+
+from sidecar.snapshot.cut import Cut, CutError, Role
+from sidecar.snapshot.source import FileChanged, LocalSource, take_cut
+from tests.helpers import wait_for
+from tests.snapshots import copy_cut, snapshot_to
+
+pytestmark = pytest.mark.spark
+
+PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+FORMAT = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+
+#: Every query: few partitions, Spark's snapshots often (so cuts hold snapshots and deltas),
+#: the file source's log compacted every 3 entries (so cuts hold a compaction: 2.compact).
+COMMON = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.streaming.stateStore.minDeltasForSnapshot": "2",
+    "spark.sql.streaming.fileSource.log.compactInterval": "3",
+}
+STORES: dict[str, dict[str, str]] = {
+    "hdfs": {PROVIDER: HDFS},
+    "rocksdb": {PROVIDER: ROCKSDB, CHANGELOG: "false"},
+    "rocksdb-changelog": {PROVIDER: ROCKSDB, CHANGELOG: "true"},
+    "rocksdb-changelog-v2": {PROVIDER: ROCKSDB, CHANGELOG: "true", FORMAT: "2"},
+    "rocksdb-v2": {PROVIDER: ROCKSDB, CHANGELOG: "false", FORMAT: "2"},
+}
+V2 = pytest.mark.spark4  # checkpoint format v2: Spark 4
+
+Rows = list[tuple[Any, ...]]
+
+
+@contextmanager
+def spark_conf(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
+    """SQL settings for the queries started inside, unset after."""
+    for key, value in conf.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key in conf:
+            spark.conf.unset(key)
+
+
+# -- the queries and what they must output ------------------------------------------------
+
+
+def keys_of(batch: int) -> list[str]:
+    """The keys of batch ``batch``'s file (left side of the join): k0..k<b mod 5>."""
+    return [f"k{j}" for j in range(batch % 5 + 1)]
+
+
+def right_keys_of(batch: int) -> list[str]:
+    return [f"k{j}" for j in range(batch % 3, 5)]
+
+
+def expected_counts(batch: int) -> Rows:
+    """A count by key in update mode: each key of the batch with its count so far."""
+    return sorted((k, sum(k in keys_of(c) for c in range(batch + 1))) for k in keys_of(batch))
+
+
+def expected_join(batch: int) -> Rows:
+    """An inner join: every pair of a left and a right row with the same key whose later
+    row arrived in this batch."""
+    rows = []
+    for lb in range(batch + 1):
+        for rb in range(batch + 1):
+            if max(lb, rb) == batch:
+                rows += [(k, f"L{lb}", k, f"R{rb}") for k in keys_of(lb) if k in right_keys_of(rb)]
+    return sorted(rows)
+
+
+class Run:
+    """A streaming query over ``inputs`` checkpointed in ``checkpoint``; each batch's output is
+    written by Spark as JSON under ``checkpoint``'s sibling ``out-<name>/<batch>`` (read back
+    here without ``collect()``, whose socket PySpark 3.5 leaves unclosed)."""
+
+    def __init__(self, spark: SparkSession, kind: str, inputs: Path, checkpoint: Path) -> None:
+        self.kind = kind
+        self.out = checkpoint.with_name(f"out-{checkpoint.name}")
+        for side in ("left", "right"):
+            (inputs / side).mkdir(parents=True, exist_ok=True)
+        reader = spark.readStream.option("maxFilesPerTrigger", 1)
+        left = reader.schema("k string, v string").json(str(inputs / "left"))
+        df: DataFrame
+        if kind == "count":
+            df, mode = left.groupBy("k").count(), "update"
+        else:
+            right = reader.schema("k2 string, w string").json(str(inputs / "right"))
+            df, mode = left.join(right, F.expr("k = k2")), "append"
+        out = str(self.out)
+
+        def write(batch: DataFrame, batch_id: int) -> None:
+            batch.coalesce(1).write.mode("overwrite").json(f"{out}/{batch_id}")
+
+        self.query: StreamingQuery = (
+            df.writeStream.outputMode(mode)
+            .option("checkpointLocation", str(checkpoint))
+            .foreachBatch(write)
+            .start()
+        )
+
+    @property
+    def outputs(self) -> dict[int, Rows]:
+        """Each batch's output rows, sorted."""
+        columns = ("k", "count") if self.kind == "count" else ("k", "v", "k2", "w")
+        found: dict[int, Rows] = {}
+        for batch in self.out.iterdir() if self.out.is_dir() else ():
+            rows = [
+                json.loads(line)
+                for part in batch.glob("part-*")
+                for line in part.read_text().splitlines()
+            ]
+            found[int(batch.name)] = sorted(tuple(r[c] for c in columns) for r in rows)
+        return found
+
+    def drain(self) -> None:
+        self.query.processAllAvailable()
+        assert self.query.exception() is None
+
+    def stop(self) -> None:
+        self.query.stop()
+        assert self.query.exception() is None
+
+
+def feed(inputs: Path, kind: str, batch: int) -> None:
+    """Batch ``batch``'s input files (written once: the restored run reads the same ones)."""
+    left = inputs / "left" / f"{batch:04d}.json"
+    left.parent.mkdir(parents=True, exist_ok=True)
+    left.write_text("".join(json.dumps({"k": k, "v": f"L{batch}"}) + "\n" for k in keys_of(batch)))
+    if kind == "join":
+        right = inputs / "right" / f"{batch:04d}.json"
+        right.parent.mkdir(parents=True, exist_ok=True)
+        rows = right_keys_of(batch)
+        right.write_text("".join(json.dumps({"k2": k, "w": f"R{batch}"}) + "\n" for k in rows))
+
+
+def expected(kind: str, batch: int) -> Rows:
+    return expected_counts(batch) if kind == "count" else expected_join(batch)
+
+
+def store_dirs(checkpoint: Path) -> list[Path]:
+    """Every state store's directory (a join: four per partition)."""
+    found = set()
+    for f in (checkpoint / "state").rglob("*"):
+        if f.suffix in (".delta", ".snapshot", ".zip", ".changelog"):
+            found.add(f.parent)
+    return sorted(found)
+
+
+def has_snapshot_at_most(store: Path, version: int) -> bool:
+    return any(
+        f.suffix in (".snapshot", ".zip") and int(f.name.split(".")[0].split("_")[0]) <= version
+        for f in store.iterdir()
+    )
+
+
+def spark_snapshotted(checkpoint: Path, version: int) -> bool:
+    """Every store has a snapshot (HDFS ``.snapshot``, RocksDB ``.zip``) at or below
+    ``version``: written by Spark's maintenance, asynchronously."""
+    stores = store_dirs(checkpoint)
+    return bool(stores) and all(has_snapshot_at_most(s, version) for s in stores)
+
+
+def restored_outputs(spark: SparkSession, kind: str, inputs: Path, copy: Path) -> dict[int, Rows]:
+    run = Run(spark, kind, inputs, copy)
+    try:
+        run.drain()
+    finally:
+        run.stop()
+    return run.outputs
+
+
+def assert_cut_shape(cut: Cut, store: str, kind: str, batch: int) -> None:
+    """The cut holds what the store's rules say (so each test exercises them)."""
+    roles = {f.role for f in cut.files}
+    stores_per_partition = 1 if kind == "count" else 4
+    assert len(cut.stores) == 2 * stores_per_partition
+    assert {s.version for s in cut.stores} == {batch + 1}
+    assert cut.checkpoint_format == (2 if store.endswith("v2") else 1)
+    if store == "hdfs":
+        assert Role.DELTA in roles or Role.SNAPSHOT in roles
+        assert all(s.provider == "hdfs" for s in cut.stores)
+    else:
+        assert all(s.provider == "rocksdb" for s in cut.stores)
+        assert {Role.ZIP, Role.SST} <= roles or Role.CHANGELOG in roles
+    if "changelog" not in store and store != "hdfs":  # a zip for every version: no replay
+        assert all(s.base == batch + 1 and s.replayed == 0 for s in cut.stores)
+    assert not [f for f in cut.files if f.path.endswith((".crc", ".tmp"))]
+    assert cut.ignored == ()
+    log = [
+        f.path for f in cut.files if f.role == Role.SOURCE_LOG and f.path.startswith("sources/0/")
+    ]
+    assert log == [f"sources/0/{b}" + (".compact" if b == 2 else "") for b in range(batch + 1)]
+
+
+# -- the proof ----------------------------------------------------------------------------
+
+
+#: (query, store): the count with every store; the join (four stores per partition) with
+#: HDFS and RocksDB with changelogs, whose files it multiplies.
+SCENARIOS = [
+    ("count", "hdfs"),
+    ("count", "rocksdb"),
+    ("count", "rocksdb-changelog"),
+    pytest.param("count", "rocksdb-changelog-v2", marks=V2),
+    pytest.param("count", "rocksdb-v2", marks=V2),
+    ("join", "hdfs"),
+    ("join", "rocksdb-changelog"),
+    pytest.param("join", "rocksdb-changelog-v2", marks=V2),
+]
+
+
+@pytest.mark.parametrize(("kind", "store"), SCENARIOS)
+def test_a_query_restarted_from_a_cut_continues_as_the_original(
+    spark: SparkSession, tmp_path: Path, store: str, kind: str
+) -> None:
+    """The cut of batch M, taken as M is committed, and (a count) the cut of an older batch
+    taken after later ones ran: each copy, restarted alone, runs the original's next batches."""
+    m, k, older = 3, 6, 1
+    inputs, checkpoint = tmp_path / "in", tmp_path / "ck"
+    copies = {m: tmp_path / "copy", older: tmp_path / "copy-older"}
+    cuts = {}
+    with spark_conf(spark, COMMON | STORES[store]):
+        run = Run(spark, kind, inputs, checkpoint)
+        try:
+            for batch in range(k + 1):
+                feed(inputs, kind, batch)
+                run.drain()
+                if batch == m:
+                    if store not in ("rocksdb", "rocksdb-v2"):
+                        # a snapshot by Spark's maintenance, so the cut has a base and the
+                        # deltas or changelogs after it (not all of them from version 1)
+                        wait_for(lambda: spark_snapshotted(checkpoint, m + 1), 30, "a snapshot")
+                    cuts[m] = snapshot_to(checkpoint, m, copies[m])
+            if kind == "count":  # Spark still keeps the files of batch 1
+                cuts[older] = snapshot_to(checkpoint, older, copies[older])
+        finally:
+            run.stop()
+        assert run.outputs == {b: expected(kind, b) for b in range(k + 1)}
+        shutil.rmtree(checkpoint)  # each copy stands alone
+        for batch, cut in cuts.items():
+            assert_cut_shape(cut, store, kind, batch)
+            assert files_under(copies[batch]) == [f.path for f in cut.files]
+        assert any(s.base > 0 for s in cuts[m].stores)
+
+        for batch in cuts:
+            restored = restored_outputs(spark, kind, inputs, copies[batch])
+            assert sorted(restored) == list(range(batch + 1, k + 1)), "it resumes at the next"
+            for b in range(batch + 1, k + 1):
+                assert restored[b] == run.outputs[b] == expected(kind, b), f"batch {b}"
+
+
+def files_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def cut_now(checkpoint: Path, batch: int) -> Cut:
+    return anyio.run(take_cut, LocalSource(checkpoint), "", batch)
+
+
+def copy_now(checkpoint: Path, cut: Cut, dest: Path) -> None:
+    anyio.run(copy_cut, LocalSource(checkpoint), "", cut, dest)
+
+
+@pytest.mark.parametrize("store", ["hdfs", "rocksdb-changelog"])
+def test_maintenance_deleting_files_refuses_old_cuts_and_fails_a_copy_under_way(
+    spark: SparkSession, tmp_path: Path, store: str
+) -> None:
+    """Spark keeps 2 batches: a cut of batch 1 works at first; once maintenance deleted its
+    files, it is refused (``missing_file``); a copy of a cut whose files maintenance deletes
+    meanwhile fails (``FileChanged``), and the next cut and copy succeed."""
+    inputs, checkpoint = tmp_path / "in", tmp_path / "ck"
+    conf = COMMON | STORES[store] | {"spark.sql.streaming.minBatchesToRetain": "2"}
+    conf["spark.sql.streaming.stateStore.minDeltasForSnapshot"] = "1"
+    with spark_conf(spark, conf):
+        run = Run(spark, "count", inputs, checkpoint)
+        try:
+            for batch in range(3):
+                feed(inputs, "count", batch)
+                run.drain()
+            early = cut_now(checkpoint, 1)  # retained: fine
+            assert {s.version for s in early.stores} == {2}
+            for batch in range(3, 7):
+                feed(inputs, "count", batch)
+                run.drain()
+            state_of_early = [
+                checkpoint / f.path for f in early.files if f.path.startswith("state/")
+            ]
+            wait_for(
+                lambda: any(not p.exists() for p in state_of_early),
+                30,
+                "maintenance to delete the state files of batch 1",
+            )
+            with pytest.raises(CutError) as caught:
+                cut_now(checkpoint, 1)
+            assert caught.value.reason == "missing_file"
+
+            # a cut taken now, copied after Spark ran on and its maintenance deleted a file
+            latest = cut_now(checkpoint, 6)
+            latest_state = [
+                checkpoint / f.path for f in latest.files if f.path.startswith("state/")
+            ]
+            for batch in range(7, 11):
+                feed(inputs, "count", batch)
+                run.drain()
+            wait_for(lambda: any(not p.exists() for p in latest_state), 30, "maintenance to delete")
+            with pytest.raises(FileChanged) as changed:
+                copy_now(checkpoint, latest, tmp_path / "failed-copy")
+            assert changed.value.reason == "gone"
+            snapshot_to(checkpoint, 10, tmp_path / "copy")  # the next one succeeds
+        finally:
+            run.stop()
+        restored = Run(spark, "count", inputs, tmp_path / "copy")
+        try:
+            feed(inputs, "count", 11)
+            restored.drain()
+        finally:
+            restored.stop()
+    assert restored.outputs == {11: expected_counts(11)}

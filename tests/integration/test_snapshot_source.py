@@ -1,0 +1,223 @@
+"""The reading side's I/O edge on a real directory (sidecar/snapshot/source.py): locations
+under a root, listings, small reads, and streams that fail cleanly when Spark deletes or
+rewrites a file mid-copy. Async tests run under blockbuster: a blocking call of the source
+on the event loop fails them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+from sidecar.config import Config
+from sidecar.snapshot import source as source_module
+from sidecar.snapshot.cut import ListedFile, Role
+from sidecar.snapshot.source import (
+    FileChanged,
+    LocalSource,
+    Location,
+    SourceError,
+    configured_source,
+    take_cut,
+)
+from tests.snapshots import copy_cut
+
+QUERY_A = "11111111-1111-1111-1111-111111111111"
+QUERY_B = "22222222-2222-2222-2222-222222222222"
+
+
+def write(path: Path, data: bytes | str = b"x") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def checkpoint(path: Path, query_id: str, batches: int = 3) -> None:
+    """A small stateful checkpoint: logs, a file source's log, an HDFS store's deltas."""
+    write(path / "metadata", json.dumps({"id": query_id}))
+    write(path / ".metadata.crc")
+    for b in range(batches):
+        conf = {"spark.sql.streaming.stateStore.providerClass": "x.HDFSBackedStateStoreProvider"}
+        offsets = f"v1\n{json.dumps({'conf': conf})}\n{json.dumps({'logOffset': b})}"
+        write(path / "offsets" / str(b), offsets)
+        write(path / "commits" / str(b), 'v1\n{"nextBatchWatermarkMs":0}')
+        write(path / "sources" / "0" / str(b), "v1\n{}")
+        write(path / "state" / "0" / "0" / f"{b + 1}.delta", b"d" * (b + 10))
+
+
+def files_of(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def stamp_of(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_ino}:{st.st_mtime_ns}"
+
+
+def same_bytes(a: Path, b: Path) -> bool:
+    return a.read_bytes() == b.read_bytes()
+
+
+async def test_locations_are_found_by_their_metadata_within_the_depth(tmp_path: Path) -> None:
+    checkpoint(tmp_path / "app1" / "orders", QUERY_A)
+    checkpoint(tmp_path / "app2" / "team" / "payments", QUERY_B)
+    checkpoint(tmp_path / "app1" / "orders" / "nested", "33333333-3333-3333-3333-333333333333")
+    checkpoint(tmp_path / "app3" / "state" / "looks-like-one", QUERY_B)  # state/ is skipped
+    checkpoint(tmp_path / ".trash" / "old", QUERY_B)  # hidden: skipped
+    checkpoint(tmp_path / "a" / "b" / "c" / "d" / "too-deep", QUERY_B)  # depth 5
+    write(tmp_path / "other" / "metadata", "not a Spark checkpoint")  # walked past
+    checkpoint(tmp_path / "other" / "inside", QUERY_A)  # the same query copied: both found
+    found = await LocalSource(tmp_path).locations()
+    assert found == [
+        Location("app1/orders", QUERY_A),
+        Location("app2/team/payments", QUERY_B),
+        Location("other/inside", QUERY_A),
+    ]
+    assert await LocalSource(tmp_path / "app1" / "orders").locations() == [Location("", QUERY_A)]
+    with pytest.raises(SourceError) as caught:
+        await LocalSource(tmp_path / "missing").locations()
+    assert "SIDECAR_SNAPSHOT_ROOT" in str(caught.value)
+
+
+async def test_a_listing_has_every_file_and_a_directorys_files_before_its_subdirectories(
+    tmp_path: Path,
+) -> None:
+    checkpoint(tmp_path, QUERY_A)
+    write(tmp_path / "state" / "0" / "0" / "3.zip")
+    write(tmp_path / "state" / "0" / "0" / "SSTs" / "000008-u.sst", b"s" * 7)
+    listing = await LocalSource(tmp_path).listing("")
+    paths = [f.path for f in listing]
+    assert sorted(paths) == files_of(tmp_path)
+    assert paths.index("state/0/0/3.zip") < paths.index("state/0/0/SSTs/000008-u.sst")
+    sst = next(f for f in listing if f.path.endswith(".sst"))
+    assert (sst.size, sst.stamp) == (7, stamp_of(tmp_path / sst.path))
+    with pytest.raises(SourceError):
+        await LocalSource(tmp_path).listing("no/such/location")
+
+
+async def test_small_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    checkpoint(tmp_path / "q", QUERY_A)
+    source = LocalSource(tmp_path)
+    assert await source.read("q", "commits/1") == b'v1\n{"nextBatchWatermarkMs":0}'
+    with pytest.raises(FileNotFoundError):
+        await source.read("q", "commits/9")
+    for bad in ("../q/metadata", "/etc/passwd", "commits//1"):
+        with pytest.raises(ValueError):
+            await source.read("q", bad)
+    monkeypatch.setattr(source_module, "SMALL_FILE_MAX_BYTES", 10)
+    with pytest.raises(SourceError) as caught:
+        await source.read("q", "offsets/1")
+    assert caught.value.reason == "too_large"
+
+
+async def test_a_cut_taken_and_copied_through_the_source(tmp_path: Path) -> None:
+    checkpoint(tmp_path / "ck", QUERY_A, batches=4)
+    source = LocalSource(tmp_path / "ck", chunk_bytes=3)
+    cut = await take_cut(source, "", 2)
+    assert [f.path for f in cut.files if f.role == Role.DELTA] == [
+        "state/0/0/1.delta",
+        "state/0/0/2.delta",
+        "state/0/0/3.delta",
+    ]
+    await copy_cut(source, "", cut, tmp_path / "copy")
+    assert files_of(tmp_path / "copy") == [f.path for f in cut.files]
+    for f in cut.files:
+        assert same_bytes(tmp_path / "copy" / f.path, tmp_path / "ck" / f.path)
+
+
+async def read_all(source: LocalSource, file: ListedFile, after_first: object = None) -> bytes:
+    """Stream ``file``; ``after_first`` (a callable) runs once the first chunk arrived."""
+    out = b""
+    async with source.open("", file) as stream:
+        async for chunk in stream:
+            if not out and callable(after_first):
+                await anyio.to_thread.run_sync(after_first)
+            out += chunk
+    return out
+
+
+async def listed(source: LocalSource, path: str) -> ListedFile:
+    return next(f for f in await source.listing("") if f.path == path)
+
+
+async def test_a_stream_gives_the_listed_bytes_in_bounded_chunks(tmp_path: Path) -> None:
+    write(tmp_path / "state" / "5.delta", bytes(range(256)) * 4)
+    source = LocalSource(tmp_path, chunk_bytes=100)
+    file = await listed(source, "state/5.delta")
+    chunks = []
+    async with source.open("", file) as stream:
+        async for chunk in stream:
+            chunks.append(chunk)
+    assert b"".join(chunks) == bytes(range(256)) * 4
+    assert max(len(c) for c in chunks) == 100 and len(chunks) == 11
+    write(tmp_path / "empty")
+    (tmp_path / "empty").write_bytes(b"")
+    assert await read_all(source, await listed(source, "empty")) == b""
+
+
+async def test_a_file_changed_or_gone_before_it_is_opened_fails_the_copy(tmp_path: Path) -> None:
+    write(tmp_path / "7.zip", b"old zip")
+    source = LocalSource(tmp_path)
+    file = await listed(source, "7.zip")
+    # Spark's createAtomic: a new file renamed over the old one (same size, new inode)
+    write(tmp_path / ".7.zip.tmp", b"new zip")
+    os.replace(tmp_path / ".7.zip.tmp", tmp_path / "7.zip")
+    with pytest.raises(FileChanged) as caught:
+        await read_all(source, file)
+    assert caught.value.reason == "changed" and caught.value.retriable
+    os.remove(tmp_path / "7.zip")
+    with pytest.raises(FileChanged) as caught:
+        await read_all(source, file)
+    assert caught.value.reason == "gone"
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced", "appended"])
+async def test_a_file_changed_mid_copy_fails_it_and_the_next_copy_succeeds(
+    tmp_path: Path, how: str
+) -> None:
+    ck = tmp_path / "ck"
+    checkpoint(ck, QUERY_A, batches=4)
+    target = ck / "state" / "0" / "0" / "2.delta"
+    write(target, b"D" * 50)
+    source = LocalSource(ck, chunk_bytes=8)
+    cut = await take_cut(source, "", 2)
+
+    def meddle() -> None:  # what Spark's maintenance or a re-run does under the copy
+        if how == "deleted":
+            os.remove(target)
+        elif how == "replaced":
+            write(target.with_name(".2.delta.tmp"), b"E" * 50)
+            os.replace(target.with_name(".2.delta.tmp"), target)
+        else:
+            with open(target, "ab") as f:
+                f.write(b"more")
+
+    file = next(f for f in cut.files if f.path == "state/0/0/2.delta")
+    with pytest.raises(FileChanged) as caught:
+        await read_all(source, file.listed, after_first=meddle)
+    assert caught.value.reason == ("gone" if how == "deleted" else "changed")
+    if how == "deleted":  # the next cut sees the file is missing: refused, nothing copied
+        write(target, b"D" * 50)  # (Spark would have moved on to a newer batch)
+    cut = await take_cut(source, "", 2)
+    await copy_cut(source, "", cut, tmp_path / "copy")
+    assert same_bytes(tmp_path / "copy" / "state/0/0/2.delta", target)
+
+
+async def test_the_copy_of_a_cut_fails_when_a_file_is_deleted_under_it(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    checkpoint(ck, QUERY_A, batches=4)
+    source = LocalSource(ck)
+    cut = await take_cut(source, "", 3)
+    os.remove(ck / "state" / "0" / "0" / "4.delta")
+    with pytest.raises(FileChanged):
+        await copy_cut(source, "", cut, tmp_path / "copy")
+
+
+def test_the_source_is_configured_by_the_snapshot_root(tmp_path: Path) -> None:
+    assert configured_source(Config.from_env({})) is None
+    made = configured_source(Config.from_env({"SIDECAR_SNAPSHOT_ROOT": str(tmp_path)}))
+    assert isinstance(made, LocalSource) and made.root == tmp_path
+    assert made.server_copy("", ListedFile("metadata", 1, "")) is None
