@@ -385,6 +385,35 @@ def test_a_connection_closed_without_a_reply_is_resent_with_only_the_newest_batc
     assert (stats.offered, stats.conflated, stats.failed) == (2, 1, 0)
 
 
+def test_one_listener_releasing_does_not_hold_up_another_listeners_acquire(
+    harness_classpath: str, short_tmp: Path
+) -> None:
+    """Two users of one sender (two Spark Connect sessions' listeners), an update that no
+    daemon answers: one user's release waits up to a minute for its flush. Meanwhile another
+    session's listener is created (a sender for another endpoint): it must not wait for that
+    flush (it did, for the whole timeout, while release flushed under the registry's lock)."""
+    client = JavaClient(
+        harness_classpath, {"socketPath": str(short_tmp / "absent.sock")}, short_tmp / "j.log"
+    )
+    try:
+        assert client.call("acquire") == "ok"
+        client.offer(QID, payload(1))
+        assert client.call("release-async 60000") == "releasing"
+        answers: list[str] = []
+
+        def acquire_other() -> None:
+            try:
+                answers.append(client.call(f"acquire-other {short_tmp / 'o.sock'}"))
+            except AssertionError:  # the JVM was killed at the end of a failed test
+                pass
+
+        threading.Thread(target=acquire_other, daemon=True).start()
+        wait_for(lambda: answers, 15, "the other listener's acquire, while the release flushes")
+        assert answers == ["acquired"]
+    finally:
+        client.release()
+
+
 # --- the real daemon ------------------------------------------------------------------------
 
 

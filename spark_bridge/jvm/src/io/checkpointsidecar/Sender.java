@@ -29,8 +29,8 @@ import org.slf4j.LoggerFactory;
  * </pre>
  *
  * <p>Invariants: only the I/O thread touches the channel (others ask it to stop through
- * {@link Slots#close} and {@link Selector#wakeup()}); no lock is held across I/O (the slots'
- * lock is taken only inside {@link Slots}).
+ * {@link Slots#close} and {@link Selector#wakeup()}); no lock is held across I/O or a wait for
+ * it (the slots' lock is taken only inside {@link Slots}; the registry's only to count users).
  *
  * <p>One sender per endpoint is shared by every listener in the JVM ({@link #acquire}), so a
  * Spark Connect server, which builds one listener per client session, keeps one connection.
@@ -62,12 +62,19 @@ final class Sender {
     }
   }
 
-  /** Drop one user; the last one flushes (bounded by {@code timeoutMs}) and stops the thread. */
+  /**
+   * Drop one user; the last one flushes (bounded by {@code timeoutMs}) and stops the thread.
+   * The registry's lock is held only to count users: every other listener's {@link #acquire}
+   * and release go on while this one waits for its flush (a Spark Connect session closing
+   * while the daemon is slow must not hold up the other sessions' listeners).
+   */
   boolean release(long timeoutMs) {
+    boolean last;
     synchronized (SHARED) {
-      if (--users > 0) return flush(timeoutMs);
-      SHARED.remove(endpoint);
+      last = --users == 0;
+      if (last) SHARED.remove(endpoint);
     }
+    if (!last) return flush(timeoutMs);
     boolean delivered = close(timeoutMs);
     try {
       Runtime.getRuntime().removeShutdownHook(shutdownHook);
