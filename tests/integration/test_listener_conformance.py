@@ -12,6 +12,7 @@ pure-protocol side); the tests at the end run the same clients against the real 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,7 +28,14 @@ import pytest
 
 import spark_bridge
 import spark_bridge.sender as python_sender
-from sidecar.wire.protocol import CLOSING_CODES, RETRIABLE_CODES
+from sidecar.wire import endpoint
+from sidecar.wire.protocol import (
+    AUTH_ID,
+    CLOSING_CODES,
+    RETRIABLE_CODES,
+    Authenticated,
+    ServerConnection,
+)
 from spark_bridge.handle import SenderStats
 from tests.helpers import wait_for
 from tests.services import REPO_ROOT, DaemonProcess, free_port
@@ -402,10 +410,9 @@ def test_one_listener_releasing_does_not_hold_up_another_listeners_acquire(
         answers: list[str] = []
 
         def acquire_other() -> None:
-            try:
+            # AssertionError: the JVM was killed at the end of a failed test.
+            with contextlib.suppress(AssertionError):
                 answers.append(client.call(f"acquire-other {short_tmp / 'o.sock'}"))
-            except AssertionError:  # the JVM was killed at the end of a failed test
-                pass
 
         threading.Thread(target=acquire_other, daemon=True).start()
         wait_for(lambda: answers, 15, "the other listener's acquire, while the release flushes")
@@ -495,7 +502,32 @@ def test_an_update_over_the_daemons_frame_limit_fails_alone(
     assert client.stats().retried == retried
 
 
-def test_the_jvm_sender_speaks_loopback_tcp_when_told_to(
+def test_the_jvm_sender_speaks_loopback_tcp_with_the_published_token(
+    harness_classpath: str,
+    daemon_env: dict[str, str],
+    procs: list[DaemonProcess],
+    short_tmp: Path,
+) -> None:
+    """What a JVM without Unix sockets does (forced here on Java 17 with transport=tcp): the
+    port and the token from the endpoint file beside the socket, the daemon on its defaults."""
+    daemon = DaemonProcess(daemon_env, short_tmp / "d.log")
+    procs.append(daemon)
+    daemon.start()
+    sock = daemon_env["SIDECAR_SOCKET_PATH"]
+    client = JavaClient(
+        harness_classpath, {"transport": "tcp", "socketPath": sock}, short_tmp / "j.log"
+    )
+    try:
+        client.offer(QID, payload(3))
+        assert client.flush(10)
+        stats = json.loads(client.call("stats"))
+        assert stats["endpoint"] == f"tcp:{sock}.tcp" and stats["failed"] == 0
+    finally:
+        client.close(1)
+    assert spark_bridge.load_checkpoint(QID, sock)["batch_id"] == 3
+
+
+def test_a_fixed_tcp_port_takes_the_token_from_the_endpoint_file(
     harness_classpath: str,
     daemon_env: dict[str, str],
     procs: list[DaemonProcess],
@@ -505,18 +537,103 @@ def test_the_jvm_sender_speaks_loopback_tcp_when_told_to(
     daemon = DaemonProcess({**daemon_env, "SIDECAR_TCP_PORT": str(port)}, short_tmp / "d.log")
     procs.append(daemon)
     daemon.start()
-    client = JavaClient(
-        harness_classpath,
-        {"transport": "tcp", "tcpPort": str(port), "socketPath": "/nonexistent"},
-        short_tmp / "j.log",
-    )
+    sock = daemon_env["SIDECAR_SOCKET_PATH"]
+    settings = {"transport": "tcp", "tcpPort": str(port), "socketPath": sock}
+    client = JavaClient(harness_classpath, settings, short_tmp / "j.log")
     try:
-        client.offer(QID, payload(3))
+        client.offer(QID, payload(4))
         assert client.flush(10)
         assert json.loads(client.call("stats"))["endpoint"] == f"tcp:127.0.0.1:{port}"
     finally:
         client.close(1)
-    assert spark_bridge.load_checkpoint(QID, daemon_env["SIDECAR_SOCKET_PATH"])["batch_id"] == 3
+    assert spark_bridge.load_checkpoint(QID, sock)["batch_id"] == 4
+
+
+def test_a_refused_token_is_retried_with_the_endpoint_file_read_again(
+    harness_classpath: str,
+    daemon_env: dict[str, str],
+    procs: list[DaemonProcess],
+    short_tmp: Path,
+) -> None:
+    """A file whose token the daemon refuses (another daemon's, from before a restart): the
+    listener is refused, keeps the update, and delivers it once the file is right."""
+    daemon = DaemonProcess(daemon_env, short_tmp / "d.log")
+    procs.append(daemon)
+    daemon.start()
+    sock = daemon_env["SIDECAR_SOCKET_PATH"]
+    published = Path(endpoint.path_for(sock))
+    right = published.read_bytes()
+    found = endpoint.decode(right)
+    wrong = endpoint.Endpoint(found.host, found.port, "another-daemons-token", found.pid)
+    published.write_bytes(endpoint.encode(wrong))
+    client = JavaClient(
+        harness_classpath, {"transport": "tcp", "socketPath": sock}, short_tmp / "j.log"
+    )
+    try:
+        client.offer(QID, payload(5))
+        wait_for(lambda: client.stats().retried >= 2, 10, "refused attempts")
+        stats = client.stats()
+        assert stats.pending == 1 and stats.sent == 0 and stats.failed == 0
+        assert stats.last_error is not None and "refused the token" in stats.last_error
+        published.write_bytes(right)
+        assert client.flush(10)
+    finally:
+        client.close(1)
+    assert "unauthenticated" in daemon.log()
+    assert spark_bridge.load_checkpoint(QID, sock)["batch_id"] == 5
+
+
+def test_a_crashed_daemons_endpoint_file_does_not_mislead_the_listener(
+    harness_classpath: str,
+    daemon_env: dict[str, str],
+    procs: list[DaemonProcess],
+    short_tmp: Path,
+) -> None:
+    """kill -9 leaves the endpoint file naming a port nobody answers: the listener retries
+    with backoff, and delivers to the restarted daemon (a new port, a new token)."""
+    daemon = DaemonProcess(daemon_env, short_tmp / "d.log")
+    procs.append(daemon)
+    daemon.start()
+    sock = daemon_env["SIDECAR_SOCKET_PATH"]
+    client = JavaClient(
+        harness_classpath,
+        {"transport": "tcp", "socketPath": sock, "backoffMaxMs": "200"},
+        short_tmp / "j.log",
+    )
+    try:
+        client.offer(QID, payload(1))
+        assert client.flush(10)
+        stale = endpoint.decode(Path(endpoint.path_for(sock)).read_bytes())
+        daemon.signal(signal.SIGKILL)
+        daemon.wait()
+        assert Path(endpoint.path_for(sock)).exists()  # left behind
+        client.offer(QID, payload(2))
+        wait_for(lambda: client.stats().retried >= 2, 10, "failed attempts")
+        restarted = DaemonProcess(daemon_env, short_tmp / "d2.log")
+        procs.append(restarted)
+        restarted.start()
+        fresh = endpoint.decode(Path(endpoint.path_for(sock)).read_bytes())
+        assert fresh.token != stale.token
+        assert client.flush(20)
+        assert client.stats().failed == 0
+    finally:
+        client.close(1)
+    assert spark_bridge.load_checkpoint(QID, sock)["batch_id"] == 2
+
+
+def test_the_jvm_auth_frame_and_endpoint_file_are_the_protocols(
+    harness_classpath: str, short_tmp: Path
+) -> None:
+    client = JavaClient(harness_classpath, {"socketPath": "/nonexistent"}, short_tmp / "j.log")
+    try:
+        token = endpoint.new_token()
+        frame = client.call(f"authframe {token}").encode() + b"\n"
+        conn = ServerConnection(auth_token=token)
+        assert conn.receive_data(frame) == [Authenticated(AUTH_ID)] and conn.authenticated
+        assert client.call("endpointfile /run/x/s.sock") == endpoint.path_for("/run/x/s.sock")
+        assert client.call("route") == "unix:/nonexistent"  # Java 17: the Unix socket
+    finally:
+        client.close(0.1)
 
 
 @pytest.mark.parametrize(
@@ -524,7 +641,6 @@ def test_the_jvm_sender_speaks_loopback_tcp_when_told_to(
     [
         ("tcpPort=http", "spark.checkpointSidecar.tcpPort=http: not a whole number"),
         ("transport=udp", "spark.checkpointSidecar.transport=udp: use auto, unix or tcp"),
-        ("transport=tcp", "transport=tcp needs spark.checkpointSidecar.tcpPort"),
         ("tcpHost=10.0.0.1", "loopback only"),
         ("sockePath=/x", "unknown setting spark.checkpointSidecar.sockePath"),
     ],

@@ -16,7 +16,9 @@ import java.util.Map;
  * <p>Arguments: settings as {@code key=value} (keys of {@link Settings}, no prefix). Commands on
  * stdin, one reply line each on stdout: {@code offer QUERY JSON} → {@code ok}; {@code flush MS},
  * {@code await QUERY MS}, {@code close MS} → {@code true|false}; {@code stats} → the stats JSON;
- * {@code retriable}, {@code closing} → those error codes, sorted, comma-separated.
+ * {@code retriable}, {@code closing} → those error codes, sorted, comma-separated; {@code
+ * authframe TOKEN} → the auth request line; {@code endpointfile SOCKET} → the endpoint file's
+ * path; {@code route} → where the sender connects.
  *
  * <p>For the shared registry ({@link Sender#acquire}): {@code acquire} adds a user of the same
  * sender → {@code ok}; {@code release-async MS} starts a thread that releases one user (flushing
@@ -57,6 +59,15 @@ final class SenderHarness {
           break;
         case "closing":
           reply(sorted(Wire.CLOSING));
+          break;
+        case "authframe":
+          reply(new String(Wire.authRequest(w[1]), StandardCharsets.UTF_8).trim());
+          break;
+        case "endpointfile":
+          reply(Endpoint.fileFor(w[1]));
+          break;
+        case "route":
+          reply(settings.route().toString());
           break;
         case "acquire":
           Sender.acquire(settings);
