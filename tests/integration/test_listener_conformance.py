@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,7 +37,8 @@ from sidecar.wire.protocol import (
 )
 from spark_bridge.handle import SenderStats
 from tests.helpers import wait_for
-from tests.services import REPO_ROOT, DaemonProcess, free_port
+from tests.jvmharness import JavaClient
+from tests.services import DaemonProcess, free_port
 from tests.sparkshapes import kafka_progress
 
 QID = "5e1d0000-0000-4000-8000-000000000001"
@@ -58,65 +58,6 @@ class Client(Protocol):
     def close(self, timeout_s: float) -> bool: ...
 
 
-class JavaClient:
-    """The JVM sender in a child JVM (no Spark), one command per line."""
-
-    def __init__(self, classpath: str, settings: dict[str, str], log_path: Path) -> None:
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            [
-                "java",
-                "-cp",
-                classpath,
-                "io.checkpointsidecar.SenderHarness",
-                *(f"{k}={v}" for k, v in settings.items()),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-            bufsize=1,
-        )
-
-    def call(self, line: str) -> str:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        answer = self.proc.stdout.readline()
-        if not answer:
-            raise AssertionError(f"the harness exited with {self.proc.wait(5)}")
-        return answer.strip()
-
-    def offer(self, query_id: str, data: bytes) -> None:
-        assert self.call(f"offer {query_id} {data.decode()}") == "ok"
-
-    def flush(self, timeout_s: float) -> bool:
-        return self.call(f"flush {int(timeout_s * 1000)}") == "true"
-
-    def stats(self) -> SenderStats:
-        return SenderStats.from_mapping(json.loads(self.call("stats")))
-
-    def close(self, timeout_s: float) -> bool:
-        try:
-            if self.proc.poll() is not None:
-                return False
-            done = self.call(f"close {int(timeout_s * 1000)}") == "true"
-            self.proc.wait(10)
-            return done
-        finally:
-            self.release()
-
-    def release(self) -> None:
-        """Kill the JVM if still running and close the pipes and the log."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                stream.close()
-        self._log.close()
-
-
 class PythonClient:
     def __init__(self, socket_path: str) -> None:
         self.sender = python_sender.Sender(socket_path, timeout_s=5.0)
@@ -132,32 +73,6 @@ class PythonClient:
 
     def close(self, timeout_s: float) -> bool:
         return self.sender.close(timeout_s)
-
-
-@pytest.fixture(scope="session")
-def harness_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The listener jar, the harness compiled against it, and slf4j-api (no Spark)."""
-    import pyspark
-
-    jar = spark_bridge.listener_jar()
-    jars = Path(pyspark.__file__).parent / "jars"
-    slf4j = next(jars.glob("slf4j-api-*.jar"))
-    out = tmp_path_factory.mktemp("harness")
-    subprocess.run(
-        [
-            "javac",
-            "--release",
-            "8",
-            "-Xlint:-options",
-            "-cp",
-            f"{jar}:{slf4j}",
-            "-d",
-            str(out),
-            str(REPO_ROOT / "tests" / "jvm" / "SenderHarness.java"),
-        ],
-        check=True,
-    )
-    return f"{jar}:{out}:{slf4j}"
 
 
 ClientFactory = Callable[..., Client]
