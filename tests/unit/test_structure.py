@@ -194,6 +194,25 @@ def test_pure_modules_do_no_io_and_each_sdk_stays_at_its_edge() -> None:
     assert wrong == []
 
 
+#: What of the Spark side each package of ``sidecar`` may import: ``model`` its pure resume
+#: rules (their one source), ``cli`` anything (``listener-jar``); nothing else, so that
+#: ``spark_bridge`` stays a leaf the daemon barely touches.
+BRIDGE_IMPORTS = {"model": {"spark_bridge.resume"}}
+
+
+def test_the_daemon_imports_little_of_the_spark_side() -> None:
+    wrong = []
+    for name, imported in modules().items():
+        own = package_of(name)
+        for module in imported:
+            if module.split(".")[0] != "spark_bridge" or own == "cli":
+                continue
+            allowed = BRIDGE_IMPORTS.get(own, set())
+            if not any(module == a or module.startswith(f"{a}.") for a in allowed):
+                wrong.append(f"{name} imports {module}")
+    assert wrong == []
+
+
 def test_no_product_module_is_a_test_service() -> None:
     assert not list(SIDECAR.rglob("devservices.py"))
     assert not list(SIDECAR.rglob("services.py"))
