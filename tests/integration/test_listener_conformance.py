@@ -549,6 +549,13 @@ def test_the_jvm_auth_frame_and_endpoint_file_are_the_protocols(
         assert client.call("route") == "unix:/nonexistent"  # Java 17: the Unix socket
     finally:
         client.close(0.1)
+    # tcpPort=auto, as the daemon's SIDECAR_TCP_PORT may say it in a shared environment.
+    settings = {"transport": "tcp", "tcpPort": "auto", "socketPath": "/run/x/s.sock"}
+    client = JavaClient(harness_classpath, settings, short_tmp / "j2.log")
+    try:
+        assert client.call("route") == "tcp:/run/x/s.sock.tcp"
+    finally:
+        client.close(0.1)
 
 
 @pytest.mark.parametrize(

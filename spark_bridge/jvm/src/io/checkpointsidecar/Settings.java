@@ -72,6 +72,9 @@ final class Settings {
       v.put(e.getKey(), value.trim());
     }
     socketPath = v.get("socketPath");
+    // "auto", as the daemon's SIDECAR_TCP_PORT says it (a driver may share its environment):
+    // the port the daemon's endpoint file names.
+    if (v.get("tcpPort").equalsIgnoreCase("auto")) v.put("tcpPort", "0");
     tcpPort = (int) number(v, "tcpPort", 0, 65535);
     tcpHost = v.get("tcpHost");
     if (!tcpHost.equals("127.0.0.1") && !tcpHost.equals("::1") && !tcpHost.equals("localhost")) {
