@@ -248,6 +248,8 @@ class SocketServer:
                     endpoint.mode_for(cfg.socket_mode),
                     endpoint.encode(ep),
                 )
+            else:  # a file there is a dead predecessor's (we hold the lock): it would mislead
+                await anyio.Path(self.endpoint_path).unlink(missing_ok=True)
             log.info(
                 "listening on unix:%s (mode %o)%s",
                 cfg.socket_path,

@@ -383,11 +383,15 @@ async def test_two_daemons_on_one_host_listen_on_ports_of_their_own(
                 assert (await c.request("ping")).ok
 
 
-async def test_tcp_off_publishes_nothing(make_config: ConfigFactory) -> None:
+async def test_tcp_off_publishes_nothing_and_removes_a_predecessors_file(
+    make_config: ConfigFactory,
+) -> None:
     config = make_config(tcp_port="off")
+    stale = anyio.Path(endpoint.path_for(config.socket_path))
+    await stale.write_bytes(endpoint.encode(endpoint.Endpoint("127.0.0.1", 9, "old", 1)))
     async with running_daemon(config) as daemon:
         assert daemon.server.tcp_port is None
-        assert not await anyio.Path(endpoint.path_for(config.socket_path)).exists()
+        assert not await stale.exists()
 
 
 @pytest.mark.parametrize(
