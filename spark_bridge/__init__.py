@@ -14,6 +14,12 @@ Either way it posts every finished micro-batch's offsets to the daemon, and::
 
 resumes a query from its last saved position when Spark's own checkpoint is gone
 (``batch=N`` or ``before="2026-11-21T10:00:00Z"``: from an earlier one the blob retains).
+
+Installs on the Pythons Spark images ship (3.8+) without the daemon's dependencies: its own
+distribution, ``checkpoint-sidecar-bridge`` (spark_bridge/pyproject.toml), nothing but the
+standard library (and PySpark, which the driver has). Only what reads the blob store directly
+— :func:`load_checkpoint` when no daemon answers, ``starting_offsets(batch=…/before=…)`` —
+needs the daemon's package (``checkpoint-sidecar[daemon]``, Python 3.11+), imported then.
 """
 
 from __future__ import annotations
@@ -25,15 +31,14 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from sidecar.model.offsets import Missing, ResumeError, rewind
-from sidecar.model.offsets import starting_offsets as any_starting_offsets
-from sidecar.model.stateful import rewind_refusal
 from spark_bridge.handle import BridgeError, BridgeHandle, SenderStats
 from spark_bridge.jvm import LISTENER_CLASS, configure, listener_jar
+from spark_bridge.resume import Missing, ResumeError
+from spark_bridge.resume import starting_offsets as any_starting_offsets
+from spark_bridge.wire import INTERNAL, ClientConnection, encode_request
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
     from sidecar.model.document import CheckpointDocument
 
 __all__ = [
@@ -133,23 +138,38 @@ def load_checkpoint(
         found = _get_from_daemon(path, timeout_s, **{field: query})
         if found is not None:
             return found
+    doc = _read_blob(query, f"the checkpoint-sidecar at {path} did not answer for {query!r}")
     from sidecar.model.checkpoint import as_builtins
 
-    return as_builtins(_read_blob(query).checkpoint())
+    return as_builtins(doc.checkpoint())
 
 
-def _read_blob(query: str) -> CheckpointDocument:
+#: What reading the blobs directly needs, said when it is missing.
+DAEMON_PACKAGE = (
+    "pip install 'checkpoint-sidecar[daemon]' (Python 3.11+), the daemon's package, which "
+    "reads the blob store with the daemon's settings (AZURE_STORAGE_CONNECTION_STRING or "
+    "SIDECAR_ACCOUNT_URL, SIDECAR_CONTAINER, SIDECAR_NAMESPACE)"
+)
+
+
+def _read_blob(query: str, why: str) -> CheckpointDocument:
     """The blob document of ``query`` (id, else the newest of that name), read directly with
-    the daemon's environment variables (needs the daemon's dependencies).
+    the daemon's environment variables (needs the daemon's package and dependencies).
 
     Raises:
-        ResumeError: none, or unreadable (the message names it and what to do).
+        ResumeError: none, or unreadable (the message names it and what to do), or the
+            daemon's package is not installed (``why``: what asked for the blobs).
     """
-    import anyio
-
-    from sidecar.config import Config
-    from sidecar.errors import SidecarError
-    from sidecar.ops.inspection import find_checkpoint
+    try:
+        import anyio
+        from sidecar.config import Config
+        from sidecar.errors import SidecarError
+        from sidecar.ops.inspection import find_checkpoint
+    except ImportError as exc:
+        raise ResumeError(
+            f"{why}, and reading the blobs directly needs the daemon's package ({exc.name} is "
+            f"not installed): {DAEMON_PACKAGE}"
+        ) from None
 
     try:
         info = anyio.run(find_checkpoint, Config.from_env(os.environ), query)
@@ -166,8 +186,6 @@ def _get_from_daemon(path: str, timeout_s: float, **lookup: str) -> dict[str, An
         ResumeError: the daemon found the query's record but could not read it (``internal``;
             other errors, such as Redis being down, leave the answer to the blobs).
     """
-    from sidecar.wire.protocol import ClientConnection, ErrorCode, encode_request
-
     conn = ClientConnection()
     deadline = time.monotonic() + timeout_s
     try:
@@ -182,7 +200,7 @@ def _get_from_daemon(path: str, timeout_s: float, **lookup: str) -> dict[str, An
                 replies = conn.receive_data(data)
                 if replies:
                     reply = replies[0]
-                    if reply.error is not None and reply.error.code == ErrorCode.INTERNAL:
+                    if reply.error is not None and reply.error.code == INTERNAL:
                         asked = ", ".join(f"{k}={v!r}" for k, v in lookup.items())
                         raise ResumeError(
                             f"the checkpoint-sidecar at {path} could not answer get "
@@ -211,25 +229,28 @@ def starting_offsets(
     Uses each partition's saved ``endOffset`` (the next offset to read: no gap, no overlap).
     Partitions absent from the checkpoint (see ``partitions``) start at ``missing``:
     "earliest" (default; nothing skipped), "latest", or "error".
-    See :func:`sidecar.model.offsets.kafka_starting_offsets`.
+    See :func:`spark_bridge.resume.kafka_starting_offsets`.
 
     Rewind: ``batch=N`` resumes after batch N, ``before=TIME`` (ISO 8601 text, no zone
     meaning UTC, or a datetime) after the newest batch whose Spark timestamp is earlier, each
     from the checkpoints the query's blob retains (``checkpoint-sidecar history QUERY``;
     ``SIDECAR_HISTORY_SIZE``), read directly from the blob store as :func:`load_checkpoint`'s
-    fallback does. A stateful query (or one whose state is unknown) is not rewound unless
-    ``state_rewound``: its state store must be rewound to the same batch too
-    (``sidecar.model.stateful``).
+    fallback does (so it needs the daemon's package). A stateful query (or one whose state is
+    unknown) is not rewound unless ``state_rewound``: its state store must be rewound to the
+    same batch too (``sidecar.model.stateful``).
 
     Raises:
         ResumeError: no checkpoint; the batch or time asked for is not retained (the message
             says what is); a stateful query rewound without ``state_rewound``; or see
-            :func:`sidecar.model.offsets.kafka_starting_offsets`.
+            :func:`spark_bridge.resume.kafka_starting_offsets`.
     """
     if batch is None and before is None:
         checkpoint = load_checkpoint(query, socket_path)
     else:
-        doc = _read_blob(query)
+        doc = _read_blob(query, "an earlier checkpoint is read from the query's blob")
+        from sidecar.model.offsets import rewind
+        from sidecar.model.stateful import rewind_refusal
+
         checkpoint = rewind(doc, batch=batch, before=before)
         refusal = rewind_refusal(doc, to_batch=checkpoint["batch_id"], explicit=False)
         if refusal is not None and not state_rewound:

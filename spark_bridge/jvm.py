@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import time
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +46,7 @@ def listener_jar() -> str:
     Raises:
         BridgeError: the jar was not built (a source checkout: run ``make setup``).
     """
-    path = Path(str(resources.files("spark_bridge") / "jars" / JAR_NAME))
+    path = Path(__file__).resolve().parent / "jars" / JAR_NAME
     if not path.is_file():
         raise BridgeError(
             f"the listener jar is missing ({path}): in a source checkout build it with "

@@ -5,10 +5,11 @@ dict keyed by query id and wakes the sender thread: no I/O, no parsing, O(1). Of
 cumulative, so a newer progress of the same query supersedes an unsent older one
 (conflation): memory is bounded by the number of queries, never by the event rate.
 
-The sender thread speaks the daemon's protocol through :mod:`sidecar.wire.protocol` (the same
-module the daemon uses), pipelines everything pending in one write, reads the replies in
-order, and on a broken connection or a retriable error reply puts the updates back (unless
-superseded meanwhile) and reconnects with capped exponential backoff.
+The sender thread speaks the daemon's protocol through :mod:`spark_bridge.wire` (the client's
+subset of ``sidecar.wire.protocol``, checked against it), pipelines everything pending in one
+write, reads the replies in order, and on a broken connection or a retriable error reply puts
+the updates back (unless superseded meanwhile) and reconnects with capped exponential backoff,
+jittered.
 
 Only the sender thread touches the socket. ``close()`` asks it to stop through a flag and a
 wake-up (a socket pair watched beside the connection), never by closing the socket under it.
@@ -19,23 +20,21 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import random
 import selectors
 import socket
 import threading
 import time
 
-import msgspec
-
-from sidecar.backoff import Backoff
-from sidecar.wire.protocol import (
+from spark_bridge.handle import SenderStats
+from spark_bridge.wire import (
     CLOSING_CODES,
     RETRIABLE_CODES,
     ClientConnection,
     ProtocolViolation,
     Reply,
-    encode_request,
+    encode_progress,
 )
-from spark_bridge.handle import SenderStats
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +64,7 @@ class Sender:
         self._closing = False
         self._ids = itertools.count(1)
         self._sock: socket.socket | None = None
-        self._backoff = Backoff(BACKOFF_START_S, BACKOFF_MAX_S)
+        self._failures = 0  # attempts failed in a row, for the backoff
         self._down_since: float | None = None
         self._connected_once = False
         self.offered = self.sent = self.conflated = self.failed = 0
@@ -183,11 +182,14 @@ class Sender:
             if retry:
                 self._sleep_backoff()
             else:
-                self._backoff.succeeded()
+                self._failures = 0
 
     def _sleep_backoff(self) -> None:
-        """Wait out the backoff; new offers do not cut it short, only close() does."""
-        deadline = time.monotonic() + self._backoff.failed()
+        """Wait out the backoff (exponential from BACKOFF_START_S to BACKOFF_MAX_S, each delay
+        drawn between half and all of it); new offers do not cut it short, only close() does."""
+        self._failures += 1
+        nominal = min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** min(self._failures - 1, 32))
+        deadline = time.monotonic() + nominal * (0.5 + 0.5 * random.random())
         with self._lock:
             while not self._closing and (left := deadline - time.monotonic()) > 0:
                 self._work.wait(left)
@@ -205,13 +207,8 @@ class Sender:
             self._send_all(
                 sock,
                 b"".join(
-                    encode_request(
-                        "progress",
-                        rid,
-                        progress=msgspec.Raw(payload),
-                        **({"tracking": how[q]} if q in how else {}),
-                    )
-                    for rid, (q, payload) in zip(ids, items, strict=True)
+                    encode_progress(rid, payload, how.get(q))
+                    for rid, (q, payload) in zip(ids, items)
                 ),
                 deadline,
             )
@@ -264,7 +261,7 @@ class Sender:
     ) -> tuple[dict[str, bytes], int, int]:
         retry: dict[str, bytes] = {}
         sent = failed = 0
-        for (query_id, payload), reply in zip(items, replies, strict=True):
+        for (query_id, payload), reply in zip(items, replies):  # as many of each
             if reply.ok:
                 sent += 1
             elif reply.error is not None and reply.error.code in RETRIABLE_CODES:

@@ -193,3 +193,11 @@ def spark() -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def harness_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The JVM listener's sender without Spark (``tests.jvmharness``), compiled once."""
+    from tests.jvmharness import compile_harness
+
+    return compile_harness(tmp_path_factory.mktemp("harness"))

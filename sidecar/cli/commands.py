@@ -28,7 +28,7 @@ from sidecar.errors import (
     SidecarError,
 )
 from sidecar.model import checkpoint as ckpt
-from sidecar.model.offsets import rewind, starting_offsets
+from sidecar.model.offsets import ResumeError, rewind, starting_offsets
 from sidecar.model.stateful import rewind_refusal
 from sidecar.ops import admin_tool, diagnosis, inspection, spark_import
 from sidecar.wire.protocol import Reset, Retire, SourceSpec
@@ -133,7 +133,7 @@ def inspect(args: argparse.Namespace, config: Config) -> int:
         else:
             info = anyio.run(inspection.find_checkpoint, config, args.query)
             inspection.print_show(info, as_json=args.json)
-    except SidecarError as exc:
+    except (SidecarError, ResumeError) as exc:  # ResumeError: the Spark side's resume rules
         print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE
     return EXIT_OK

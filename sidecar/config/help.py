@@ -11,8 +11,9 @@ HELP = {
     "socket, where the Spark listener connects": {
         "socket_path": "Unix socket the Spark listener connects to",
         "socket_mode": "permission bits of the socket file, octal (660 to share with a group)",
-        "tcp_port": "also listen on this TCP port on a loopback address (0/unset: off)",
-        "tcp_host": "loopback address for the optional TCP listener",
+        "tcp_port": "also listen on loopback TCP, for JVMs without Unix sockets (Java < 16): "
+        "auto (a free port, published with a token in <socket_path>.tcp), a port, or off",
+        "tcp_host": "loopback address of the TCP listener",
         "max_frame_bytes": "largest accepted request line, in bytes",
         "admin_ops": "accept the admin ops reset and retire on the Unix socket (checkpoint-sidecar "
         "reset / retire; the daemon then performs them under its leases)",

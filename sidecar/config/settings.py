@@ -82,6 +82,17 @@ def _host_ports(text: str) -> None:
         raise ValueError(f"must be host:port[,host:port...]; not {', '.join(bad)}")
 
 
+def _tcp_port(text: str) -> int | None:
+    word = text.strip().lower()
+    if word in ("off", "none"):
+        return None
+    if word in ("", "auto"):
+        return 0
+    if not word.isdigit():
+        raise ValueError("must be auto, off or a port number 1-65535")
+    return int(word)
+
+
 def _group_template(text: str) -> None:
     try:
         text.format(query_name="q", query_id="i", namespace="n")
@@ -95,8 +106,10 @@ def _group_template(text: str) -> None:
 # constraint), "parse" (text -> value), "check", "show" and "redact" (a secret).
 # fmt: off
 Port = Annotated[int, Meta(ge=1, le=65535)]
-PortOrOff = Annotated[Port | None, Meta(extra={
-    "parse": lambda text: None if text.strip() in ("", "0", "off", "none") else int(text)})]
+# A loopback TCP port: 0 (auto) lets the kernel pick a free one; None (off): no listener.
+TcpPort = Annotated[Annotated[int, Meta(ge=0, le=65535)] | None, Meta(extra={
+    "parse": _tcp_port, "show": lambda port: "auto" if port == 0 else str(port),
+    "must": "must be auto, off or a port number 1-65535"})]
 Octal = Annotated[int, Meta(ge=0, le=0o777, extra={
     "parse": lambda text: int(text, 8), "show": "{:o}".format,
     "must": "must be a permission mode in octal, e.g. 600 or 660"})]
@@ -138,7 +151,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     # socket
     socket_path: str = "/tmp/checkpoint-sidecar.sock"
     socket_mode: Octal = 0o600
-    tcp_port: PortOrOff = None
+    tcp_port: TcpPort = 0
     tcp_host: Loopback = "127.0.0.1"
     max_frame_bytes: Annotated[int, Meta(ge=1024, le=64 * 1024 * 1024)] = 1024 * 1024
     admin_ops: bool = False

@@ -13,6 +13,7 @@
                    └─▶ ack_mode=blob: wait until the blob holds it (≤ blob_ack_timeout_s)
     get      ─▶ Redis ─▶ the blob instead when it is newer or Redis has nothing
     ping     ─▶ ok
+    auth     ─▶ ok (the connection checked the token: sidecar.wire.protocol)
     reset, retire (admin) ─▶ the admin callable (sidecar.daemon.admin_ops): the lease owner
     bad line ─▶ counted, logged, error reply
 
@@ -46,6 +47,7 @@ from sidecar.wire.protocol import (
     ADMIN_OPS,
     INTERNAL_MESSAGE,
     AdminRequest,
+    Authenticated,
     BadRequest,
     ErrorCode,
     Event,
@@ -158,7 +160,7 @@ class RequestHandler:
             case Get(id=rid, query_id=query_id, name=name):
                 # In its turn: after every earlier request of the connection (read your writes).
                 return Answer(rid, self._get(rid, query_id, name))
-            case Ping(id=rid):
+            case Ping(id=rid) | Authenticated(id=rid):
                 return Answer(rid, _now(encode_ok(rid)))
             case Reset() | Retire():
                 return Answer(event.id, self._admin_op(event))

@@ -19,12 +19,20 @@ Admin ops (``reset``, ``retire``) are refused per listener, before the handler s
 on the Unix socket unless ``SIDECAR_ADMIN_OPS``, on TCP unless ``SIDECAR_ADMIN_OPS_TCP`` too
 (any local process can reach a loopback port; the socket file has permissions).
 
+The loopback TCP listener (on by default, for JVMs without Unix sockets: ``SIDECAR_TCP_PORT``,
+a free port unless one is given) accepts requests on a connection only after an ``auth`` with
+this run's token, which it publishes with the port in the endpoint file beside the socket,
+readable by whoever may connect to the socket (``sidecar.wire.endpoint``). A connection that
+sends anything else first, or nothing within ``AUTH_TIMEOUT_S``, is answered
+``unauthenticated`` and closed.
+
 Stopping (``drain``): stop accepting, stop reading, answer what was already read, close.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import logging
@@ -37,6 +45,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.abc import ByteStream, Listener, SocketAttribute, TaskGroup, TaskStatus
 
+import sidecar.wire.endpoint as endpoint
 from sidecar.config import Config
 from sidecar.errors import SocketInUse
 from sidecar.ingest.connection import Connection
@@ -52,6 +61,11 @@ from sidecar.wire.protocol import (
 )
 
 log = logging.getLogger(__name__)
+
+#: How long a TCP connection may take to authenticate before it is refused and closed: a
+#: client sends ``auth`` first thing, so this only bounds what a stray or hostile local
+#: process can hold open without the token.
+AUTH_TIMEOUT_S = 10.0
 
 #: accept() failures that are a passing shortage (descriptors, memory, an aborted
 #: handshake): logged, and accepting goes on after a pause, as a loaded server must.
@@ -130,8 +144,25 @@ async def bind_unix_socket(path: str, mode: int) -> tuple[Listener[ByteStream], 
     return listener, lock
 
 
+def _publish(path: str, mode: int, data: bytes) -> int:
+    """Write ``data`` to ``path`` atomically with exactly ``mode`` (never readable by more,
+    not even for a moment: created 0600, then set); return the new file's inode."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(temporary)  # left by a process of this pid that died writing it
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, mode)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    return os.stat(path).st_ino
+
+
 async def _remove_if_ours(path: str, inode: int) -> None:
-    """Remove the socket file only if it is still the one we bound (not a successor's)."""
+    """Remove a file we made (the socket, the endpoint file) only if it is still ours (not
+    a successor's)."""
     file = anyio.Path(path)
     try:
         if (await file.stat()).st_ino == inode:
@@ -173,6 +204,13 @@ class SocketServer:
         self.bound = False
         #: The loopback TCP port actually bound, when TCP is enabled.
         self.tcp_port: int | None = None
+        #: Where the TCP listener's port and token are published (``sidecar.wire.endpoint``).
+        self.endpoint_path = endpoint.path_for(config.socket_path)
+        self._token: str | None = None
+        self._auth_hint = (
+            f"The token is in {self.endpoint_path}, beside the socket, readable by those "
+            "who may connect to it"
+        )
 
     @property
     def active_connections(self) -> int:
@@ -199,12 +237,42 @@ class SocketServer:
                 ) from None
             self.tcp_port = tcp.extra(SocketAttribute.local_port)
             listeners.extend(tcp.listeners)
-        log.info(
-            "listening on unix:%s (mode %o)%s",
-            cfg.socket_path,
-            cfg.socket_mode,
-            f" and tcp:{cfg.tcp_host}:{self.tcp_port}" if self.tcp_port else "",
-        )
+        published: int | None = None
+        try:
+            if self.tcp_port is not None:
+                self._token = endpoint.new_token()
+                ep = endpoint.Endpoint(cfg.tcp_host, self.tcp_port, self._token, os.getpid())
+                published = await anyio.to_thread.run_sync(
+                    _publish,
+                    self.endpoint_path,
+                    endpoint.mode_for(cfg.socket_mode),
+                    endpoint.encode(ep),
+                )
+            else:  # a file there is a dead predecessor's (we hold the lock): it would mislead
+                await anyio.Path(self.endpoint_path).unlink(missing_ok=True)
+            log.info(
+                "listening on unix:%s (mode %o)%s",
+                cfg.socket_path,
+                cfg.socket_mode,
+                f" and tcp:{cfg.tcp_host}:{self.tcp_port} (auth token in {self.endpoint_path})"
+                if self.tcp_port
+                else "",
+            )
+            await self._serve(listeners, task_status)
+        finally:
+            with anyio.CancelScope(shield=True):
+                if published is not None:
+                    await _remove_if_ours(self.endpoint_path, published)
+                for listener in listeners:
+                    await listener.aclose()
+                await _remove_if_ours(cfg.socket_path, inode)
+            os.close(lock)  # after the socket file is gone: a successor may take the path now
+
+    async def _serve(
+        self, listeners: list[Listener[ByteStream]], task_status: TaskStatus[None]
+    ) -> None:
+        """Accept on ``listeners`` until :meth:`drain`; return once the connections are
+        answered."""
         try:
             async with anyio.create_task_group() as connections:
                 with self._accepting:
@@ -222,12 +290,6 @@ class SocketServer:
                         await listener.aclose()
         finally:
             self.bound = False
-            with anyio.CancelScope(shield=True):
-                for listener in listeners:
-                    await listener.aclose()
-            with anyio.CancelScope(shield=True):
-                await _remove_if_ours(cfg.socket_path, inode)
-            os.close(lock)  # after the socket file is gone: a successor may take the path now
 
     async def _accept(self, listening: socket.socket, connections: TaskGroup) -> None:
         """Accept connections on one listening socket, each served in ``connections``."""
@@ -269,7 +331,7 @@ class SocketServer:
             turn = _Turns()
             async with asyncio.TaskGroup() as replies:
                 replies.create_task(self._answer(conn, owed, turn, failures))
-                await self._read(conn, owed, turn, failures, self._admin_refusal(sock), replies)
+                await self._read(conn, owed, turn, failures, self._decoder(sock), replies)
             conn.close()  # after the replies still queued
             closed = True
         except Exception:
@@ -291,6 +353,16 @@ class SocketServer:
             if self._stopping and self._active == 0:
                 self._all_closed.set()
 
+    def _decoder(self, sock: socket.socket) -> ServerConnection:
+        """The protocol's side of a new connection: on TCP it must authenticate first."""
+        tcp = sock.family != socket.AF_UNIX
+        return ServerConnection(
+            self._config.max_frame_bytes,
+            self._admin_refusal(sock),
+            auth_token=self._token if tcp else None,
+            auth_hint=self._auth_hint,
+        )
+
     def _admin_refusal(self, sock: socket.socket) -> str | None:
         """Why this connection may not send admin ops; None: it may."""
         cfg = self._config
@@ -305,15 +377,23 @@ class SocketServer:
         owed: OwedReplies[Answer],
         turn: _Turns,
         f: _Failures,
-        admin_refusal: str | None,
+        decoder: ServerConnection,
         replies: asyncio.TaskGroup,
     ) -> None:
         """Read and begin every request (a request that fails to begin, a bug, answers
         ``internal``) until the input ends or the protocol closes the connection."""
-        decoder = ServerConnection(self._config.max_frame_bytes, admin_refusal)
+        auth_deadline = anyio.current_time() + AUTH_TIMEOUT_S
         try:
-            while not decoder.closed and (data := await conn.read()):
-                for event in decoder.receive_data(data):
+            while not decoder.closed:
+                data = await self._next(conn, decoder, auth_deadline)
+                if data is None:
+                    why = f"no auth within {AUTH_TIMEOUT_S:g}s"
+                    events: list[Event] = [decoder.refuse_unauthenticated(why)]
+                elif data:
+                    events = decoder.receive_data(data)
+                else:
+                    break  # the input ended
+                for event in events:
                     try:
                         answer = await self._handler.begin(event)
                     except Exception:
@@ -332,6 +412,16 @@ class SocketServer:
         finally:
             turn.reading = False
             turn.more.set()
+
+    @staticmethod
+    async def _next(conn: Connection, decoder: ServerConnection, deadline: float) -> bytes | None:
+        """What :meth:`Connection.read` gives; None when a connection that must authenticate
+        has sent nothing complete by ``deadline``."""
+        if decoder.authenticated:
+            return await conn.read()
+        with anyio.move_on_after(deadline - anyio.current_time()):
+            return await conn.read()
+        return None
 
     async def _settle(
         self, answer: Answer, slot: int, owed: OwedReplies[Answer], turn: _Turns, f: _Failures

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 from anyio.abc import ByteStream
 
+from sidecar.wire import endpoint
 from sidecar.wire.protocol import ClientConnection, Reply, encode_request
 
 
@@ -28,12 +29,42 @@ class SidecarClient:
 
     @classmethod
     async def connect(
-        cls, socket_path: str | None = None, *, tcp_port: int | None = None
+        cls,
+        socket_path: str | None = None,
+        *,
+        tcp: bool = False,
+        tcp_port: int | None = None,
+        token: str | None = None,
     ) -> SidecarClient:
-        if tcp_port is not None:
-            return cls(await anyio.connect_tcp("127.0.0.1", tcp_port))
-        assert socket_path is not None
-        return cls(await anyio.connect_unix(socket_path))
+        """Connect to the daemon's Unix socket at ``socket_path``; with ``tcp``, to its
+        loopback TCP listener instead, as the endpoint file beside ``socket_path`` names it,
+        authenticated with the token there. ``tcp_port``: that port on 127.0.0.1, sending
+        ``auth`` with ``token`` when given (none: for tests of the refusal).
+
+        Raises:
+            OSError: cannot connect, or the endpoint file cannot be read.
+            EndpointError: the endpoint file is not one.
+            ConnectionRefusedError: the daemon refused the token.
+        """
+        if tcp:
+            assert socket_path is not None
+            path = anyio.Path(endpoint.path_for(socket_path))
+            found = endpoint.decode(await path.read_bytes())
+            tcp_port, token = found.port, found.token
+            host = found.host
+        else:
+            host = "127.0.0.1"
+        if tcp_port is None:
+            assert socket_path is not None
+            return cls(await anyio.connect_unix(socket_path))
+        client = cls(await anyio.connect_tcp(host, tcp_port))
+        if token is not None:
+            reply = await client.request("auth", token=token)
+            if not reply.ok:
+                await client.aclose()
+                why = reply.error.message if reply.error else "refused"
+                raise ConnectionRefusedError(f"the daemon refused the token: {why}")
+        return client
 
     async def __aenter__(self) -> SidecarClient:
         return self

@@ -16,6 +16,7 @@ Requests::
     {"op": "ping", "id": 3}
     {"op": "reset", "id": 4, "name": "…", "to_batch": 36, "reason": "…"}   (admin: see below)
     {"op": "retire", "id": 5, "query_id": "…", "archive": true}
+    {"op": "auth", "id": "auth", "token": "…"}  (TCP: the first request; see below)
 
 Replies::
 
@@ -32,13 +33,22 @@ limit is fatal: the error is sent and the connection is closed, never resynchron
 ``reset`` and ``retire`` are admin ops (docs/operator-ops.md): a :class:`ServerConnection`
 answers them ``forbidden`` unless built with ``admin_refusal=None`` (the server decides per
 listener).
+
+Authentication (the TCP listener, which every local process can reach): a
+:class:`ServerConnection` built with ``auth_token`` accepts nothing until an ``auth`` request
+carries that token. Anything else first — another op, a wrong token, a bad line — is answered
+``unauthenticated`` and the connection is closed, as after ``frame_too_large``. The token is
+published beside the socket, readable by whoever may connect to it
+(:mod:`sidecar.wire.endpoint`). On a connection without a token (the Unix socket) ``auth`` is
+answered ``ok`` and changes nothing.
 """
 
 from __future__ import annotations
 
 import enum
+import hmac
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -79,6 +89,7 @@ class ErrorCode(enum.StrEnum):
     FORBIDDEN = "forbidden"  # an admin op this listener does not allow (the message says why)
     CONFLICT = "conflict"  # an admin op refused for now: query running, lease held elsewhere
     NOT_FOUND = "not_found"  # an admin op's query, or its batch, is not known
+    UNAUTHENTICATED = "unauthenticated"  # TCP: no valid auth first; the connection is closed
     INTERNAL = "internal"  # a bug; the message says what failed
 
 
@@ -95,7 +106,12 @@ RETRIABLE_CODES: frozenset[str] = frozenset(
     }
 )
 #: Error codes after which the daemon closes the connection: a client reconnects.
-CLOSING_CODES: frozenset[str] = frozenset({ErrorCode.FRAME_TOO_LARGE})
+CLOSING_CODES: frozenset[str] = frozenset({ErrorCode.FRAME_TOO_LARGE, ErrorCode.UNAUTHENTICATED})
+
+#: The id a client gives its ``auth`` request (any id would do; this one reads well in logs).
+AUTH_ID = "auth"
+#: Longest token accepted in an ``auth`` request (the daemon's are 43 characters).
+MAX_TOKEN_CHARS = 256
 
 
 # --- events ------------------------------------------------------------------------------
@@ -103,6 +119,13 @@ CLOSING_CODES: frozenset[str] = frozenset({ErrorCode.FRAME_TOO_LARGE})
 
 @dataclass(frozen=True, slots=True)
 class Ping:
+    id: RequestId
+
+
+@dataclass(frozen=True, slots=True)
+class Authenticated:
+    """An ``auth`` request the connection accepted: answer it ``ok``."""
+
     id: RequestId
 
 
@@ -138,6 +161,11 @@ class BadRequest:
 
 
 class _PingMsg(msgspec.Struct, tag_field="op", tag="ping"):
+    id: RequestId = None
+
+
+class _AuthMsg(msgspec.Struct, tag_field="op", tag="auth"):
+    token: Annotated[str, msgspec.Meta(max_length=MAX_TOKEN_CHARS)]
     id: RequestId = None
 
 
@@ -205,12 +233,14 @@ class Retire(msgspec.Struct, frozen=True, tag_field="op", tag="retire"):
 
 
 AdminRequest = Reset | Retire
-Request = Ping | Get | Progress | Reset | Retire
+Request = Ping | Get | Progress | Reset | Retire | Authenticated
 Event = Request | BadRequest
 
-_OPS = ("ping", "get", "progress", "reset", "retire")
+_OPS = ("ping", "get", "progress", "reset", "retire", "auth")
 ADMIN_OPS = frozenset({"reset", "retire"})
-_request_decoder = msgspec.json.Decoder(_PingMsg | _GetMsg | _ProgressMsg | Reset | Retire)
+_request_decoder = msgspec.json.Decoder(
+    _PingMsg | _GetMsg | _ProgressMsg | Reset | Retire | _AuthMsg
+)
 _any_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
@@ -219,7 +249,9 @@ def parse_request(line: bytes, admin_refusal: str | None = None) -> Event:
     """Turn one frame (without its newline) into a request or a :class:`BadRequest`.
 
     ``admin_refusal``: when given, an admin op (``reset``, ``retire``) is answered
-    ``forbidden`` with this message instead.
+    ``forbidden`` with this message instead. An ``auth`` request becomes
+    :class:`Authenticated` here: checking its token is the connection's job
+    (:class:`ServerConnection`).
     """
     if nesting_exceeds(line):
         return BadRequest(
@@ -249,6 +281,8 @@ def parse_request(line: bytes, admin_refusal: str | None = None) -> Event:
         return Get(msg.id, msg.query_id, msg.name)
     if isinstance(msg, Reset | Retire):
         return _admin(msg, admin_refusal)
+    if isinstance(msg, _AuthMsg):
+        return Authenticated(msg.id)
     return Ping(msg.id)
 
 
@@ -295,18 +329,34 @@ def _diagnose(line: bytes, exc: Exception) -> BadRequest:
 
 
 class ServerConnection:
-    """The daemon's side of one connection: bytes in, events out."""
+    """The daemon's side of one connection: bytes in, events out.
+
+    States: AUTHENTICATING (only with ``auth_token``: the first request must be ``auth`` with
+    that token) → OPEN (requests) → CLOSED (after a fatal error; further data is ignored).
+    """
 
     def __init__(
         self,
         max_frame_bytes: int = MAX_FRAME_BYTES,
         admin_refusal: str | None = "admin ops are not allowed on this connection",
+        *,
+        auth_token: str | None = None,
+        auth_hint: str = "",
     ) -> None:
-        """``admin_refusal``: why admin ops are refused on this connection; None: allowed."""
+        """``admin_refusal``: why admin ops are refused on this connection; None: allowed.
+        ``auth_token``: the token this connection must be given first (None: none needed);
+        ``auth_hint``: where a client finds it, added to the refusal."""
         self._framer = LineFramer(max_frame_bytes)
         self._max = max_frame_bytes
         self._admin_refusal = admin_refusal
+        self._token = auth_token.encode() if auth_token is not None else None
+        self._hint = auth_hint
         self.closed = False
+
+    @property
+    def authenticated(self) -> bool:
+        """True once requests are accepted (at once when no token is needed)."""
+        return self._token is None
 
     def receive_data(self, data: bytes) -> list[Event]:
         """Feed received bytes; return the events they complete, in order.
@@ -320,17 +370,74 @@ class ServerConnection:
         except FrameTooLarge as exc:
             # Requests completed before the oversized frame are answered, as they would be
             # had they arrived in an earlier read; nothing after it can be trusted.
+            events = self._events(exc.frames)
+            if self.closed:
+                return events
             self.closed = True
-            return [parse_request(frame, self._admin_refusal) for frame in exc.frames] + [
+            return [
+                *events,
                 BadRequest(
                     None,
                     ErrorCode.FRAME_TOO_LARGE,
                     f"request line exceeds {self._max} bytes without a newline; closing the "
                     "connection (raise SIDECAR_MAX_FRAME_BYTES if such requests are legitimate)",
                     fatal=True,
-                )
+                ),
             ]
-        return [parse_request(frame, self._admin_refusal) for frame in frames]
+        return self._events(frames)
+
+    def refuse_unauthenticated(self, why: str) -> BadRequest:
+        """Close a connection that did not authenticate (e.g. in time); the reply to send."""
+        self.closed = True
+        return self._unauthenticated(None, why)
+
+    def _events(self, frames: list[bytes]) -> list[Event]:
+        events: list[Event] = []
+        for frame in frames:
+            event = parse_request(frame, self._admin_refusal)
+            if self._token is not None:
+                event = self._authenticate(event, frame)
+                if self.closed:
+                    events.append(event)
+                    return events  # nothing after a refused first request is read
+            events.append(event)
+        return events
+
+    def _authenticate(self, event: Event, frame: bytes) -> Event:
+        """The first request of a connection that needs a token."""
+        assert self._token is not None
+        if not isinstance(event, Authenticated):
+            self.closed = True
+            what = "a bad line" if isinstance(event, BadRequest) else "another request"
+            return self._unauthenticated(event.id, f"{what} came before auth")
+        token = _token_of(frame)
+        if token is None or not hmac.compare_digest(token, self._token):
+            self.closed = True
+            return self._unauthenticated(event.id, "the token is not this daemon's")
+        self._token = None  # OPEN
+        return event
+
+    def _unauthenticated(self, rid: RequestId, why: str) -> BadRequest:
+        return BadRequest(
+            rid,
+            ErrorCode.UNAUTHENTICATED,
+            f"this listener needs authentication first ({why}): send "
+            '{"op":"auth","token":"<token>"} as the first request; closing the connection'
+            + (f". {self._hint}" if self._hint else ""),
+            fatal=True,
+            op="auth",
+        )
+
+
+_auth_decoder = msgspec.json.Decoder(_AuthMsg)
+
+
+def _token_of(frame: bytes) -> bytes | None:
+    """The token of an ``auth`` frame (already parsed once as one), as bytes."""
+    try:
+        return _auth_decoder.decode(frame).token.encode()
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
 
 
 # --- replies ---------------------------------------------------------------------------------

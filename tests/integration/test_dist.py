@@ -1,16 +1,19 @@
-"""``make dist``: the sdist and the wheel, each carrying the listener jar, installed as a user
-would install them.
+"""``make dist``: the sdists and the wheels, each carrying the listener jar, installed as a
+user would install them.
 
 scripts/build_dist.sh (what ``make dist`` runs) builds them into a temp dir; ``twine check``
-passes; the wheel, in a fresh venv holding nothing else but msgspec (what a Spark driver
-installs), imports ``spark_bridge`` and runs ``checkpoint-sidecar --version`` and
-``listener-jar``; the sdist builds a wheel with no JDK on PATH. A source tree without the jar
-(a git checkout, ``pip install git+…``) builds it with javac and the installed pyspark, and
-without javac fails saying what to install: never a jar-less package.
+passes; the daemon's wheel, in a fresh venv holding nothing else but msgspec, imports
+``spark_bridge`` and runs ``checkpoint-sidecar --version`` and ``listener-jar``; the Spark
+side's own distribution (``checkpoint-sidecar-bridge``) installs alone and serves a driver
+against a real daemon without any of the daemon's dependencies; the sdist builds a wheel with
+no JDK on PATH. A source tree without the jar (a git checkout, ``pip install git+…``) builds it
+with javac and the installed pyspark, and without javac fails saying what to install: never a
+jar-less package.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -22,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import REPO_ROOT
+from tests.services import REPO_ROOT, DaemonProcess
+from tests.sparkshapes import kafka_progress
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -200,3 +204,83 @@ def test_a_source_tree_without_the_jar_builds_it_with_javac_and_pyspark(
     (built,) = (tmp_path / "out").glob("*.whl")
     with zipfile.ZipFile(built) as whl, zipfile.ZipFile(whl.open(JAR)) as jar:
         assert LISTENER_CLASS in jar.namelist()
+
+
+# --- the Spark side's own distribution (spark_bridge/pyproject.toml) ----------------------
+
+BRIDGE_DRIVER = """
+import importlib.util, json, sys
+import spark_bridge
+from spark_bridge.sender import Sender
+
+socket_path, query_id, progress = sys.argv[1], sys.argv[2], sys.argv[3].encode()
+sender = Sender(socket_path, timeout_s=10)
+sender.offer(query_id, progress)
+delivered = sender.close(15)
+print(json.dumps({
+    "delivered": delivered,
+    "offsets": spark_bridge.starting_offsets(query_id, socket_path),
+    "jar": spark_bridge.listener_jar(),
+    "daemon_importable": [m for m in ("sidecar", "msgspec", "anyio")
+                          if importlib.util.find_spec(m) is not None],
+    "loaded": sorted({m.split(".")[0] for m in sys.modules} & {"sidecar", "msgspec"}),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def bridge_venv(tmp_path_factory: pytest.TempPathFactory, dist: Path) -> Path:
+    """A fresh venv with the bridge's wheel, installed as a driver would (its dependencies
+    resolved: there are none; no index, so nothing else could come)."""
+    wheel = dist / f"checkpoint_sidecar_bridge-{VERSION}-py3-none-any.whl"
+    venv = tmp_path_factory.mktemp("bridge") / "venv"
+    assert run(sys.executable, "-m", "venv", venv).returncode == 0
+    pip = run(
+        venv / "bin/python", "-m", "pip", "install", "-q", "--disable-pip-version-check",
+        "--no-index", wheel, env=clean_env(),
+    )  # fmt: skip
+    assert pip.returncode == 0, pip.stderr
+    return venv
+
+
+def test_the_bridge_archives_carry_the_jar(dist: Path) -> None:
+    built_jar = (REPO_ROOT / JAR).read_bytes()
+    with zipfile.ZipFile(dist / f"checkpoint_sidecar_bridge-{VERSION}-py3-none-any.whl") as whl:
+        assert whl.read(JAR) == built_jar
+        assert not [n for n in whl.namelist() if n.startswith("sidecar/")]
+    with tarfile.open(dist / f"checkpoint_sidecar_bridge-{VERSION}.tar.gz") as tar:
+        member = tar.extractfile(f"checkpoint_sidecar_bridge-{VERSION}/jars/{Path(JAR).name}")
+        assert member is not None and member.read() == built_jar
+    check = run(sys.executable, "-m", "twine", "check", "--strict", *dist.glob("*bridge*"))
+    assert check.returncode == 0 and check.stdout.count("PASSED") == 2, check.stdout
+
+
+def test_the_bridge_installs_alone_and_serves_a_driver_without_the_daemons_dependencies(
+    bridge_venv: Path, daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
+) -> None:
+    python = bridge_venv / "bin/python"
+    installed = run(python, "-m", "pip", "list", "--format=freeze", env=clean_env())
+    names = {line.split("==")[0].lower() for line in installed.stdout.splitlines()}
+    assert names - {"pip", "setuptools"} == {"checkpoint-sidecar-bridge"}
+
+    daemon = DaemonProcess(daemon_env, tmp_path / "d.log")
+    procs.append(daemon)
+    daemon.start()
+    query_id = "5e1d0000-0000-4000-8000-0000000000bb"
+    progress = json.dumps(kafka_progress(query_id, 4), separators=(",", ":"))
+    sock = daemon_env["SIDECAR_SOCKET_PATH"]
+    result = run(python, "-c", BRIDGE_DRIVER, sock, query_id, progress, env=clean_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["delivered"] is True
+    end = kafka_progress(query_id, 4)["sources"][0]["endOffset"]
+    assert json.loads(report["offsets"]) == end  # stored by the daemon, read back through it
+    assert Path(report["jar"]).is_relative_to(bridge_venv)
+    assert report["daemon_importable"] == [] and report["loaded"] == []
+
+    jar = run(python, "-m", "spark_bridge", "listener-jar", env=clean_env())
+    assert (jar.returncode, jar.stdout.strip()) == (0, report["jar"])
+    # Reading the blobs directly needs the daemon's package: said, not a traceback.
+    code = f"import spark_bridge; spark_bridge.starting_offsets({query_id!r}, {sock!r}, batch=1)"
+    rewind = run(python, "-c", code, env=clean_env())
+    assert rewind.returncode == 1 and "pip install 'checkpoint-sidecar[daemon]'" in rewind.stderr

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+import stat
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 import anyio
@@ -15,7 +17,9 @@ import redis.asyncio as aioredis
 from sidecar.buffer.keys import Keys
 from sidecar.buffer.refusals import OOM
 from sidecar.config import Config
+from sidecar.ingest import server
 from sidecar.ops.client import SidecarClient
+from sidecar.wire import endpoint
 from sidecar.wire.protocol import encode_request
 from tests.helpers import (
     ConfigFactory,
@@ -332,11 +336,107 @@ async def test_redis_refusing_writes_is_unavailable_not_fatal(
     await admin.aclose()
 
 
-async def test_optional_tcp_listener_on_loopback(make_config: ConfigFactory) -> None:
-    config = make_config(tcp_port=free_port())
+async def test_the_tcp_listener_serves_a_client_with_the_published_token(
+    make_config: ConfigFactory,
+) -> None:
+    """By default the daemon also listens on a free loopback port, published with a token
+    beside the socket (mode and group of the socket's readers); a client that sends the token
+    first is served, and the file goes at a clean stop."""
+    config = make_config(socket_mode="660")
+    published = anyio.Path(endpoint.path_for(config.socket_path))
     async with running_daemon(config) as daemon:
-        assert daemon.server.tcp_port == config.tcp_port
-        async with await SidecarClient.connect(tcp_port=config.tcp_port) as c:
+        found = endpoint.decode(await published.read_bytes())
+        assert found.port == daemon.server.tcp_port and found.host == "127.0.0.1"
+        assert stat.S_IMODE((await published.stat()).st_mode) == 0o640
+        socket_file = await anyio.Path(config.socket_path).stat()
+        assert (await published.stat()).st_gid == socket_file.st_gid
+        async with await SidecarClient.connect(config.socket_path, tcp=True) as c:
             assert (await c.progress(rate_progress("tcp", 1))).applied
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.get("tcp")).checkpoint is not None
+            # On the Unix socket auth is not needed, and harmless.
+            assert (await c.request("auth", token="anything")).ok
+    assert not await published.exists()
+
+
+async def test_a_fixed_tcp_port_is_used_and_published(make_config: ConfigFactory) -> None:
+    port = free_port()
+    config = make_config(tcp_port=port)
+    async with running_daemon(config) as daemon:
+        assert daemon.server.tcp_port == port
+        published = anyio.Path(endpoint.path_for(config.socket_path))
+        assert endpoint.decode(await published.read_bytes()).port == port
+        async with await SidecarClient.connect(config.socket_path, tcp=True) as c:
+            assert (await c.progress(rate_progress("tcp", 1))).applied
+
+
+async def test_two_daemons_on_one_host_listen_on_ports_of_their_own(
+    make_config: ConfigFactory, short_tmp: Path
+) -> None:
+    first = make_config()
+    second = make_config(socket_path=str(short_tmp / "second.sock"))
+    async with running_daemon(first) as one, running_daemon(second) as two:
+        assert None not in (one.server.tcp_port, two.server.tcp_port)
+        assert one.server.tcp_port != two.server.tcp_port
+        for config in (first, second):
+            async with await SidecarClient.connect(config.socket_path, tcp=True) as c:
+                assert (await c.request("ping")).ok
+
+
+async def test_tcp_off_publishes_nothing_and_removes_a_predecessors_file(
+    make_config: ConfigFactory,
+) -> None:
+    config = make_config(tcp_port="off")
+    stale = anyio.Path(endpoint.path_for(config.socket_path))
+    await stale.write_bytes(endpoint.encode(endpoint.Endpoint("127.0.0.1", 9, "old", 1)))
+    async with running_daemon(config) as daemon:
+        assert daemon.server.tcp_port is None
+        assert not await stale.exists()
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        b'{"op":"progress","id":1,"progress":{}}\n',
+        b'{"op":"ping","id":1}\n',
+        b'{"op":"retire","id":1,"name":"q"}\n',
+        b'{"op":"auth","id":1,"token":"not-the-token"}\n',
+        b"not json\n",
+    ],
+    ids=["progress", "ping", "admin", "wrong-token", "bad-line"],
+)
+async def test_a_tcp_client_without_the_token_is_refused_and_disconnected(
+    make_config: ConfigFactory, first: bytes
+) -> None:
+    config = make_config(admin_ops="true", admin_ops_tcp="true")
+    async with running_daemon(config) as daemon:
+        assert daemon.server.tcp_port is not None
+        async with await SidecarClient.connect(tcp_port=daemon.server.tcp_port) as c:
+            # What follows the refused request is never read: the connection is closed.
+            await c.send_raw(
+                first + encode_request("progress", 2, progress=rate_progress("tcp", 1))
+            )
+            (reply,) = await c.receive(1)
+            assert reply.error is not None and reply.error.code == "unauthenticated"
+            assert endpoint.path_for(config.socket_path) in reply.error.message
+            with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                await c.receive(1)
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.get("tcp")).checkpoint is None  # nothing was stored
+        assert sample(daemon, "checkpoint_sidecar_bad_requests_total", code="unauthenticated") == 1
+
+
+async def test_a_tcp_client_that_sends_nothing_is_closed_after_the_auth_timeout(
+    make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "AUTH_TIMEOUT_S", 0.2)
+    config = make_config()
+    async with running_daemon(config) as daemon:
+        assert daemon.server.tcp_port is not None
+        async with await SidecarClient.connect(tcp_port=daemon.server.tcp_port) as c:
+            (reply,) = await c.receive(1)
+            assert reply.error is not None and reply.error.code == "unauthenticated"
+            assert "no auth within 0.2s" in reply.error.message
+            with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                await c.receive(1)
+        await eventually(lambda: daemon.server.active_connections == 0)

@@ -12,11 +12,11 @@ pure-protocol side); the tests at the end run the same clients against the real 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,10 +27,18 @@ import pytest
 
 import spark_bridge
 import spark_bridge.sender as python_sender
-from sidecar.wire.protocol import CLOSING_CODES, RETRIABLE_CODES
+from sidecar.wire import endpoint
+from sidecar.wire.protocol import (
+    AUTH_ID,
+    CLOSING_CODES,
+    RETRIABLE_CODES,
+    Authenticated,
+    ServerConnection,
+)
 from spark_bridge.handle import SenderStats
 from tests.helpers import wait_for
-from tests.services import REPO_ROOT, DaemonProcess, free_port
+from tests.jvmharness import JavaClient
+from tests.services import DaemonProcess, free_port
 from tests.sparkshapes import kafka_progress
 
 QID = "5e1d0000-0000-4000-8000-000000000001"
@@ -50,65 +58,6 @@ class Client(Protocol):
     def close(self, timeout_s: float) -> bool: ...
 
 
-class JavaClient:
-    """The JVM sender in a child JVM (no Spark), one command per line."""
-
-    def __init__(self, classpath: str, settings: dict[str, str], log_path: Path) -> None:
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            [
-                "java",
-                "-cp",
-                classpath,
-                "io.checkpointsidecar.SenderHarness",
-                *(f"{k}={v}" for k, v in settings.items()),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-            bufsize=1,
-        )
-
-    def call(self, line: str) -> str:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        answer = self.proc.stdout.readline()
-        if not answer:
-            raise AssertionError(f"the harness exited with {self.proc.wait(5)}")
-        return answer.strip()
-
-    def offer(self, query_id: str, data: bytes) -> None:
-        assert self.call(f"offer {query_id} {data.decode()}") == "ok"
-
-    def flush(self, timeout_s: float) -> bool:
-        return self.call(f"flush {int(timeout_s * 1000)}") == "true"
-
-    def stats(self) -> SenderStats:
-        return SenderStats.from_mapping(json.loads(self.call("stats")))
-
-    def close(self, timeout_s: float) -> bool:
-        try:
-            if self.proc.poll() is not None:
-                return False
-            done = self.call(f"close {int(timeout_s * 1000)}") == "true"
-            self.proc.wait(10)
-            return done
-        finally:
-            self.release()
-
-    def release(self) -> None:
-        """Kill the JVM if still running and close the pipes and the log."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                stream.close()
-        self._log.close()
-
-
 class PythonClient:
     def __init__(self, socket_path: str) -> None:
         self.sender = python_sender.Sender(socket_path, timeout_s=5.0)
@@ -124,32 +73,6 @@ class PythonClient:
 
     def close(self, timeout_s: float) -> bool:
         return self.sender.close(timeout_s)
-
-
-@pytest.fixture(scope="session")
-def harness_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The listener jar, the harness compiled against it, and slf4j-api (no Spark)."""
-    import pyspark
-
-    jar = spark_bridge.listener_jar()
-    jars = Path(pyspark.__file__).parent / "jars"
-    slf4j = next(jars.glob("slf4j-api-*.jar"))
-    out = tmp_path_factory.mktemp("harness")
-    subprocess.run(
-        [
-            "javac",
-            "--release",
-            "8",
-            "-Xlint:-options",
-            "-cp",
-            f"{jar}:{slf4j}",
-            "-d",
-            str(out),
-            str(REPO_ROOT / "tests" / "jvm" / "SenderHarness.java"),
-        ],
-        check=True,
-    )
-    return f"{jar}:{out}:{slf4j}"
 
 
 ClientFactory = Callable[..., Client]
@@ -385,6 +308,34 @@ def test_a_connection_closed_without_a_reply_is_resent_with_only_the_newest_batc
     assert (stats.offered, stats.conflated, stats.failed) == (2, 1, 0)
 
 
+def test_one_listener_releasing_does_not_hold_up_another_listeners_acquire(
+    harness_classpath: str, short_tmp: Path
+) -> None:
+    """Two users of one sender (two Spark Connect sessions' listeners), an update that no
+    daemon answers: one user's release waits up to a minute for its flush. Meanwhile another
+    session's listener is created (a sender for another endpoint): it must not wait for that
+    flush (it did, for the whole timeout, while release flushed under the registry's lock)."""
+    client = JavaClient(
+        harness_classpath, {"socketPath": str(short_tmp / "absent.sock")}, short_tmp / "j.log"
+    )
+    try:
+        assert client.call("acquire") == "ok"
+        client.offer(QID, payload(1))
+        assert client.call("release-async 60000") == "releasing"
+        answers: list[str] = []
+
+        def acquire_other() -> None:
+            # AssertionError: the JVM was killed at the end of a failed test.
+            with contextlib.suppress(AssertionError):
+                answers.append(client.call(f"acquire-other {short_tmp / 'o.sock'}"))
+
+        threading.Thread(target=acquire_other, daemon=True).start()
+        wait_for(lambda: answers, 15, "the other listener's acquire, while the release flushes")
+        assert answers == ["acquired"]
+    finally:
+        client.release()
+
+
 # --- the real daemon ------------------------------------------------------------------------
 
 
@@ -466,7 +417,32 @@ def test_an_update_over_the_daemons_frame_limit_fails_alone(
     assert client.stats().retried == retried
 
 
-def test_the_jvm_sender_speaks_loopback_tcp_when_told_to(
+def test_the_jvm_sender_speaks_loopback_tcp_with_the_published_token(
+    harness_classpath: str,
+    daemon_env: dict[str, str],
+    procs: list[DaemonProcess],
+    short_tmp: Path,
+) -> None:
+    """What a JVM without Unix sockets does (forced here on Java 17 with transport=tcp): the
+    port and the token from the endpoint file beside the socket, the daemon on its defaults."""
+    daemon = DaemonProcess(daemon_env, short_tmp / "d.log")
+    procs.append(daemon)
+    daemon.start()
+    sock = daemon_env["SIDECAR_SOCKET_PATH"]
+    client = JavaClient(
+        harness_classpath, {"transport": "tcp", "socketPath": sock}, short_tmp / "j.log"
+    )
+    try:
+        client.offer(QID, payload(3))
+        assert client.flush(10)
+        stats = json.loads(client.call("stats"))
+        assert stats["endpoint"] == f"tcp:{sock}.tcp" and stats["failed"] == 0
+    finally:
+        client.close(1)
+    assert spark_bridge.load_checkpoint(QID, sock)["batch_id"] == 3
+
+
+def test_a_fixed_tcp_port_takes_the_token_from_the_endpoint_file(
     harness_classpath: str,
     daemon_env: dict[str, str],
     procs: list[DaemonProcess],
@@ -476,18 +452,110 @@ def test_the_jvm_sender_speaks_loopback_tcp_when_told_to(
     daemon = DaemonProcess({**daemon_env, "SIDECAR_TCP_PORT": str(port)}, short_tmp / "d.log")
     procs.append(daemon)
     daemon.start()
-    client = JavaClient(
-        harness_classpath,
-        {"transport": "tcp", "tcpPort": str(port), "socketPath": "/nonexistent"},
-        short_tmp / "j.log",
-    )
+    sock = daemon_env["SIDECAR_SOCKET_PATH"]
+    settings = {"transport": "tcp", "tcpPort": str(port), "socketPath": sock}
+    client = JavaClient(harness_classpath, settings, short_tmp / "j.log")
     try:
-        client.offer(QID, payload(3))
+        client.offer(QID, payload(4))
         assert client.flush(10)
         assert json.loads(client.call("stats"))["endpoint"] == f"tcp:127.0.0.1:{port}"
     finally:
         client.close(1)
-    assert spark_bridge.load_checkpoint(QID, daemon_env["SIDECAR_SOCKET_PATH"])["batch_id"] == 3
+    assert spark_bridge.load_checkpoint(QID, sock)["batch_id"] == 4
+
+
+def test_a_refused_token_is_retried_with_the_endpoint_file_read_again(
+    harness_classpath: str,
+    daemon_env: dict[str, str],
+    procs: list[DaemonProcess],
+    short_tmp: Path,
+) -> None:
+    """A file whose token the daemon refuses (another daemon's, from before a restart): the
+    listener is refused, keeps the update, and delivers it once the file is right."""
+    daemon = DaemonProcess(daemon_env, short_tmp / "d.log")
+    procs.append(daemon)
+    daemon.start()
+    sock = daemon_env["SIDECAR_SOCKET_PATH"]
+    published = Path(endpoint.path_for(sock))
+    right = published.read_bytes()
+    found = endpoint.decode(right)
+    wrong = endpoint.Endpoint(found.host, found.port, "another-daemons-token", found.pid)
+    published.write_bytes(endpoint.encode(wrong))
+    client = JavaClient(
+        harness_classpath, {"transport": "tcp", "socketPath": sock}, short_tmp / "j.log"
+    )
+    try:
+        client.offer(QID, payload(5))
+        wait_for(lambda: client.stats().retried >= 2, 10, "refused attempts")
+        stats = client.stats()
+        assert stats.pending == 1 and stats.sent == 0 and stats.failed == 0
+        assert stats.last_error is not None and "refused the token" in stats.last_error
+        published.write_bytes(right)
+        assert client.flush(10)
+    finally:
+        client.close(1)
+    assert "unauthenticated" in daemon.log()
+    assert spark_bridge.load_checkpoint(QID, sock)["batch_id"] == 5
+
+
+def test_a_crashed_daemons_endpoint_file_does_not_mislead_the_listener(
+    harness_classpath: str,
+    daemon_env: dict[str, str],
+    procs: list[DaemonProcess],
+    short_tmp: Path,
+) -> None:
+    """kill -9 leaves the endpoint file naming a port nobody answers: the listener retries
+    with backoff, and delivers to the restarted daemon (a new port, a new token)."""
+    daemon = DaemonProcess(daemon_env, short_tmp / "d.log")
+    procs.append(daemon)
+    daemon.start()
+    sock = daemon_env["SIDECAR_SOCKET_PATH"]
+    client = JavaClient(
+        harness_classpath,
+        {"transport": "tcp", "socketPath": sock, "backoffMaxMs": "200"},
+        short_tmp / "j.log",
+    )
+    try:
+        client.offer(QID, payload(1))
+        assert client.flush(10)
+        stale = endpoint.decode(Path(endpoint.path_for(sock)).read_bytes())
+        daemon.signal(signal.SIGKILL)
+        daemon.wait()
+        assert Path(endpoint.path_for(sock)).exists()  # left behind
+        client.offer(QID, payload(2))
+        wait_for(lambda: client.stats().retried >= 2, 10, "failed attempts")
+        restarted = DaemonProcess(daemon_env, short_tmp / "d2.log")
+        procs.append(restarted)
+        restarted.start()
+        fresh = endpoint.decode(Path(endpoint.path_for(sock)).read_bytes())
+        assert fresh.token != stale.token
+        assert client.flush(20)
+        assert client.stats().failed == 0
+    finally:
+        client.close(1)
+    assert spark_bridge.load_checkpoint(QID, sock)["batch_id"] == 2
+
+
+def test_the_jvm_auth_frame_and_endpoint_file_are_the_protocols(
+    harness_classpath: str, short_tmp: Path
+) -> None:
+    client = JavaClient(harness_classpath, {"socketPath": "/nonexistent"}, short_tmp / "j.log")
+    try:
+        token = endpoint.new_token()
+        frame = client.call(f"authframe {token}").encode() + b"\n"
+        conn = ServerConnection(auth_token=token)
+        assert conn.receive_data(frame) == [Authenticated(AUTH_ID)] and conn.authenticated
+        assert client.call("endpointfile /run/x/s.sock") == endpoint.path_for("/run/x/s.sock")
+        assert client.call("route") == "unix:/nonexistent"  # Java 17: the Unix socket
+    finally:
+        client.close(0.1)
+    # tcpPort=auto, as the daemon's SIDECAR_TCP_PORT may say it in a shared environment.
+    settings = {"transport": "tcp", "tcpPort": "auto", "socketPath": "/run/x/s.sock"}
+    client = JavaClient(harness_classpath, settings, short_tmp / "j2.log")
+    try:
+        assert client.call("route") == "tcp:/run/x/s.sock.tcp"
+    finally:
+        client.close(0.1)
 
 
 @pytest.mark.parametrize(
@@ -495,7 +563,6 @@ def test_the_jvm_sender_speaks_loopback_tcp_when_told_to(
     [
         ("tcpPort=http", "spark.checkpointSidecar.tcpPort=http: not a whole number"),
         ("transport=udp", "spark.checkpointSidecar.transport=udp: use auto, unix or tcp"),
-        ("transport=tcp", "transport=tcp needs spark.checkpointSidecar.tcpPort"),
         ("tcpHost=10.0.0.1", "loopback only"),
         ("sockePath=/x", "unknown setting spark.checkpointSidecar.sockePath"),
     ],

@@ -40,7 +40,7 @@ from tests.helpers import (
     sample,
     wait_blob_batch,
 )
-from tests.services import Azurite, free_port
+from tests.services import Azurite
 from tests.sparkshapes import kafka_progress
 
 QID = "7b1e2c3d-4f5a-4b6c-8d7e-9f0a1b2c3d4e"
@@ -93,9 +93,8 @@ async def redis_state(config: Config, qid: str) -> tuple[bool, bool, bool, bool]
         await r.aclose()
 
 
-async def admin(config: Config, op: str, *, tcp_port: int | None = None, **fields: Any) -> Reply:
-    path = None if tcp_port else config.socket_path
-    async with await SidecarClient.connect(path, tcp_port=tcp_port) as c:
+async def admin(config: Config, op: str, *, tcp: bool = False, **fields: Any) -> Reply:
+    async with await SidecarClient.connect(config.socket_path, tcp=tcp) as c:
         return await c.request(op, **fields)
 
 
@@ -212,7 +211,7 @@ async def test_reset_to_explicit_offsets_through_the_daemon(make_config: ConfigF
 async def test_admin_ops_are_refused_without_the_setting_and_on_tcp(
     make_config: ConfigFactory,
 ) -> None:
-    off = make_config(tcp_port=free_port())
+    off = make_config()
     async with running_daemon(off) as daemon:
         reply = await admin(off, "retire", name=NAME)
         assert reply.error is not None and reply.error.code == "forbidden"
@@ -222,18 +221,18 @@ async def test_admin_ops_are_refused_without_the_setting_and_on_tcp(
     assert refused.returncode == 2
     assert "reset: reset and retire are admin ops, off on this daemon" in refused.stderr
 
-    on = make_config(admin_ops="true", tcp_port=free_port())
+    on = make_config(admin_ops="true")
     async with running_daemon(on) as daemon:
         assert daemon.server.tcp_port is not None
-        tcp = await admin(on, "retire", name=NAME, tcp_port=daemon.server.tcp_port)
+        tcp = await admin(on, "retire", name=NAME, tcp=True)
         assert tcp.error is not None and tcp.error.code == "forbidden"
         assert "SIDECAR_ADMIN_OPS_TCP=true" in tcp.error.message
         unix = await admin(on, "retire", name=NAME)  # passes the gate: no such query
         assert unix.error is not None and unix.error.code == "not_found"
 
-    both = make_config(admin_ops="true", admin_ops_tcp="true", tcp_port=free_port())
-    async with running_daemon(both) as daemon:
-        tcp = await admin(both, "retire", name=NAME, tcp_port=daemon.server.tcp_port)
+    both = make_config(admin_ops="true", admin_ops_tcp="true")
+    async with running_daemon(both):
+        tcp = await admin(both, "retire", name=NAME, tcp=True)
         assert tcp.error is not None and tcp.error.code == "not_found"
 
 

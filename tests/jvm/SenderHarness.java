@@ -16,7 +16,15 @@ import java.util.Map;
  * <p>Arguments: settings as {@code key=value} (keys of {@link Settings}, no prefix). Commands on
  * stdin, one reply line each on stdout: {@code offer QUERY JSON} → {@code ok}; {@code flush MS},
  * {@code await QUERY MS}, {@code close MS} → {@code true|false}; {@code stats} → the stats JSON;
- * {@code retriable}, {@code closing} → those error codes, sorted, comma-separated.
+ * {@code retriable}, {@code closing} → those error codes, sorted, comma-separated; {@code
+ * authframe TOKEN} → the auth request line; {@code endpointfile SOCKET} → the endpoint file's
+ * path; {@code route} → where the sender connects.
+ *
+ * <p>For the shared registry ({@link Sender#acquire}): {@code acquire} adds a user of the same
+ * sender → {@code ok}; {@code release-async MS} starts a thread that releases one user (flushing
+ * within MS) and answers {@code releasing} once that thread waits in the flush; {@code
+ * acquire-other PATH} acquires a sender for another Unix socket (and releases it at once) →
+ * {@code acquired}.
  */
 final class SenderHarness {
   public static void main(String[] args) throws Exception {
@@ -25,7 +33,8 @@ final class SenderHarness {
       int eq = arg.indexOf('=');
       conf.put(arg.substring(0, eq), arg.substring(eq + 1));
     }
-    Sender sender = Sender.acquire(new Settings(conf, System.getenv()));
+    final Settings settings = new Settings(conf, System.getenv());
+    final Sender sender = Sender.acquire(settings);
     BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
     String line;
     while ((line = in.readLine()) != null) {
@@ -50,6 +59,37 @@ final class SenderHarness {
           break;
         case "closing":
           reply(sorted(Wire.CLOSING));
+          break;
+        case "authframe":
+          reply(new String(Wire.authRequest(w[1]), StandardCharsets.UTF_8).trim());
+          break;
+        case "endpointfile":
+          reply(Endpoint.fileFor(w[1]));
+          break;
+        case "route":
+          reply(settings.route().toString());
+          break;
+        case "acquire":
+          Sender.acquire(settings);
+          reply("ok");
+          break;
+        case "release-async":
+          final long ms = Long.parseLong(w[1]);
+          Thread releasing = new Thread(() -> sender.release(ms), "harness-release");
+          releasing.setDaemon(true);
+          releasing.start();
+          // Answer once the release is inside its flush (waiting on the slots' monitor), so that
+          // the next command runs while that flush is under way.
+          while (releasing.getState() != Thread.State.TIMED_WAITING && releasing.isAlive()) {
+            Thread.sleep(1);
+          }
+          reply("releasing");
+          break;
+        case "acquire-other":
+          Map<String, String> other = new HashMap<>(conf);
+          other.put("socketPath", w[1]);
+          Sender.acquire(new Settings(other, System.getenv())).release(0);
+          reply("acquired");
           break;
         case "close":
           reply(String.valueOf(sender.release(Long.parseLong(w[1]))));

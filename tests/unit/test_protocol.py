@@ -20,8 +20,13 @@ from sidecar.errors import CorruptRecord
 from sidecar.model import checkpoint
 from sidecar.model.checkpoint import Checkpoint, SourceOffsets
 from sidecar.model.document import CheckpointDocument, Writer, decode_document, encode_document
+from sidecar.wire import endpoint
 from sidecar.wire.protocol import (
+    AUTH_ID,
+    CLOSING_CODES,
     MAX_FRAME_BYTES,
+    RETRIABLE_CODES,
+    Authenticated,
     BadRequest,
     ClientConnection,
     ErrorCode,
@@ -762,3 +767,133 @@ def test_a_stored_record_or_document_with_an_unreadable_offset_is_corrupt(offset
     body = encode_document(doc).replace(b'"end_offset":{', b'"end_offset":' + offset + b',"x":{', 1)
     with pytest.raises(CorruptRecord, match="not a checkpoint document"):
         decode_document(body)
+
+
+# --- authentication (the TCP listener) -----------------------------------------------------
+
+TOKEN = "s3cret-token"
+
+
+def authed(token: str = TOKEN) -> ServerConnection:
+    return ServerConnection(admin_refusal=None, auth_token=token, auth_hint="see the file")
+
+
+@pytest.mark.parametrize(("stream", "expected"), STREAMS)
+def test_after_auth_a_connection_reads_requests_as_any_other(
+    feed: Feed, stream: bytes, expected: list[Event]
+) -> None:
+    conn = authed()
+    assert not conn.authenticated
+    got = feed(conn, encode_request("auth", AUTH_ID, token=TOKEN) + stream)
+    assert got == [Authenticated(AUTH_ID), *expected]
+    assert conn.authenticated and not conn.closed
+
+
+@pytest.mark.parametrize(
+    ("first", "why"),
+    [
+        (encode_request("progress", 1, progress=RATE), "another request came before auth"),
+        (encode_request("ping", 1), "another request came before auth"),
+        (encode_request("retire", 1, name="q"), "another request came before auth"),
+        (encode_request("auth", 1, token="guess"), "the token is not this daemon's"),
+        (encode_request("auth", 1, token=TOKEN + "x"), "the token is not this daemon's"),
+        (encode_request("auth", 1, token=""), "the token is not this daemon's"),
+        (encode_request("auth", 1), "a bad line came before auth"),  # no token at all
+        (b"not json\n", "a bad line came before auth"),
+    ],
+)
+def test_anything_but_the_token_first_is_refused_and_closes_the_connection(
+    feed: Feed, first: bytes, why: str
+) -> None:
+    conn = authed()
+    later = encode_request("auth", 2, token=TOKEN) + encode_request("ping", 3)
+    [refusal] = feed(conn, first + later)  # nothing after the refused request is read
+    assert isinstance(refusal, BadRequest)
+    assert (refusal.code, refusal.fatal) == (ErrorCode.UNAUTHENTICATED, True)
+    assert why in refusal.message and "see the file" in refusal.message
+    assert conn.closed and not conn.authenticated
+    assert conn.receive_data(encode_request("ping", 4)) == []
+
+
+def test_a_connection_without_a_token_answers_auth_and_needs_none() -> None:
+    conn = ServerConnection()
+    assert conn.authenticated
+    got = conn.receive_data(encode_request("ping", 1) + encode_request("auth", 2, token="x"))
+    assert got == [Ping(1), Authenticated(2)]
+
+
+def test_an_oversized_first_frame_closes_an_unauthenticated_connection_once() -> None:
+    conn = ServerConnection(max_frame_bytes=1024, auth_token=TOKEN)
+    [refusal] = conn.receive_data(b"x" * 2000)
+    assert isinstance(refusal, BadRequest) and refusal.code == ErrorCode.FRAME_TOO_LARGE
+    assert refusal.fatal and conn.closed and not conn.authenticated
+    # A refused first request followed by an oversized frame in the same read: one refusal.
+    conn = ServerConnection(max_frame_bytes=1024, auth_token=TOKEN)
+    [refusal] = conn.receive_data(encode_request("ping", 1) + b"x" * 2000)
+    assert isinstance(refusal, BadRequest) and refusal.code == ErrorCode.UNAUTHENTICATED
+
+
+def test_refusing_a_connection_that_never_authenticated_closes_it() -> None:
+    conn = authed()
+    refusal = conn.refuse_unauthenticated("no auth within 10s")
+    assert refusal.code == ErrorCode.UNAUTHENTICATED and refusal.fatal
+    assert "no auth within 10s" in refusal.message and conn.closed
+
+
+def test_unauthenticated_closes_the_connection_for_clients_too() -> None:
+    assert ErrorCode.UNAUTHENTICATED in CLOSING_CODES
+    assert ErrorCode.UNAUTHENTICATED not in RETRIABLE_CODES
+
+
+# --- the endpoint file ---------------------------------------------------------------------
+
+
+@given(
+    host=st.sampled_from(["127.0.0.1", "::1", "127.0.0.2"]),
+    port=st.integers(1, 65535),
+    token=st.text(min_size=1, max_size=80),
+    pid=st.integers(0, 2**22),
+)
+def test_an_endpoint_file_reads_back_what_was_written(
+    host: str, port: int, token: str, pid: int
+) -> None:
+    written = endpoint.Endpoint(host, port, token, pid)
+    data = endpoint.encode(written)
+    assert data.endswith(b"\n") and data.count(b"\n") == 1
+    assert endpoint.decode(data) == written
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"not json",
+        b"[]",
+        b'{"version":2,"host":"127.0.0.1","port":1,"token":"t"}',
+        b'{"version":1,"host":"127.0.0.1","port":0,"token":"t"}',
+        b'{"version":1,"host":"127.0.0.1","port":true,"token":"t"}',
+        b'{"version":1,"host":"127.0.0.1","port":1,"token":""}',
+        b'{"version":1,"port":1,"token":"t"}',
+        b"{" + b" " * 5000 + b"}",
+    ],
+)
+def test_anything_else_is_not_an_endpoint_file(data: bytes) -> None:
+    with pytest.raises(endpoint.EndpointError):
+        endpoint.decode(data)
+
+
+@pytest.mark.parametrize(
+    ("socket_mode", "file_mode"),
+    [(0o600, 0o600), (0o660, 0o640), (0o666, 0o644), (0o620, 0o640), (0o640, 0o600), (0, 0o600)],
+)
+def test_the_endpoint_file_is_readable_by_those_who_may_connect(
+    socket_mode: int, file_mode: int
+) -> None:
+    assert endpoint.mode_for(socket_mode) == file_mode
+
+
+def test_tokens_are_new_each_time_and_long() -> None:
+    tokens = {endpoint.new_token() for _ in range(100)}
+    assert len(tokens) == 100
+    assert all(len(t) >= 43 for t in tokens)
+    assert endpoint.path_for("/run/x/sidecar.sock") == "/run/x/sidecar.sock.tcp"

@@ -177,7 +177,7 @@ def test_no_cycle_between_modules() -> None:
 
 def test_the_server_knows_nothing_beyond_the_protocol() -> None:
     allowed = {"config", "errors", "ingest.connection", "ingest.replies", "telemetry.metrics"}
-    allowed.add("wire.protocol")
+    allowed |= {"wire.protocol", "wire.endpoint"}
     inner = [
         m.removeprefix("sidecar.") for m in modules()["ingest.server"] if m.startswith("sidecar.")
     ]
@@ -194,6 +194,25 @@ def test_pure_modules_do_no_io_and_each_sdk_stays_at_its_edge() -> None:
         for sdk, owners in SDK_OWNERS.items():
             if sdk in roots and name not in owners:
                 wrong.append(f"{name} imports {sdk} (owned by {sorted(owners)})")
+    assert wrong == []
+
+
+#: What of the Spark side each package of ``sidecar`` may import: ``model`` its pure resume
+#: rules (their one source), ``cli`` anything (``listener-jar``); nothing else, so that
+#: ``spark_bridge`` stays a leaf the daemon barely touches.
+BRIDGE_IMPORTS = {"model": {"spark_bridge.resume"}}
+
+
+def test_the_daemon_imports_little_of_the_spark_side() -> None:
+    wrong = []
+    for name, imported in modules().items():
+        own = package_of(name)
+        for module in imported:
+            if module.split(".")[0] != "spark_bridge" or own == "cli":
+                continue
+            allowed = BRIDGE_IMPORTS.get(own, set())
+            if not any(module == a or module.startswith(f"{a}.") for a in allowed):
+                wrong.append(f"{name} imports {module}")
     assert wrong == []
 
 

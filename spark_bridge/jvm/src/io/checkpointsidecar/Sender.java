@@ -29,8 +29,8 @@ import org.slf4j.LoggerFactory;
  * </pre>
  *
  * <p>Invariants: only the I/O thread touches the channel (others ask it to stop through
- * {@link Slots#close} and {@link Selector#wakeup()}); no lock is held across I/O (the slots'
- * lock is taken only inside {@link Slots}).
+ * {@link Slots#close} and {@link Selector#wakeup()}); no lock is held across I/O or a wait for
+ * it (the slots' lock is taken only inside {@link Slots}; the registry's only to count users).
  *
  * <p>One sender per endpoint is shared by every listener in the JVM ({@link #acquire}), so a
  * Spark Connect server, which builds one listener per client session, keeps one connection.
@@ -47,13 +47,14 @@ final class Sender {
 
   private static final Map<String, Sender> SHARED = new HashMap<>();
 
-  /** The sender for {@code settings}' endpoint, started on first use; pair with {@link #release}. */
+  /** The sender for {@code settings}' route, started on first use; pair with {@link #release}. */
   static Sender acquire(Settings settings) {
     synchronized (SHARED) {
-      String endpoint = settings.endpoint();
+      Endpoint.Route route = settings.route();
+      String endpoint = route.toString();
       Sender sender = SHARED.get(endpoint);
       if (sender == null) {
-        sender = new Sender(settings, endpoint);
+        sender = new Sender(settings, route);
         sender.start();
         SHARED.put(endpoint, sender);
       }
@@ -62,12 +63,19 @@ final class Sender {
     }
   }
 
-  /** Drop one user; the last one flushes (bounded by {@code timeoutMs}) and stops the thread. */
+  /**
+   * Drop one user; the last one flushes (bounded by {@code timeoutMs}) and stops the thread.
+   * The registry's lock is held only to count users: every other listener's {@link #acquire}
+   * and release go on while this one waits for its flush (a Spark Connect session closing
+   * while the daemon is slow must not hold up the other sessions' listeners).
+   */
   boolean release(long timeoutMs) {
+    boolean last;
     synchronized (SHARED) {
-      if (--users > 0) return flush(timeoutMs);
-      SHARED.remove(endpoint);
+      last = --users == 0;
+      if (last) SHARED.remove(endpoint);
     }
+    if (!last) return flush(timeoutMs);
     boolean delivered = close(timeoutMs);
     try {
       Runtime.getRuntime().removeShutdownHook(shutdownHook);
@@ -78,6 +86,7 @@ final class Sender {
   }
 
   private final Settings settings;
+  private final Endpoint.Route route;
   final String endpoint;
   private final Slots slots;
   private int users; // guarded by SHARED
@@ -94,9 +103,10 @@ final class Sender {
   private long downSinceNs = -1;
   private final ByteBuffer readBuffer = ByteBuffer.allocate(64 * 1024);
 
-  Sender(Settings settings, String endpoint) {
+  Sender(Settings settings, Endpoint.Route route) {
     this.settings = settings;
-    this.endpoint = endpoint;
+    this.route = route;
+    this.endpoint = route.toString();
     this.slots = new Slots(settings.maxQueries, endpoint);
     this.backoffMs = settings.backoffMinMs;
     try {
@@ -261,15 +271,16 @@ final class Sender {
 
   private SocketChannel connect() throws IOException {
     if (channel != null) return channel;
-    Endpoint.Target target = Endpoint.open(endpoint);
+    Endpoint.Target target = Endpoint.open(route);
     SocketChannel ch = target.channel;
     try {
       ch.configureBlocking(false);
+      long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(settings.connectTimeoutMs);
       if (!ch.connect(target.address)) {
-        long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(settings.connectTimeoutMs);
         await(ch, SelectionKey.OP_CONNECT, deadline);
         while (!ch.finishConnect()) await(ch, SelectionKey.OP_CONNECT, deadline);
       }
+      if (target.token != null) authenticate(ch, target, deadline);
     } catch (IOException | RuntimeException e) {
       ch.close();
       throw e;
@@ -278,6 +289,40 @@ final class Sender {
     if (connectedOnce) slots.reconnected();
     connectedOnce = true;
     return ch;
+  }
+
+  /**
+   * Send the token and read the daemon's answer before anything else (TCP). A refusal closes
+   * the connection; the caller retries with backoff, reading the endpoint file again.
+   */
+  private void authenticate(SocketChannel ch, Endpoint.Target target, long deadline) throws IOException {
+    ByteBuffer out = ByteBuffer.wrap(Wire.authRequest(target.token));
+    while (out.hasRemaining()) {
+      if (ch.write(out) == 0) await(ch, SelectionKey.OP_WRITE, deadline);
+    }
+    Wire.ReplyDecoder decoder = new Wire.ReplyDecoder();
+    while (true) {
+      readBuffer.clear();
+      if (read(ch, readBuffer, deadline) < 0) {
+        throw new EOFException("the daemon at " + target.address + " closed the connection before answering auth");
+      }
+      List<Wire.Reply> replies;
+      try {
+        replies = decoder.feed(readBuffer.array(), 0, readBuffer.position());
+      } catch (Wire.ProtocolViolation e) {
+        throw new IOException("not the daemon at " + target.address + ": " + e.getMessage());
+      }
+      if (replies.isEmpty()) continue;
+      Wire.Reply reply = replies.get(0);
+      if (replies.size() > 1 || !Wire.AUTH_ID.equals(reply.id)) {
+        throw new IOException("not the daemon at " + target.address + ": an unexpected reply to auth (" + reply + ")");
+      }
+      if (!reply.ok) {
+        throw new IOException("the daemon at " + target.address + " refused the token of "
+            + route.endpointFile() + " (" + reply + "); retrying with the file read again");
+      }
+      return;
+    }
   }
 
   private void write(SocketChannel ch, ByteBuffer buf) throws IOException {

@@ -39,7 +39,7 @@ final class Settings {
   enum Transport { AUTO, UNIX, TCP }
 
   final String socketPath;
-  final int tcpPort; // 0: off
+  final int tcpPort; // 0: the one the daemon's endpoint file names
   final String tcpHost;
   final Transport transport;
   final long connectTimeoutMs;
@@ -72,6 +72,9 @@ final class Settings {
       v.put(e.getKey(), value.trim());
     }
     socketPath = v.get("socketPath");
+    // "auto", as the daemon's SIDECAR_TCP_PORT says it (a driver may share its environment):
+    // the port the daemon's endpoint file names.
+    if (v.get("tcpPort").equalsIgnoreCase("auto")) v.put("tcpPort", "0");
     tcpPort = (int) number(v, "tcpPort", 0, 65535);
     tcpHost = v.get("tcpHost");
     if (!tcpHost.equals("127.0.0.1") && !tcpHost.equals("::1") && !tcpHost.equals("localhost")) {
@@ -83,10 +86,6 @@ final class Settings {
     } catch (IllegalArgumentException e) {
       throw new IllegalArgumentException(
           PREFIX + "transport=" + v.get("transport") + ": use auto, unix or tcp");
-    }
-    if (transport == Transport.TCP && tcpPort == 0) {
-      throw new IllegalArgumentException(
-          PREFIX + "transport=tcp needs " + PREFIX + "tcpPort (or SIDECAR_TCP_PORT): the daemon's SIDECAR_TCP_PORT");
     }
     connectTimeoutMs = number(v, "connectTimeoutMs", 1, 3_600_000);
     replyTimeoutMs = number(v, "replyTimeoutMs", 1, 3_600_000);
@@ -111,10 +110,15 @@ final class Settings {
     return n;
   }
 
-  /** Where the sender connects: one sender per endpoint is shared by every listener. */
-  String endpoint() {
+  /**
+   * Where the sender connects: the Unix socket where the JVM has them (or with {@code
+   * transport=unix}); else loopback TCP, to {@code tcpPort} when given, else to the port the
+   * daemon's endpoint file names ({@code <socketPath>.tcp}), with the token it holds. One sender
+   * per route is shared by every listener.
+   */
+  Endpoint.Route route() {
     boolean unix = transport == Transport.UNIX
-        || (transport == Transport.AUTO && (tcpPort == 0 || Endpoint.unixSupported()));
-    return unix ? "unix:" + socketPath : "tcp:" + tcpHost + ":" + tcpPort;
+        || (transport == Transport.AUTO && Endpoint.unixSupported());
+    return unix ? Endpoint.Route.unix(socketPath) : Endpoint.Route.tcp(socketPath, tcpHost, tcpPort);
   }
 }

@@ -33,8 +33,9 @@ import scala.Tuple2;
  * terminated event after the query's last progress, so a stopped query's final batch is not lost.
  *
  * <p>Settings ({@code spark.checkpointSidecar.*}, then the driver's environment): {@code
- * socketPath} / SIDECAR_SOCKET_PATH, {@code tcpPort} / SIDECAR_TCP_PORT (used when the JVM has
- * no Unix sockets, Java &lt; 16, or with {@code transport=tcp}), {@code terminateWaitMs}, {@code
+ * socketPath} / SIDECAR_SOCKET_PATH; when the JVM has no Unix sockets (Java &lt; 16), or with
+ * {@code transport=tcp}, loopback TCP to the port and with the token the daemon publishes in
+ * {@code <socketPath>.tcp} ({@code tcpPort} / SIDECAR_TCP_PORT: a fixed port), {@code terminateWaitMs}, {@code
  * shutdownWaitMs}, {@code replyTimeoutMs}, {@code connectTimeoutMs}. See docs/spark-bridge.md.
  */
 public class SidecarStreamingListener extends StreamingQueryListener {

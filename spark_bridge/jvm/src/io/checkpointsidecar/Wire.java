@@ -28,7 +28,11 @@ final class Wire {
                   "unavailable", "not_durable", "not_owner", "shutting_down", "internal")));
 
   /** Error codes after which the daemon closes the connection ({@code sidecar.wire.protocol.CLOSING_CODES}). */
-  static final Set<String> CLOSING = Collections.singleton("frame_too_large");
+  static final Set<String> CLOSING =
+      Collections.unmodifiableSet(new HashSet<>(Arrays.asList("frame_too_large", "unauthenticated")));
+
+  /** The id of the {@code auth} request ({@code sidecar.wire.protocol.AUTH_ID}). */
+  static final String AUTH_ID = "auth";
 
   /**
    * Cap on one reply line. The daemon's largest reply is a {@code get} with a checkpoint (we send
@@ -56,6 +60,15 @@ final class Wire {
     String extra = tracking == null ? "" : ",\"tracking\":\"" + tracking + "\"";
     String line =
         "{\"op\":\"progress\",\"id\":" + id + extra + ",\"progress\":" + body + "}\n";
+    return line.getBytes(StandardCharsets.UTF_8);
+  }
+
+  /**
+   * The {@code auth} request a TCP connection starts with: the daemon serves it only after this,
+   * with the token from its endpoint file.
+   */
+  static byte[] authRequest(String token) {
+    String line = "{\"op\":\"auth\",\"id\":" + Json.quote(AUTH_ID) + ",\"token\":" + Json.quote(token) + "}\n";
     return line.getBytes(StandardCharsets.UTF_8);
   }
 
