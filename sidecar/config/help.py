@@ -41,7 +41,7 @@ HELP = {
         "azure_connection_string": "Azure Storage connection string (key or SAS is never logged)",
         "account_url": "blob account URL, authenticated with DefaultAzureCredential "
         "(managed/workload identity); used when no connection string is set",
-        "container": "blob container for checkpoints (created if missing)",
+        "container": "blob container for checkpoints (created if missing, when the credential may)",
         "lease_duration_s": "blob lease duration, seconds (15-60); renewed every third of it",
         "instance_id": "this daemon's identity (default: HOSTNAME, the pod name): a daemon "
         "restarted with the same identity re-acquires its own leases at once; two live "
