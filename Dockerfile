@@ -5,14 +5,17 @@
 # Build (from the repository root): `make image` (scripts/build_image.sh: docker, or podman
 # where no Docker daemon runs; local Debian bases when no registry is reachable; it also sets
 # the version/revision/source labels and writes the SBOM beside the image). By hand, with
-# BuildKit (the default builder since Docker 23) or podman/buildah, after `make jar`:
+# BuildKit (the default builder since Docker 23) or podman/buildah, from a clean checkout
+# (nothing to build first: the listener stage compiles the Spark listener jar):
 #
 #     docker build -t checkpoint-sidecar:0.1.0 .
 #
-# What is installed is pinned with hashes: requirements/image.txt (the daemon's dependencies)
-# and requirements/image-build.txt (pip, setuptools, cyclonedx-bom), both made by `make lock`;
-# an unchanged tree rebuilds to the same versions. The final stage gets only the finished
-# venv: no pip, setuptools, wheel, compiler or binutils.
+# What is installed is pinned with hashes: requirements/image.txt (the daemon's dependencies),
+# requirements/image-build.txt (pip, setuptools, cyclonedx-bom) and
+# requirements/listener-build.txt (the PySpark whose Spark jars the listener is compiled
+# against), all made by `make lock`; an unchanged tree rebuilds to the same versions. The
+# final stage gets only the finished venv: no pip, setuptools, wheel, JDK, compiler or
+# binutils.
 #
 # Try it locally (the daemon waits for Redis before it binds the socket):
 #
@@ -36,6 +39,48 @@ ARG PYTHON_IMAGE=python:3.11-slim
 # scripts/build_image.sh's local runtime base has none to remove. Must have the builder's
 # Python at the same path (the venv links to it).
 ARG RUNTIME_IMAGE=${PYTHON_IMAGE}
+
+# ---- listener: the Spark listener jar, compiled with javac against Spark's jars --------
+FROM ${PYTHON_IMAGE} AS listener
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
+    PYTHONDONTWRITEBYTECODE=1
+
+WORKDIR /src
+
+# A JDK for javac and jar (Debian's, from the base's apt; its own layer, kept). Slim bases
+# leave out /usr/share/man, where the JDK's postinst links its manual pages: made first.
+RUN mkdir -p /usr/share/man/man1 \
+ && apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends openjdk-17-jdk-headless >/dev/null \
+ && rm -rf /var/lib/apt/lists/* \
+ && javac -version
+
+# Spark's jars from PySpark's source distribution, pinned with its hash in the lock; nothing
+# installed, only deps/jars/ unpacked. The pinned pip and setuptools (image-build.txt) fetch
+# it, the download in pip's cache mount (kept between builds, never in a layer), the CA
+# secret as in the builder below. This layer is rebuilt only when a lock changes.
+COPY requirements/image-build.txt requirements/listener-build.txt requirements/
+RUN --mount=type=cache,id=checkpoint-sidecar-pip,target=/root/.cache/pip \
+    --mount=type=secret,id=host-ca \
+    if [ -s /run/secrets/host-ca ]; then export PIP_CERT=/run/secrets/host-ca; fi \
+ && python3 -m venv /opt/build \
+ && /opt/build/bin/python -m pip install -q --require-hashes --only-binary :all: --no-deps \
+        -r requirements/image-build.txt \
+ && /opt/build/bin/python -m pip download -q --require-hashes --no-deps --no-binary :all: \
+        --no-build-isolation --dest /tmp/sdist -r requirements/listener-build.txt \
+ && mkdir -p /opt/spark-jars \
+ && tar -xzf /tmp/sdist/pyspark-*.tar.gz -C /opt/spark-jars --strip-components=3 \
+        --wildcards '*/deps/jars/*.jar' \
+ && rm -rf /tmp/sdist /opt/build \
+ && ls /opt/spark-jars/spark-sql_*.jar
+
+# The jar, by the same script as `make jar` (Java 8 bytecode, -Werror).
+COPY pyproject.toml ./
+COPY scripts/build_jar.sh scripts/
+COPY spark_bridge/jvm/ spark_bridge/jvm/
+RUN SPARK_JARS=/opt/spark-jars PYTHON=python3 bash scripts/build_jar.sh
 
 # ---- builder: /opt/venv, finished (stripped, compiled, its SBOM written) ---------------
 FROM ${PYTHON_IMAGE} AS builder
@@ -72,12 +117,13 @@ RUN --mount=type=cache,id=checkpoint-sidecar-pip,target=/root/.cache/pip \
         --require-hashes --only-binary :all: --no-deps -r requirements/image.txt
 
 # Then the project's wheel, offline, with the pinned setuptools (the build hook, setup.py,
-# refuses to build without the listener jar: run `make jar` first), and installed with its
+# refuses to build without the listener jar: the listener stage's), and installed with its
 # extras' dependencies resolved against what is already there: one missing from the lock
 # fails the build here instead of the daemon at start.
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY sidecar/ sidecar/
 COPY spark_bridge/ spark_bridge/
+COPY --from=listener /src/spark_bridge/jars/ spark_bridge/jars/
 RUN /opt/build/bin/python -m pip wheel -q --no-deps --no-build-isolation \
         --check-build-dependencies --wheel-dir /tmp/wheels . \
  && { /opt/build/bin/python -m pip --python /opt/venv/bin/python install -q --no-compile \

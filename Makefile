@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PY35 := .venv-spark35/bin/python
 SUBSET := $(if $(strip $(PYTEST_ARGS)),yes,no)
 
-.PHONY: setup jar test simulate run demo bench lint image dist lock docs clean
+.PHONY: setup jar test simulate run demo bench lint image quickstart-test dist lock docs clean
 
 setup:
 	@bash scripts/setup.sh
@@ -59,24 +59,35 @@ bench: setup
 
 ## The container image checkpoint-sidecar:<version>: docker when its daemon answers, else
 ## podman (installed from apt when missing); local Debian bases when no registry answers.
-## It ships the JVM listener jar (built by `jar`), which pod templates copy to the driver;
-## its dependencies come from requirements/image.txt (hashes checked). Beside it: its
-## CycloneDX SBOM, dist/checkpoint-sidecar-<version>.cdx.json.
-image: jar
+## It ships the JVM listener jar, compiled in the build itself (the Dockerfile's listener
+## stage: no `make jar` needed), which pod templates copy to the driver; its dependencies
+## come from requirements/image.txt (hashes checked). Beside it: its CycloneDX SBOM,
+## dist/checkpoint-sidecar-<version>.cdx.json.
+image:
 	@bash scripts/build_image.sh
+
+## The laptop quickstart (deploy/compose/compose.yaml: Redis, Azurite, the sidecar, a PySpark
+## driver) end to end with podman-compose, local images standing in for the public ones: waits
+## for the driver's query's checkpoint in the blob, shows it, removes the project
+## (scripts/quickstart.sh; KEEP=1 leaves it running). tests/e2e/test_quickstart.py runs it.
+quickstart-test: setup
+	@bash scripts/quickstart.sh
 
 ## dist/: the sdist and the wheel, both with the listener jar, checked by `twine check`.
 dist: jar
 	@bash scripts/build_dist.sh
 
 ## requirements/image*.txt: the image's dependencies and build tools, pinned with hashes (uv
-## pip compile, for CPython 3.11 on Linux). Run it after changing pyproject.toml's `daemon` or
-## `uvloop` dependencies; pins that still fit are kept. UPGRADE=1 moves all to the newest.
+## pip compile, for CPython 3.11 on Linux); requirements/listener-build.txt: the PySpark whose
+## jars the image's listener stage compiles against. Run it after changing pyproject.toml's
+## `daemon` or `uvloop` dependencies, or the .in files; pins that still fit are kept.
+## UPGRADE=1 moves all to the newest.
 LOCK := .venv/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 \
 	--python-platform linux --custom-compile-command "make lock" $(if $(UPGRADE),--upgrade)
 lock: setup
 	$(LOCK) pyproject.toml --extra daemon --extra uvloop -o requirements/image.txt
 	$(LOCK) requirements/image-build.in -o requirements/image-build.txt
+	$(LOCK) --no-deps requirements/listener-build.in -o requirements/listener-build.txt
 
 ## The documentation site (MkDocs, mkdocs.yml) from docs/ and the two READMEs, into site/.
 ## Strict: a broken link or anchor fails it. `make test` builds it the same way

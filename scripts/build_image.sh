@@ -6,8 +6,12 @@
 #                                                     # its daemon answers, else podman
 #   PYTHON_IMAGE=python:3.11-slim@sha256:<digest> bash scripts/build_image.sh
 #   SBOM_FILE=out/sbom.json bash scripts/build_image.sh  # default dist/checkpoint-sidecar-<version>.cdx.json
+#   CONTEXT=/tmp/checkout bash scripts/build_image.sh   # build another tree of this project
+#       (e.g. a `git archive` of it: what a clean checkout builds) with this one's engine,
+#       bases and layer cache; absolute, or relative to the repository root. Default: here.
 # podman runs through scripts/podman.sh (scripts/containers.conf, storage in .tools/containers);
-# podman, buildah, runc and mmdebstrap are installed from apt when missing (root only).
+# podman, buildah, runc, mmdebstrap, netavark and aardvark-dns are installed from apt when
+# missing (root only).
 # When PYTHON_IMAGE can be neither found locally nor pulled (no registry reachable), the bases
 # are local Debian bookworm ones made with mmdebstrap and imported once: $LOCAL_BASE for the
 # builder stage, $LOCAL_RUNTIME_BASE (no apt, no pip: ~95 MB) for the final one; both are
@@ -27,6 +31,7 @@ PYTHON_IMAGE="${PYTHON_IMAGE:-python:3.11-slim}"
 LOCAL_BASE="${LOCAL_BASE:-localhost/checkpoint-sidecar-build:bookworm}"
 LOCAL_RUNTIME_BASE="${LOCAL_RUNTIME_BASE:-localhost/checkpoint-sidecar-runtime:bookworm}"
 SBOM_FILE="${SBOM_FILE:-dist/checkpoint-sidecar-$version.cdx.json}"
+CONTEXT="${CONTEXT:-.}"
 CA_BUNDLE="${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 DEBIAN_SECURITY_MIRROR="${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
@@ -52,6 +57,11 @@ case "$ENGINE" in
         missing=()
         for tool in podman buildah runc mmdebstrap; do
             command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+        done
+        # scripts/containers.conf's network backend.
+        for plugin in netavark aardvark-dns; do
+            [ -x "/usr/lib/podman/$plugin" ] || [ -x "/usr/libexec/podman/$plugin" ] \
+                || missing+=("$plugin")
         done
         # conmon and the containers-common files come with podman; uidmap is for mmdebstrap.
         [ ${#missing[@]} -eq 0 ] || apt_install --no-install-recommends "${missing[@]}" uidmap
@@ -163,7 +173,7 @@ source_url() {
 }
 SOURCE_URL="${SOURCE_URL-$(source_url)}"
 [ -n "$SOURCE_URL" ] || log "no public URL for git remote 'origin': the source label is empty (set SOURCE_URL)"
-if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+if [ "$CONTEXT" = . ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
     log "the work tree has uncommitted changes: they are built in, the revision label says $revision"
 fi
 
@@ -179,9 +189,10 @@ if [ "$ENGINE" = podman ]; then
     # bases are local, never pulled again; --layers keeps every step for the next build.
     build_args+=(--network host --pull=never --layers)
 fi
-log "building $IMAGE from $base (final stage on $runtime)"
+log "building $IMAGE from $base (final stage on $runtime)$([ "$CONTEXT" = . ] || echo ", context $CONTEXT")"
 start=$SECONDS
-engine build "${build_args[@]}" . >&2
+[ -f "$CONTEXT/Dockerfile" ] || die "no Dockerfile in CONTEXT=$CONTEXT"
+engine build "${build_args[@]}" --file "$CONTEXT/Dockerfile" "$CONTEXT" >&2
 size="$(engine image inspect --format '{{.Size}}' "$IMAGE")"
 log "built $IMAGE in $((SECONDS - start)) s: $((size / 1000000)) MB"
 

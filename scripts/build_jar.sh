@@ -3,6 +3,8 @@
 # javac against the Spark jars inside the installed pyspark wheel. No Maven, no downloads.
 #   bash scripts/build_jar.sh            # uses .venv/bin/python's pyspark
 #   PYTHON=/path/to/python bash scripts/build_jar.sh
+#   SPARK_JARS=/path/to/jars bash scripts/build_jar.sh   # Spark's jars, no pyspark import
+#                                        # (the Dockerfile's listener stage)
 # Bytecode for Java 8 (--release 8): the jar loads on every JVM Spark 3.4-4.x runs on. Rebuilt
 # only when a source file is newer than the jar.
 set -euo pipefail
@@ -18,7 +20,7 @@ if [ -f "$OUT" ] && [ -z "$(find "$SRC" -name '*.java' -newer "$OUT" | head -1)"
     exit 0
 fi
 command -v javac >/dev/null || { echo "[build-jar] ERROR: javac not found; install a JDK (Debian: openjdk-17-jdk-headless)" >&2; exit 1; }
-jars="$("$PYTHON" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')"
+jars="${SPARK_JARS:-$("$PYTHON" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')}"
 [ -d "$jars" ] || { echo "[build-jar] ERROR: no Spark jars at $jars; install pyspark first" >&2; exit 1; }
 
 work="$(mktemp -d)"

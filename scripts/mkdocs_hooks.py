@@ -1,8 +1,10 @@
 """MkDocs hooks (mkdocs.yml ``hooks:``): the same Markdown reads right on GitHub and on the site.
 
 * The repository's two READMEs are pages of the site: README.md is its home page
-  (``index.md``), deploy/README.md its deploy guide (``deploy.md``). Each is written once and
-  its links are checked by the same strict build as every page in docs/.
+  (``index.md``), deploy/README.md its deploy guide (``deploy.md``); so are CHANGELOG.md
+  (``changelog.md``) and the licence, LICENSE (``license.md``: plain text, shown as such).
+  Each is written once and its links are checked by the same strict build as every page in
+  docs/.
 * Links are written as they work in the repository, relative to the file (``docs/x.md``
   from README.md, ``../deploy/README.md#monitoring`` from docs/). Each one that leads to a
   page of the site is rewritten to that page (``x.md``, ``deploy.md#monitoring``). Any other
@@ -27,7 +29,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCS_DIR = "docs"
 
 #: Pages made from files outside docs/: page in the site -> the file in the repository.
-GENERATED = {"index.md": "README.md", "deploy.md": "deploy/README.md"}
+GENERATED = {
+    "index.md": "README.md",
+    "deploy.md": "deploy/README.md",
+    "changelog.md": "CHANGELOG.md",
+    "license.md": "LICENSE",
+}
+#: Generated pages whose source is plain text: shown as it is, under a title.
+PLAIN_TEXT = {"license.md": "License"}
 _PAGE_OF_REPO_FILE = {source: page for page, source in GENERATED.items()}
 
 #: An inline Markdown link's target, ``](target)``.
@@ -79,6 +88,8 @@ def on_files(files: Files, config: MkDocsConfig, **kwargs: Any) -> Files:
         if files.get_file_from_path(page) is not None:
             raise ValueError(f"docs/{page} exists: the site's {page} is made from {source}")
         content = (REPO_ROOT / source).read_text(encoding="utf-8")
+        if page in PLAIN_TEXT:
+            content = f"# {PLAIN_TEXT[page]}\n\n```text\n{content.rstrip()}\n```\n"
         files.append(File.generated(config, page, content=content))
     return files
 

@@ -45,6 +45,15 @@ class NotReplicated(SidecarError):
     code = "not_durable"
 
 
+class BufferRefused(BufferUnavailable):
+    """Redis refused the daemon's credentials (a wrong password or user: ``WRONGPASS``, a
+    password required but not given: ``NOAUTH``) or its ACL forbids a command the daemon
+    needs (``NOPERM``): a configuration error, named as such in the log at ERROR. Still
+    retried (at the start-up wait's cap): a password rotated in Redis before its Secret, or an
+    ACL being granted, heals without a restart, and the daemon keeps exporting its metrics
+    and config checks meanwhile (docs/troubleshooting.md)."""
+
+
 class BufferError_(SidecarError):
     """Redis answered with an error that retrying will not fix (a bug or a misconfiguration)."""
 
@@ -69,6 +78,20 @@ class StoreUnavailable(SidecarError):
 
 class StoreError(SidecarError):
     """The blob store refused a call for a reason retrying will not fix (auth, bad request)."""
+
+
+class StoreRefused(StoreError):
+    """The blob store refuses the daemon itself: its credentials (401/403: a wrong account
+    key, an expired SAS, a role not assigned, a firewall), a token the identity library could
+    not get, or the container does not exist. Nothing the daemon does will fix it: an
+    operator must. ``checkpoint_sidecar_store_up`` reads 0 while it lasts
+    (``BlobStore.up``)."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        """``reason``: the status and Azure's error code (``403 AuthorizationFailure``,
+        ``404 ContainerNotFound``), or ``credential`` (no token)."""
+        super().__init__(message)
+        self.reason = reason
 
 
 class LeaseConflict(SidecarError):

@@ -29,7 +29,13 @@ from sidecar.buffer.rows import applied_query, pending_query
 from sidecar.buffer.rows import counter as _counter
 from sidecar.buffer.rows import text as _text
 from sidecar.buffer.topology import Topology
-from sidecar.errors import BufferError_, BufferUnavailable, CorruptRecord, NotReplicated
+from sidecar.errors import (
+    BufferError_,
+    BufferRefused,
+    BufferUnavailable,
+    CorruptRecord,
+    NotReplicated,
+)
 from sidecar.model import checkpoint as ckpt
 from sidecar.model.checkpoint import Checkpoint
 
@@ -120,6 +126,21 @@ class RedisBuffer:
             raise BufferUnavailable(
                 f"Redis at {self._url} refused {what}: {_refusal(exc)}; nothing was stored, "
                 "retry — it answers once loaded"
+            ) from exc
+        except rex.AuthenticationError as exc:  # a ConnectionError to redis-py: not ours
+            self._mark(False, f"refused the daemon's credentials ({exc})")
+            raise BufferRefused(
+                f"Redis at {self._url} refused the daemon's credentials during {what} ({exc}): "
+                "a configuration error, not an outage -- set the password (and user) in "
+                "SIDECAR_REDIS_URL (e.g. its Secret) to what Redis' requirepass or ACL expects; "
+                "nothing was stored, retried meanwhile"
+            ) from exc
+        except rex.NoPermissionError as exc:
+            self._mark(False, f"refused a command to the daemon's user ({exc})")
+            raise BufferRefused(
+                f"Redis at {self._url} refused {what} to the daemon's user ({exc}): a "
+                "configuration error -- grant that user the command named, on the namespace's keys "
+                "(docs/troubleshooting.md); nothing was stored, retried meanwhile"
             ) from exc
         except (rex.ConnectionError, rex.TimeoutError, OSError, rex.RedisClusterException) as exc:
             self._mark(False, str(exc))

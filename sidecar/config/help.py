@@ -42,7 +42,7 @@ HELP = {
         "azure_connection_string": "Azure Storage connection string (key or SAS is never logged)",
         "account_url": "blob account URL, authenticated with DefaultAzureCredential "
         "(managed/workload identity); used when no connection string is set",
-        "container": "blob container for checkpoints (created if missing)",
+        "container": "blob container for checkpoints (created if missing, when the credential may)",
         "lease_duration_s": "blob lease duration, seconds (15-60); renewed every third of it",
         "instance_id": "this daemon's name in logs and in the documents it writes (default: "
         "HOSTNAME, the pod name); it does not decide who may write (the lease id does: "

@@ -7,9 +7,11 @@ Start:  this process's lease id (``sidecar.daemon.ownership``) → admin endpoin
         (``task_status.started()``: the socket bound, Redis answered; the store is not part
         of readiness) → then, in the background: the Azure
         SDK imported in a worker thread → wait for the blob container → store watch →
-        flusher (its first pass flushes what a previous run left pending) → config checks
-        (``sidecar.ops.doctor``, once: logged and exported, never fatal). Modules are imported
-        when configured: the Kafka client only with Kafka, identity only with an account URL.
+        flusher (its first pass flushes what a previous run left pending). The config checks
+        (``sidecar.ops.doctor``: logged and exported, never fatal) run once the first attempt
+        to open the store has ended, either way, and again if the store opens later. Modules
+        are imported when configured: the Kafka client only with Kafka, identity only with an
+        account URL.
 Stop:   stop accepting → answer requests already read (drain) → stop the flush, Kafka
         commit and Event Hubs checkpoint loops, final flush of everything pending → final
         Kafka commit and Event Hubs checkpoints → release leases → close Redis, the store and
@@ -49,7 +51,7 @@ from sidecar.daemon.http import AdminServer
 from sidecar.daemon.retirement import Retirement
 from sidecar.daemon.shutdown import StopBudget
 from sidecar.daemon.store_watch import StoreWatch
-from sidecar.errors import SidecarError
+from sidecar.errors import BufferRefused, SidecarError
 from sidecar.eventhubs.checkpointer import EventHubsCheckpointer
 from sidecar.flush.blob_state import BlobStates
 from sidecar.flush.flusher import Flusher
@@ -197,7 +199,7 @@ class Daemon:
         self.metrics.buffer_queue.set_function(lambda: self.coalescer.queued)
         self.buffer.on_replicas = self.metrics.redis_replicas_acked.observe
         self.metrics.redis_up.set_function(lambda: 1.0 if self.buffer.available else 0.0)
-        self.metrics.store_up.set_function(lambda: 0.0 if self.store.available is False else 1.0)
+        self.metrics.store_up.set_function(lambda: 1.0 if self.store.up else 0.0)
         self._stop = anyio.Event()
         self._budget: StopBudget | None = None
         #: Set once :meth:`run` has returned (stopped, cleanly or not).
@@ -320,12 +322,15 @@ class Daemon:
         """After readiness (which the store is not part of: docs/architecture.md): import the
         Azure SDK off the event loop, wait for the container, then start what writes to it —
         the store watch, the flusher (whose first pass recovers what a previous run left
-        pending) — and the config checks. Updates are accepted and buffered meanwhile. A stop
-        cancels ``scope``: nothing starts after it. A store that refuses (credentials, a
-        role not assigned yet) is logged and tried again at the backoff cap: the daemon is
-        ready and buffering, and its stop stays graceful."""
+        pending). Updates are accepted and buffered meanwhile. A stop cancels ``scope``:
+        nothing starts after it. A store that refuses (credentials, a role not assigned yet)
+        is logged and tried again at the backoff cap: the daemon is ready and buffering, and
+        its stop stays graceful. The config checks start when the first attempt has ended,
+        either way, so a store that refuses does not hold back their results (they say why);
+        they run again when the store opens after that."""
         with scope:
             backoff = Backoff(0.5, STORE_OPEN_RETRY_CAP_S)
+            checked = False
             while True:
                 try:
                     await loaded_sdk(identity=not self.config.azure_connection_string)
@@ -341,12 +346,15 @@ class Daemon:
                         exc,
                         exc_info=not isinstance(exc, SidecarError),
                     )
+                    if not checked:
+                        checked = True
+                        tg.start_soon(self._doctor)
                     await anyio.sleep(delay)
             await tg.start(self.store_watch.run)
             await tg.start(self.flusher.run)
             gc.freeze()  # the SDK's modules too (no collection here: acks are being served)
             log.info("blob store open: container %s", self.store.where)
-            tg.start_soon(self._doctor)  # in the background: logged and exported, never fatal
+            tg.start_soon(self._doctor)  # (again) in the background: logged, exported, never fatal
 
     async def _doctor(self) -> None:
         """``checkpoint-sidecar doctor``'s checks, once: logged and exported, never fatal."""
@@ -393,8 +401,12 @@ class Daemon:
             except SidecarError as exc:
                 if not exc.retriable:
                     raise
-                delay = backoff.failed()
-                log.warning("waiting for %s (retry in %.1fs): %s", what, delay, exc)
+                # Refused credentials are a configuration error: said at ERROR, and tried at
+                # the cap (a password rotated in Redis before its Secret heals by itself).
+                refused = isinstance(exc, BufferRefused)
+                delay = backoff.failed(give_up_ramp=refused)
+                level = logging.ERROR if refused else logging.WARNING
+                log.log(level, "waiting for %s (retry in %.1fs): %s", what, delay, exc)
             with anyio.move_on_after(delay):
                 await self._stop.wait()
                 return False

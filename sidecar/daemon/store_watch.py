@@ -1,11 +1,12 @@
 """The blob store's health within seconds: ``checkpoint_sidecar_store_up``.
 
-Every store call notes whether the store answered (``BlobStore.available``): a failed or
-timed-out write, renewal or read turns the gauge to 0 as it ends. A daemon with nothing to
-write makes few calls (a renewal every third of a lease), so this watch pings the store
-(the container's properties: one cheap transaction) whenever no call has ended for
-``every_s`` — the write timeout. A store that stops answering therefore shows within about
-two write timeouts, flushing or idle; one that answers again shows at its next call.
+Every store call notes whether the store answered, or refused the daemon itself
+(``BlobStore.up``): a failed, timed-out or refused write, renewal or read turns the gauge to
+0 as it ends. A daemon with nothing to write makes few calls (a renewal every third of a
+lease), so this watch pings the store (a blob's properties, ``BlobStore.ping``: one cheap
+read that also tells a refused credential or a missing container) whenever no call has ended
+for ``every_s`` — the write timeout. A store that stops answering therefore shows within
+about two write timeouts, flushing or idle; one that answers again shows at its next call.
 
 What readiness makes of it: nothing. ``/readyz`` means "can accept and buffer" (socket,
 Redis, the instance lock, no lease held by another owner); during a store outage Redis keeps

@@ -143,12 +143,17 @@ class RequestHandler:
         self._stale = metrics.updates.labels("stale")
         self._no_offsets = metrics.updates.labels("no_offsets")
         self._rejected = metrics.updates.labels("rejected")
+        #: Whether a Spark listener has sent a progress update since the daemon started.
+        self.listener_seen = False
 
     async def begin(self, event: Event) -> Answer:
         """Start handling ``event`` (a progress is submitted to Redis now); its answer."""
         started = time.perf_counter()
-        if self._heard is not None and isinstance(event, Progress):
-            self._heard(event.checkpoint.query_id)
+        if isinstance(event, Progress):
+            if not self.listener_seen:
+                self._first_progress(event)
+            if self._heard is not None:
+                self._heard(event.checkpoint.query_id)
         match event:
             case Progress(id=rid, checkpoint=c) if not ckpt.has_position(c):
                 return Answer(rid, _now(self._no_position(rid, c, started)))
@@ -167,6 +172,18 @@ class RequestHandler:
             case BadRequest():
                 return Answer(event.id, _now(self._bad(event)))
         raise AssertionError(f"unhandled event {event!r}")
+
+    def _first_progress(self, event: Progress) -> None:
+        """The first progress update since start: a listener reaches this daemon (a first
+        deploy's question; ``checkpoint_sidecar_listener_seen``)."""
+        self.listener_seen = True
+        self._metrics.listener_seen.set(1)
+        log.info(
+            "first progress update since start: a Spark listener reaches this daemon "
+            "(query=%s batch=%d)",
+            event.checkpoint.label,
+            event.checkpoint.batch_id,
+        )
 
     def _floor_of(self, query_id: str) -> int | None:
         if self._floors is None:

@@ -6,15 +6,18 @@ Layout: container ``SIDECAR_CONTAINER``, blob ``<namespace>/<query_id>.json``, m
 
 Azure SDK errors are translated here, once: a refused lease → :class:`LeaseConflict`
 (acquire) or :class:`LeaseLost` (renew, write); network errors, timeouts, 5xx and 429 →
-:class:`StoreUnavailable`; anything else → :class:`StoreError`. The SDK's own retries are
-off: the flusher retries with backoff and jitter and sees every failure. A body that is not a
-checkpoint document of its query → :class:`CorruptRecord`; ``list`` marks such a blob instead.
+:class:`StoreUnavailable`; a refusal of the daemon itself (401/403, no token from the
+identity library, no container) → :class:`StoreRefused`; anything else → :class:`StoreError`.
+The SDK's own retries are off: the flusher retries with backoff and jitter and sees every
+failure. A body that is not a checkpoint document of its query → :class:`CorruptRecord`;
+``list`` marks such a blob instead.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -30,6 +33,7 @@ from sidecar.errors import (
     LeaseLost,
     SidecarError,
     StoreError,
+    StoreRefused,
     StoreUnavailable,
     VersionConflict,
 )
@@ -82,6 +86,21 @@ BLOB_CLIENTS = 64
 #: The bytes a response is read by (as the storage SDK's own transport: 256 KiB at a time).
 DATA_BLOCK_SIZE = 256 * 1024
 
+#: A refusal of the daemon (:class:`StoreRefused`) keeps :attr:`BlobStore.up` at False this
+#: long after it, seconds, unless the refused call succeeds first: the daemon tries a refused
+#: call again at least every 30 s (its backoff cap), so a store that refuses writes but
+#: answers the idle ping (a read-only role) reads 0 steadily rather than flapping.
+REFUSAL_HOLD_S = 60.0
+
+
+class Refusal(msgspec.Struct, frozen=True):
+    """The last refusal of the daemon: the call, its reason, when (``time.monotonic()``)."""
+
+    call: str
+    reason: str
+    at: float
+
+
 # Status codes that mean "try again later".
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -118,7 +137,11 @@ class BlobStore:
         self.available: bool | None = None
         #: Monotonic time the last call ended, either way (an idle store is probed).
         self.last_call_at = 0.0
-        #: Told (call, reason) of every call the store did not answer (the daemon counts them).
+        #: The last refusal of the daemon's own calls (credentials, no container); cleared when
+        #: that call succeeds (:attr:`up`).
+        self.refusal: Refusal | None = None
+        #: Told (call, reason) of every call the store did not answer or refused (a
+        #: :class:`StoreRefused`); the daemon counts them.
         self.on_failure: Callable[[str, str], None] | None = None
 
     def _open(self) -> BlobServiceClient:
@@ -171,6 +194,16 @@ class BlobStore:
     def blob_name(self, query_id: str) -> str:
         return f"{self._namespace}/{query_id}.json"
 
+    @property
+    def up(self) -> bool:
+        """Whether the daemon can use the store: its last call was answered (or none was made
+        yet) and no call of the daemon's was refused in the last :data:`REFUSAL_HOLD_S` without
+        succeeding since (``checkpoint_sidecar_store_up``). Safe from any thread."""
+        refusal = self.refusal
+        if refusal is not None and time.monotonic() - refusal.at < REFUSAL_HOLD_S:
+            return False
+        return self.available is not False
+
     def _mark(self, available: bool, detail: str = "") -> None:
         self.last_call_at = anyio.current_time()
         if available != self.available:
@@ -181,9 +214,18 @@ class BlobStore:
                 log.warning("blob store %s is unavailable: %s", self.where, detail)
         self.available = available
 
+    def _refused(self, what: str, exc: StoreRefused) -> None:
+        if self.refusal is None or self.refusal.reason != exc.reason:
+            log.error("blob store refuses the daemon (checkpoint_sidecar_store_up 0): %s", exc)
+        self.refusal = Refusal(what, exc.reason, time.monotonic())
+        if self.on_failure is not None:
+            self.on_failure(what, exc.reason)
+
     @asynccontextmanager
-    async def _call(self, what: str) -> AsyncIterator[None]:
-        """Time-limit one SDK call, translate its errors, and note whether the store answered."""
+    async def _call(self, what: str, *, health: bool = True) -> AsyncIterator[None]:
+        """Time-limit one SDK call, translate its errors, and note whether the store answered.
+        ``health``: a refusal of this call is the daemon's (:attr:`up`); False for calls the
+        daemon does not need to keep checkpoints (doctor's, Event Hubs')."""
         await loaded(identity=self._identity)
         try:
             async with self._translated(what):
@@ -193,15 +235,45 @@ class BlobStore:
             if self.on_failure is not None:
                 self.on_failure(what, exc.reason)
             raise
+        except StoreRefused as exc:
+            self._mark(True)  # it answered, refusing us
+            if health:
+                self._refused(what, exc)
+            raise
         except SidecarError:
             self._mark(True)  # refused: the store answered
             raise
         self._mark(True)
+        if self.refusal is not None and self.refusal.call == what:
+            log.info("blob store %s accepts %s again", self.where, what)
+            self.refusal = None
+
+    @property
+    def _ping_blob(self) -> BlobClient:
+        """A blob that is never written (not a ``.json``: never a query's): its properties,
+        read by :meth:`ping` and :meth:`ensure_container`, answer "no such blob" from a store
+        that works, and "no such container" or "not authorized" from one the daemon cannot use.
+        A read: what a container SAS (``r``) or a data role allows, where a container's own
+        properties need an account key, an account SAS or a role on the account."""
+        return self._container.get_blob_client(f"{self._namespace}/.ping")
+
+    async def _ping_call(self) -> None:
+        try:
+            await self._ping_blob.get_blob_properties()
+        except sdk().ResourceNotFoundError as exc:
+            if _code(exc) == "ContainerNotFound":
+                raise
+            # No such blob: the store answered, and the container exists.
 
     async def ping(self) -> None:
-        """One cheap call (the container's properties): whether the store answers."""
+        """One cheap call (a blob's properties): whether the store answers, and accepts the
+        daemon's credentials in its container.
+
+        Raises:
+            StoreRefused: credentials refused, or the container does not exist.
+        """
         async with self._call("ping"):
-            await self._container.get_container_properties()
+            await self._ping_call()
 
     @asynccontextmanager
     async def _translated(self, what: str) -> AsyncIterator[None]:
@@ -223,13 +295,36 @@ class BlobStore:
             raise StoreError(f"blob store {self.where}: {what} failed: {exc}") from exc
 
     async def ensure_container(self) -> None:
-        """Create the container if it does not exist."""
-        async with self._call("create container"):
+        """Create the container if it does not exist. Whether it does is read first (a
+        blob's properties: :attr:`_ping_blob`), so a credential that may not create
+        containers (a container SAS, a role on the container) is not refused for one that
+        exists.
+
+        Raises:
+            StoreRefused: credentials refused, or the container does not exist and the
+                credential may not create it.
+        """
+        async with self._call("open container"):
+            try:
+                await self._ping_call()
+                return
+            except sdk().ResourceNotFoundError:
+                pass  # ContainerNotFound
             try:
                 await self._container.create_container()
                 log.info("created blob container %s", self.where)
             except sdk().ResourceExistsError:
                 pass
+            except sdk().HttpResponseError as exc:
+                if exc.status_code not in (401, 403):
+                    raise
+                raise StoreRefused(
+                    f"blob store {self.where}: the container does not exist, and the "
+                    f"credential may not create it ({exc.status_code} {_code(exc)}: "
+                    f"{_said(exc)}); create it, or give the daemon a credential that may (an "
+                    "account key, an account SAS, or a role on the account)",
+                    reason="404 ContainerNotFound",
+                ) from exc
 
     async def create_if_absent(self, query_id: str) -> str | None:
         """Create the query's blob (empty) so it can be leased, only if it does not exist
@@ -404,7 +499,7 @@ class BlobStore:
 
     async def container_listable(self) -> bool:
         """True when the container exists and may be listed; False when it does not exist."""
-        async with self._call("list the container"):
+        async with self._call("list the container", health=False):
             try:
                 pages = self._container.list_blobs(name_starts_with=f"{self._namespace}/")
                 async for _ in pages.by_page():
@@ -438,7 +533,7 @@ class BlobStore:
                 continue  # a step was refused: only clean up what was done
             try:
                 with anyio.CancelScope(shield=cleanup):
-                    async with self._call(f"probe: {name}"):
+                    async with self._call(f"probe: {name}", health=False):
                         answer = await call()
             except SidecarError as exc:
                 result.steps[name] = str(exc)
@@ -453,7 +548,7 @@ class BlobStore:
     async def soft_delete_days(self) -> int | None:
         """The account's blob soft-delete retention in days (None: off), from the blob
         service properties (an account-level call: a container SAS is refused it)."""
-        async with self._call("get service properties"):
+        async with self._call("get service properties", health=False):
             props = await self._open().get_service_properties()
         policy = props.get("delete_retention_policy")
         return int(policy.days or 0) if policy is not None and policy.enabled else None
@@ -478,7 +573,7 @@ class BlobStore:
         """
         await loaded(identity=self._identity)
         client = self._container_named(container)
-        async with self._call("list eventhubs checkpoints"):
+        async with self._call("list eventhubs checkpoints", health=False):
             try:
                 return {
                     item.name.rsplit("/", 1)[-1]: (
@@ -507,7 +602,7 @@ class BlobStore:
         """
         await loaded(identity=self._identity)
         blob = self._container_named(container).get_blob_client(name)
-        async with self._call("write eventhubs checkpoint"):
+        async with self._call("write eventhubs checkpoint", health=False):
             try:
                 if version is None:
                     answer = await blob.upload_blob(b"", overwrite=False, metadata=metadata)
@@ -615,8 +710,30 @@ def _no_container(exc: ResourceNotFoundError, where: str, container: str) -> Exc
     )
 
 
+def _said(exc: HttpResponseError) -> str:
+    """The store's own words about a refusal, on one line (a HEAD's answer has no body: its
+    status line's reason then)."""
+    text = (exc.message or "").strip()
+    first = text.splitlines()[0] if text else ""
+    if not first or first.startswith("Operation returned an invalid status"):
+        first = str(getattr(exc, "reason", None) or first)
+    return first.strip()
+
+
 def _translate(exc: HttpResponseError, what: str, where: str) -> Exception:
-    status = exc.status_code or 0
+    if exc.status_code is None:
+        # No HTTP answer at all: the credential raised before the request was sent
+        # (azure-identity's ClientAuthenticationError). Its message is the identity
+        # library's explanation, one line per credential it tried: kept, on one line.
+        said = " ".join((exc.message or str(exc)).split())
+        return StoreRefused(
+            f"blob store {where}: {what} not sent: the credential could not get a token: "
+            f"{said} -- check the identity's set-up (workload identity: the pod label "
+            "azure.workload.identity/use, the service account's client-id annotation and the "
+            "federated credential, deploy/README.md)",
+            reason="credential",
+        )
+    status = exc.status_code
     code = _code(exc)
     detail = f"blob store {where}: {what} refused ({status} {code})"
     if status == 412 and code == "ConditionNotMet":
@@ -632,5 +749,16 @@ def _translate(exc: HttpResponseError, what: str, where: str) -> Exception:
             retry_after_s=_retry_after(exc),
         )
     if status in (401, 403):
-        return StoreError(f"{detail}: check the credentials and their role on the container")
+        return StoreRefused(
+            f"{detail}: {_said(exc)} -- check the credentials (an account key or SAS: its "
+            "value, permissions and expiry; an identity: its role on the container, e.g. "
+            "Storage Blob Data Contributor) and the account's firewall",
+            reason=f"{status} {code}".strip(),
+        )
+    if code == "ContainerNotFound":
+        return StoreRefused(
+            f"{detail}: the container does not exist -- create it, or restart the daemon: it "
+            "creates a missing container at start when its credential may",
+            reason=f"{status} {code}",
+        )
     return StoreError(detail)

@@ -85,14 +85,23 @@ class Metrics:
         )
         self.store_up = Gauge(
             "checkpoint_sidecar_store_up",
-            "1 when the blob store answered its last call (pinged when idle)",
+            "1 when the daemon can use the blob store: its last call was answered (pinged "
+            "when idle), and none was refused for the daemon's credentials or a missing "
+            "container in the last minute; 0 otherwise (the log says which)",
             registry=r,
         )
         self.store_failures = Counter(
             "checkpoint_sidecar_store_failures",
-            "Blob store calls not answered, by call and reason: timeout, connection, or the "
-            "status and Azure error code (503 ServerBusy, 500 OperationTimedOut, ...)",
+            "Blob store calls not answered or refusing the daemon, by call and reason: "
+            "timeout, connection, credential (no token), or the status and Azure error code "
+            "(503 ServerBusy, 403 AuthorizationFailure, 404 ContainerNotFound, ...)",
             ["call", "reason"],
+            registry=r,
+        )
+        self.listener_seen = Gauge(
+            "checkpoint_sidecar_listener_seen",
+            "1 once a Spark listener has sent this daemon a progress update since it started "
+            "(the listener connects at its query's first progress), 0 until then",
             registry=r,
         )
         self.redis_resets = Counter(

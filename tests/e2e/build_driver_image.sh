@@ -56,6 +56,11 @@ fi
 for tool in podman buildah mmdebstrap; do
     command -v "$tool" >/dev/null 2>&1 || apt_install --no-install-recommends "$tool" uidmap >&2
 done
+# scripts/containers.conf's network backend.
+for plugin in netavark aardvark-dns; do
+    [ -x "/usr/lib/podman/$plugin" ] || [ -x "/usr/libexec/podman/$plugin" ] \
+        || apt_install --no-install-recommends "$plugin" >&2
+done
 
 start=$SECONDS
 work="$(mktemp -d)"

@@ -8,6 +8,12 @@ directory is a host directory shared like the pod's ``emptyDir`` with ``fsGroup:
 as another uid (185, as in the Apache Spark images) with group 10001 added, which posts
 progress over the socket; a third, outside the group, is refused.
 
+The image is built the way a clean checkout builds it: from a copy of the work tree's files
+that git tracks or would (no listener jar, no venv, nothing ignored), so the Dockerfile's own
+listener stage compiles the jar; the jar copied out of the image is then loaded by a real
+PySpark driver (PySpark 4, and 3.5 in `make test`'s second run), whose query's last batch
+reaches the blob through a daemon.
+
 The image as built is checked too: its OCI labels (version, the git commit), the CycloneDX
 SBOM that ``make image`` writes beside it (every distribution in the image at the version
 installed there, and exactly the hashed lock's pins), no pip, setuptools or build tools in the
@@ -24,8 +30,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
+import sys
+import textwrap
 import tomllib
 import uuid
 import zipfile
@@ -37,7 +46,7 @@ import pytest
 import yaml
 
 from tests.helpers import http_get, lease_state, read_blob, wait_blob, wait_for
-from tests.services import REPO_ROOT, Azurite, RedisServer, free_port
+from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer, free_port
 from tests.sparkshapes import kafka_progress
 
 # Building from cold (installing podman, making the Debian base) takes a few minutes.
@@ -103,14 +112,42 @@ class Built:
     sbom: Path
 
 
+def clean_checkout(dest: Path) -> Path:
+    """What a clean checkout of this work tree holds, copied to ``dest``: every file git
+    tracks or would track (new files too, uncommitted changes as they are), nothing it
+    ignores: no listener jar (spark_bridge/jars/), no venv, no .tools."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO_ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")  # fmt: skip
+    for name in filter(None, listed):
+        source = REPO_ROOT / name
+        if source.is_file() or source.is_symlink():  # a tracked file deleted here: gone
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name, follow_symlinks=False)
+    assert (dest / "Dockerfile").is_file()
+    assert not (dest / "spark_bridge" / "jars").exists(), "a clean checkout has no jar"
+    return dest
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    """The image, built through scripts/build_image.sh (cached layers make it quick)."""
+    """The image, built through scripts/build_image.sh from a clean checkout of this tree
+    (:func:`clean_checkout`: no jar built), with this tree's engine, bases and layer cache
+    (cached layers make it quick; tests/e2e's build of the same tag from the work tree finds
+    every layer cached: the build context is the same)."""
     sbom = tmp_path_factory.mktemp("sbom") / f"checkpoint-sidecar-{VERSION}.cdx.json"
+    context = clean_checkout(tmp_path_factory.mktemp("checkout"))
     result = subprocess.run(
         ["bash", "scripts/build_image.sh"],
         cwd=REPO_ROOT,
-        env={**os.environ, "ENGINE": "podman", "IMAGE": IMAGE, "SBOM_FILE": str(sbom)},
+        env={
+            **os.environ,
+            "ENGINE": "podman",
+            "IMAGE": IMAGE,
+            "SBOM_FILE": str(sbom),
+            "CONTEXT": str(context),
+        },
         capture_output=True,
         text=True,
         timeout=840,
@@ -258,18 +295,15 @@ def test_image_runs_with_the_pods_security_settings(
     assert not (socket_dir / "sidecar.sock").exists(), "the socket file is removed on stop"
 
 
-def test_the_pod_templates_jar_copier_finds_the_listener_in_the_image(
-    image: str, short_tmp: Path
-) -> None:
-    """deploy/kubernetes/'s init container, run as written, copies the JVM listener jar out
-    of the image (so the Spark image needs nothing of this project)."""
+def copy_listener_jar(image: str, lib: Path) -> Path:
+    """deploy/kubernetes/'s init container, run as written: the JVM listener jar copied out of
+    the image into ``lib`` (so the Spark image needs nothing of this project)."""
     template = yaml.safe_load(
         (REPO_ROOT / "deploy/kubernetes/spark-driver-with-sidecar.yaml").read_text()
     )
     copier = next(
         c for c in template["spec"]["initContainers"] if c["name"].endswith("listener-jar")
     )
-    lib = short_tmp / "lib"
     lib.mkdir()
     os.chown(lib, 10001, 10001)
     mount = copier["volumeMounts"][0]["mountPath"]
@@ -278,8 +312,77 @@ def test_the_pod_templates_jar_copier_finds_the_listener_in_the_image(
         f"--volume={lib}:{mount}", f"--entrypoint={copier['command'][0]}",
         image, *copier["command"][1:],
     )  # fmt: skip
-    with zipfile.ZipFile(lib / "checkpoint-sidecar-listener.jar") as jar:
+    return lib / "checkpoint-sidecar-listener.jar"
+
+
+def test_the_pod_templates_jar_copier_finds_the_listener_in_the_image(
+    image: str, short_tmp: Path
+) -> None:
+    with zipfile.ZipFile(copy_listener_jar(image, short_tmp / "lib")) as jar:
         assert "io/checkpointsidecar/SidecarStreamingListener.class" in jar.namelist()
+        manifest = jar.read("META-INF/MANIFEST.MF").decode()
+    assert f"Implementation-Version: {VERSION}" in manifest  # compiled in the build, from here
+
+
+#: A Spark driver with the listener switched on by the pod template's confs alone (the jar on
+#: the driver's class path, the class, the socket): a rate query to batch 3, stopped.
+JAR_DRIVER = textwrap.dedent(
+    """
+    import sys, time
+    from pyspark.sql import SparkSession
+
+    jar, socket_path, checkpoint = sys.argv[1:4]
+    spark = (
+        SparkSession.builder.master("local[1]").appName("image-jar")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.extraClassPath", jar)
+        .config("spark.sql.streaming.streamingQueryListeners",
+                "io.checkpointsidecar.SidecarStreamingListener")
+        .config("spark.checkpointSidecar.socketPath", socket_path)
+        .getOrCreate()
+    )
+    query = (
+        spark.readStream.format("rate-micro-batch").option("rowsPerBatch", "5").load()
+        .writeStream.format("noop").queryName("image-jar")
+        .trigger(processingTime="200 milliseconds")
+        .option("checkpointLocation", checkpoint).start()
+    )
+    deadline = time.monotonic() + 90
+    while (query.lastProgress or {}).get("batchId", -1) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+    print(query.id, query.lastProgress["batchId"], spark.version)
+    spark.stop()
+    """
+)
+
+
+@pytest.mark.spark
+def test_spark_loads_the_images_listener_jar(
+    image: str, daemon_env: dict[str, str], procs: list[DaemonProcess], short_tmp: Path
+) -> None:
+    """The jar the image's build compiled, as the pod's init container copies it out, is the
+    driver's listener: a real PySpark driver (this run's: 4, or 3.5) loads it from its class
+    path by conf, and its query's last batch reaches the blob through a daemon."""
+    jar = copy_listener_jar(image, short_tmp / "lib")
+    env = {**daemon_env, "SIDECAR_COUNT_THRESHOLD": "1"}
+    daemon = DaemonProcess(env, short_tmp / "daemon.log")
+    procs.append(daemon)
+    daemon.start()
+    driver = short_tmp / "driver.py"
+    driver.write_text(JAR_DRIVER)
+    driver_env = {k: v for k, v in os.environ.items() if not k.startswith("SIDECAR_")}
+    driver_env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    driver_env.pop("PYTHONPATH", None)  # nothing of this checkout: the jar alone
+    result = subprocess.run(
+        [sys.executable, str(driver), str(jar), env["SIDECAR_SOCKET_PATH"], str(short_tmp / "ck")],
+        env=driver_env, cwd=short_tmp, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    query_id, last, spark_version = result.stdout.split()[-3:]
+    assert int(last) >= 3
+    assert wait_blob(env, query_id, int(last)).batch_id == int(last)
+    print(f"Spark {spark_version} loaded the image's listener jar; batch {last} in the blob")
 
 
 def canonical(name: str) -> str:

@@ -22,11 +22,12 @@ from typing import Any
 import anyio
 import pytest
 import yaml
+from azure.storage.blob import BlobServiceClient, RetentionPolicy
 
 from sidecar.ops.client import SidecarClient
 from tests.helpers import wait_blob, wait_for
 from tests.prometheus_server import PrometheusServer
-from tests.services import REPO_ROOT, DaemonProcess
+from tests.services import REPO_ROOT, Azurite, DaemonProcess
 from tests.sparkshapes import kafka_progress
 
 REPO = REPO_ROOT
@@ -114,10 +115,14 @@ async def post_progress(socket_path: str, query_ids: dict[str, str]) -> None:
 
 @pytest.fixture
 def loaded_daemon(
-    daemon_env: dict[str, str], procs: list[DaemonProcess], short_tmp: Path
+    daemon_env: dict[str, str], procs: list[DaemonProcess], short_tmp: Path, azurite: Azurite
 ) -> Iterator[tuple[DaemonProcess, dict[str, str]]]:
     """A daemon process that has acknowledged BATCHES updates of each query and written them
-    to the blobs (Azurite); Kafka not configured."""
+    to the blobs (Azurite); Kafka not configured. Healthy as the config checks see it too:
+    blob soft delete on (Azurite stores the setting), so no check warns."""
+    service = BlobServiceClient.from_connection_string(azurite.connection_string)
+    service.set_service_properties(delete_retention_policy=RetentionPolicy(enabled=True, days=7))
+    service.close()
     env = {**daemon_env, "SIDECAR_COUNT_THRESHOLD": "2", "SIDECAR_TIME_THRESHOLD_S": "0.5"}
     daemon = DaemonProcess(env, log_path=short_tmp / "daemon.log")
     procs.append(daemon)
@@ -165,6 +170,14 @@ def test_every_expression_against_a_real_prometheus(
             lambda: prom.query("checkpoint_sidecar:flush_seconds:p99_rate5m")["data"]["result"],
             30,
             "the recording rules to be evaluated",
+        )
+        # The config checks' results are scraped (their alert has something to judge).
+        wait_for(
+            lambda: prom.query('checkpoint_sidecar_config_check{check="storage_features"}')["data"][
+                "result"
+            ],
+            30,
+            "the config checks' results",
         )
         board = json.loads(DASHBOARD.read_text())
         panel_exprs = [

@@ -3,10 +3,14 @@
 * Every core object is validated with ``kubernetes-validate`` in strict mode (unknown fields
   are errors) against the Kubernetes versions it is written for: the native-sidecar
   templates for 1.29+, the plain-sidecar template also for 1.25-1.28.
-* The SparkApplication is parsed with the Spark Operator's own API models
-  (``kubeflow-spark-api``) and must survive the round trip unchanged (a misspelt or unknown
-  field would be dropped); its ``driver.template`` is validated as a Pod and must equal the
-  pod template's spec, so the two examples cannot drift apart.
+* The SparkApplication is validated against the ``openAPIV3Schema`` of the Spark Operator
+  v2.1.0 CRD (vendored in tests/data/: the first release with ``driver.template``, the floor
+  the example states), strictly as the API server's field validation is (an unknown field is
+  an error); parsed with the operator's own API models (``kubeflow-spark-api``), it must
+  survive the round trip unchanged; its ``driver.template`` is validated as a Pod and must
+  equal the pod template's spec, so the two examples cannot drift apart.
+* The PodMonitor keeps Kubernetes' own target labels (``namespace`` is the pod's Kubernetes
+  namespace, as the dashboard and the docs read it): no relabeling writes them.
 * What no schema knows: the daemon's settings are ones it accepts (it refuses unknown
   ``SIDECAR_*`` variables at start), the grace period covers the daemon's shutdown grace, the
   socket and listener-jar paths agree between the sidecar and the Spark confs, the security
@@ -14,7 +18,7 @@
 * The plain sidecar's watcher script runs for real: it stops the daemon, gracefully, once a
   process that looks like the driver's JVM has come and gone.
 
-Not validated: the PodMonitor's fields (a Prometheus Operator CRD; no schema offline), and
+Not validated: the PodMonitor's other fields (a Prometheus Operator CRD; no schema here), and
 whether a given Spark Operator version passes ``restartPolicy: Always`` of an init container
 through its template (the manifests' comments say how to check on a cluster).
 """
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -47,6 +52,14 @@ DEPLOY = REPO_ROOT / "deploy" / "kubernetes"
 NATIVE = DEPLOY / "spark-driver-with-sidecar.yaml"
 PLAIN = DEPLOY / "spark-driver-with-sidecar-pre-1.29.yaml"
 APP = DEPLOY / "sparkapplication.yaml"
+#: The Spark Operator release whose SparkApplication CRD the example is validated against: the
+#: first with ``driver.template`` (v2.0 has none), the floor the example states.
+OPERATOR_CRD = (
+    REPO_ROOT / "tests/data/spark-operator-v2.1.0/sparkoperator.k8s.io_sparkapplications.yaml"
+)
+#: Target labels the Prometheus Operator sets from Kubernetes; a relabeling must not
+#: overwrite them (the dashboard's and the docs' `namespace` is the Kubernetes namespace).
+POD_MONITOR_TARGET_LABELS = {"namespace", "pod", "container", "job", "instance", "endpoint"}
 NATIVE_VERSIONS = ["1.29.0", "1.31.0", "1.33.0", "1.35.0", "1.37.0"]
 ALL_VERSIONS = ["1.25.0", "1.27.0", "1.28.0", *NATIVE_VERSIONS]
 SIDECAR = "checkpoint-sidecar"
@@ -119,6 +132,68 @@ def test_the_spark_application_round_trips_through_the_operators_api_models() ->
     conf = doc["spec"]["sparkConf"]
     assert {k: conf.get(k) for k in LISTENER_CONFS} == LISTENER_CONFS
     assert conf["spark.kubernetes.driver.podTemplateContainerName"] == "spark-kubernetes-driver"
+
+
+def strict(schema: Any) -> Any:
+    """A CRD's structural schema as the API server applies it to a create with field
+    validation ``Strict`` (kubectl's default since 1.27): an object's fields are the ones it
+    lists, unless it preserves unknown fields."""
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: strict(value) for key, value in schema.items()}
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+def operator_schema() -> dict[str, Any]:
+    """The v1beta2 SparkApplication schema of the vendored operator CRD, made strict."""
+    crd = load(OPERATOR_CRD)
+    assert crd["spec"]["names"]["kind"] == "SparkApplication"
+    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta2"]
+    schema: dict[str, Any] = strict(version["schema"]["openAPIV3Schema"])
+    return schema
+
+
+def test_the_spark_application_validates_against_the_operator_2_1_crd() -> None:
+    schema = operator_schema()
+    validator = jsonschema.Draft7Validator(schema)
+    doc = load(APP)
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(doc)]
+    assert errors == []
+    # What makes 2.1 the floor: driver.template is in its schema (not in 2.0's).
+    assert "template" in schema["properties"]["spec"]["properties"]["driver"]["properties"]
+    assert "Spark Operator >= 2.1" in APP.read_text()
+    # The validation sees a misspelt field and a wrong type.
+    typo = load(APP)
+    typo["spec"]["driver"]["tempalte"] = typo["spec"]["driver"].pop("template")
+    assert any("tempalte" in e.message for e in validator.iter_errors(typo))
+    wrong = load(APP)
+    wrong["spec"]["driver"]["cores"] = "1"
+    assert not validator.is_valid(wrong)
+    # The CRD keeps driver.template as it is (preserve-unknown-fields): the test above
+    # validates it as a Pod.
+
+
+def test_the_pod_monitor_keeps_the_kubernetes_namespace_label() -> None:
+    doc = load(DEPLOY / "podmonitor.yaml")
+    [endpoint] = doc["spec"]["podMetricsEndpoints"]
+    relabelings = endpoint.get("relabelings", [])
+    written = {r.get("targetLabel") for r in relabelings if r.get("action", "replace") == "replace"}
+    assert not written & POD_MONITOR_TARGET_LABELS, (
+        f"overwrites {written & POD_MONITOR_TARGET_LABELS}"
+    )
+    assert not any(r.get("action") in ("labeldrop", "labelmap") for r in relabelings)
+    assert not endpoint.get("honorLabels"), "the daemon's own labels must not win either"
+    # The application's namespace (the pod label) is kept, under a name of its own.
+    [app] = [r for r in relabelings if r.get("targetLabel") == "sidecar_namespace"]
+    assert app["sourceLabels"] == ["__meta_kubernetes_pod_label_checkpoint_sidecar_namespace"]
 
 
 @pytest.mark.parametrize("name", [NATIVE.name, PLAIN.name, APP.name])

@@ -36,9 +36,19 @@ DOCS = [
     REPO_ROOT / "Dockerfile",
     *sorted((REPO_ROOT / "docs").glob("*.md")),
     *sorted((REPO_ROOT / "deploy" / "kubernetes").glob("*.yaml")),
+    REPO_ROOT / "deploy" / "compose" / "compose.yaml",
+    REPO_ROOT / "CHANGELOG.md",
 ]
 #: What `mkdocs build` needs of the repository (a copy of it fails on purpose below).
-SITE_SOURCES = ["mkdocs.yml", "docs", "scripts/mkdocs_hooks.py", "README.md", "deploy/README.md"]
+SITE_SOURCES = [
+    "mkdocs.yml",
+    "docs",
+    "scripts/mkdocs_hooks.py",
+    "README.md",
+    "deploy/README.md",
+    "CHANGELOG.md",
+    "LICENSE",
+]
 SITE_BUILD_TIMEOUT_S = 60
 
 
@@ -205,6 +215,12 @@ def test_the_site_builds_with_every_link_and_anchor_found(tmp_path: Path) -> Non
     assert built.returncode == 0, f"make docs fails:\n{built.stderr}"
     pages = {p.relative_to(tmp_path / "site").as_posix() for p in tmp_path.glob("site/**/*.html")}
     assert {"index.html", "deploy/index.html", "configuration/index.html"} <= pages
+    # The first deploy's pages (issue #30): in the site, linked from the home page.
+    assert {"troubleshooting/index.html", "changelog/index.html", "license/index.html"} <= pages
+    home = (tmp_path / "site" / "index.html").read_text()
+    for page in ("troubleshooting/", "changelog/", "license/"):
+        assert f'href="{page}"' in home, f"the home page does not link {page}"
+    assert "Apache License" in (tmp_path / "site" / "license" / "index.html").read_text()
 
 
 def test_a_broken_link_or_anchor_fails_the_site_build(tmp_path: Path) -> None:
