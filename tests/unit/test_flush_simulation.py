@@ -176,13 +176,21 @@ class SimStore(FakeBlobStore):
         lands only if both still hold (If-Match)."""
         held, self.held = self.held, []
         for query_id, body, lease_id, version in held:
+            doc = decode_document(body, query_id, query_id)
+            # A reset's own document, landing late: the reset itself (it lowers, on purpose).
+            reset = doc is not None and doc.reset_at == doc.written_at
+            if reset:
+                self.lowering.add(query_id)
             try:
                 await FakeBlobStore.write(
                     self, query_id, body, lease_id=lease_id, query_name=None, version=version
                 )
+                self._took(query_id, self.writes[-1][1], "late reset" if reset else "late")
             except SidecarError:
                 continue  # refused: lease or version
-            self._took(query_id, self.writes[-1][1], "late")
+            finally:
+                if reset:
+                    self.lowering.discard(query_id)
 
     def put(self, query_id: str, batch: int) -> None:
         super().put(query_id, batch)
@@ -445,7 +453,7 @@ class FlushSimulation(RuleBasedStateMachine):
         lowering = query_id in self.store.lowering
         # The twin's driver knows nothing of our resets: its batches are its own (and the
         # store's version check, not this rule, keeps it from writing below the blob).
-        ours = writer not in ("thief", "late") and not writer.startswith("twin")
+        ours = writer not in ("thief", "late", "late reset") and not writer.startswith("twin")
         if writer == "late" and allowed is not None and batch not in allowed and not lowering:
             self.violations.append(f"{query_id}: a late write of batch {batch} undid a reset")
         if ours and allowed is not None and batch not in allowed and not lowering:
