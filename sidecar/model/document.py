@@ -47,6 +47,13 @@ class Writer(msgspec.Struct, frozen=True):
     instance_id: str
 
 
+class SnapshotRef(msgspec.Struct, frozen=True):
+    """A checkpoint snapshot (``sidecar.snapshot``) as the document names it: its batch and id."""
+
+    batch_id: int
+    id: str
+
+
 class HistoryEntry(msgspec.Struct, frozen=True):
     """An earlier flushed checkpoint of the query: enough to resume from it."""
 
@@ -70,6 +77,9 @@ class CheckpointDocument(Checkpoint, frozen=True, omit_defaults=False):
     reset``): the batch the blob held before it (None: no document then), when (UTC) and why.
     Absent (None) until a reset; carried by every later write. Optional fields of version 2:
     older documents decode without them, older readers ignore them.
+
+    ``snapshot``: the newest checkpoint snapshot of the query as of this write (its batch and
+    id; ``sidecar.snapshot``), carried by every later write until a newer one; None: none.
     """
 
     schema_version: int
@@ -80,6 +90,7 @@ class CheckpointDocument(Checkpoint, frozen=True, omit_defaults=False):
     reset_from: int | None = None
     reset_at: str | None = None
     reset_reason: str | None = None
+    snapshot: SnapshotRef | None = None
 
     @classmethod
     def of(
@@ -89,9 +100,11 @@ class CheckpointDocument(Checkpoint, frozen=True, omit_defaults=False):
         history: tuple[HistoryEntry, ...] = (),
         *,
         reset_of: CheckpointDocument | None = None,
+        snapshot: SnapshotRef | None = None,
     ) -> CheckpointDocument:
         """A new document (fresh checkpoint id, written now) for ``checkpoint``; the record of
-        the last reset is carried from ``reset_of`` (the document it replaces)."""
+        the last reset is carried from ``reset_of`` (the document it replaces), and so is its
+        snapshot unless ``snapshot`` names a newer one."""
         last = reset_of
         return cls(
             **msgspec.structs.asdict(checkpoint),
@@ -103,6 +116,7 @@ class CheckpointDocument(Checkpoint, frozen=True, omit_defaults=False):
             reset_from=last.reset_from if last else None,
             reset_at=last.reset_at if last else None,
             reset_reason=last.reset_reason if last else None,
+            snapshot=snapshot or (last.snapshot if last else None),
         )
 
     def at_batch(self, batch_id: int) -> Checkpoint | None:
@@ -189,7 +203,9 @@ def reset_document(
     None: nothing), with the history ``previous`` retains below the new batch, and the reset
     recorded (``reset_from`` = the batch it replaced, ``reset_at`` = now, ``reset_reason``)."""
     history, _ = carry_history(previous, checkpoint.batch_id, history_size)
-    doc = CheckpointDocument.of(checkpoint, writer, history)
+    doc = CheckpointDocument.of(
+        checkpoint, writer, history, snapshot=previous.snapshot if previous else None
+    )
     return msgspec.structs.replace(
         doc,
         reset_from=previous.batch_id if previous is not None else None,

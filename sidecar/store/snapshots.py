@@ -1,0 +1,165 @@
+"""The snapshot blobs' I/O (``sidecar.snapshot``: packs and indexes), in the checkpoint
+container: immutable blobs written once (``If-None-Match: *``), streamed up in blocks (memory
+bounded by one block whatever a file's size), listed, read whole or by range, deleted
+idempotently. The format of what they hold is ``sidecar.snapshot.index``'s; this module knows
+names and bytes only. Every call goes through the store's ``_call`` (time limit, errors
+translated, health noted), like the checkpoint blobs'.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterable
+from datetime import datetime
+
+import msgspec
+
+from sidecar.errors import VersionConflict
+from sidecar.store.blobs import BlobStore
+from sidecar.store.sdk import load as sdk
+
+#: A pack is staged in blocks of this size (Azure's block blobs: a Put Block each, then one
+#: Put Block List); a pack no larger goes up in a single Put Blob.
+BLOCK_BYTES = 4 * 1024 * 1024
+
+
+class ListedBlob(msgspec.Struct, frozen=True):
+    """A snapshot blob as listed."""
+
+    name: str
+    size: int
+    version: str
+    last_modified: datetime | None
+
+
+class SnapshotBlobs:
+    """Reads and writes the snapshot blobs of one store (the daemon's, or a tool's)."""
+
+    def __init__(self, store: BlobStore, *, block_bytes: int = BLOCK_BYTES) -> None:
+        self._store = store
+        self.block_bytes = block_bytes
+        #: Requests sent, by kind (put, block, commit, list, read, delete): what a snapshot
+        #: costs in storage transactions (metrics, benchmarks).
+        self.requests: dict[str, int] = {}
+
+    def _count(self, kind: str) -> None:
+        self.requests[kind] = self.requests.get(kind, 0) + 1
+
+    def _client(self, name: str):  # type: ignore[no-untyped-def]  # the SDK's BlobClient
+        return self._store._container.get_blob_client(name)
+
+    async def put(self, name: str, chunks: AsyncIterable[bytes]) -> tuple[int, str]:
+        """Write the blob ``name`` from ``chunks``, only if it does not exist; its size and
+        version. Up to one block is held in memory: a body no larger than a block goes up in
+        one Put Blob, a larger one in blocks (a Put Block each) and one Put Block List.
+
+        Raises:
+            VersionConflict: the blob exists already (ids are random: a retry of a write that
+                landed; the caller uses a new id).
+            SidecarError: the store's errors (``StoreUnavailable``: retry).
+        """
+        blob = self._client(name)
+        buffer = bytearray()
+        blocks: list[str] = []
+        size = 0
+        async for chunk in chunks:
+            buffer += chunk
+            size += len(chunk)
+            while len(buffer) >= self.block_bytes:
+                await self._stage(blob, blocks, bytes(buffer[: self.block_bytes]))
+                del buffer[: self.block_bytes]
+        try:
+            if not blocks:  # one request
+                self._count("put")
+                async with self._store._call("write snapshot blob"):
+                    answer = await blob.upload_blob(bytes(buffer), overwrite=False)
+                return size, str(answer["etag"])
+            if buffer:
+                await self._stage(blob, blocks, bytes(buffer))
+            self._count("commit")
+            async with self._store._call("commit snapshot blob"):
+                answer = await blob.commit_block_list(
+                    blocks, etag="*", match_condition=sdk().MatchConditions.IfMissing
+                )
+        except sdk().ResourceExistsError as exc:
+            raise VersionConflict(f"snapshot blob {name} exists already") from exc
+        return size, str(answer["etag"])
+
+    async def _stage(self, blob, blocks: list[str], data: bytes) -> None:  # type: ignore[no-untyped-def]
+        block_id = base64.b64encode(f"{len(blocks):08d}".encode()).decode()
+        self._count("block")
+        async with self._store._call("stage snapshot block"):
+            await blob.stage_block(block_id, data)
+        blocks.append(block_id)
+
+    async def replace(self, name: str, body: bytes, version: str) -> str:
+        """Overwrite ``name`` if it is still at ``version`` (a repacked index); its new version.
+
+        Raises:
+            VersionConflict: it changed (or is gone) since.
+        """
+        self._count("put")
+        async with self._store._call("replace snapshot blob"):
+            try:
+                answer = await self._client(name).upload_blob(
+                    body,
+                    overwrite=True,
+                    etag=version,
+                    match_condition=sdk().MatchConditions.IfNotModified,
+                )
+            except sdk().ResourceNotFoundError as exc:
+                raise VersionConflict(f"snapshot blob {name} is gone") from exc
+        return str(answer["etag"])
+
+    async def list(self, prefix: str) -> list[ListedBlob]:
+        """Every blob whose name starts with ``prefix`` (one listing request per page)."""
+        out: list[ListedBlob] = []
+        self._count("list")
+        async with self._store._call("list snapshot blobs"), self._store._not_created_yet():
+            async for item in self._store._container.list_blobs(name_starts_with=prefix):
+                out.append(
+                    ListedBlob(item.name, int(item.size or 0), str(item.etag), item.last_modified)
+                )
+        return out
+
+    async def read(self, name: str) -> tuple[bytes, str] | None:
+        """The blob's body and version; None when it does not exist."""
+        self._count("read")
+        async with self._store._call("read snapshot blob"):
+            try:
+                stream = await self._client(name).download_blob()
+                return await stream.readall(), str(stream.properties.etag)
+            except sdk().ResourceNotFoundError:
+                return None
+
+    async def read_range(self, name: str, offset: int, length: int) -> bytes:
+        """``length`` bytes of ``name`` from ``offset`` (one ranged Get Blob).
+
+        Raises:
+            SidecarError: the store's errors; a missing blob is a ``StoreError`` naming it.
+        """
+        self._count("read")
+        async with self._store._call("read snapshot pack"):
+            stream = await self._client(name).download_blob(offset=offset, length=length)
+            data: bytes = await stream.readall()
+        return data
+
+    async def delete(self, name: str, version: str | None = None) -> bool:
+        """Delete ``name`` (if still at ``version``, when given); False when it was gone:
+        deletes are idempotent.
+
+        Raises:
+            VersionConflict: it changed since ``version``.
+        """
+        self._count("delete")
+        options = (
+            {}
+            if version is None
+            else {"etag": version, "match_condition": sdk().MatchConditions.IfNotModified}
+        )
+        async with self._store._call("delete snapshot blob"):
+            try:
+                await self._client(name).delete_blob(**options)
+            except sdk().ResourceNotFoundError:
+                return False
+        return True
