@@ -9,7 +9,7 @@
 #   CONTEXT=/tmp/checkout bash scripts/build_image.sh   # build another tree of this project
 #       (e.g. a `git archive` of it: what a clean checkout builds) with this one's engine,
 #       bases and layer cache; absolute, or relative to the repository root. Default: here.
-# podman runs through scripts/podman.sh (scripts/containers.conf, storage in .tools/containers);
+# podman runs through scripts/podman.sh (scripts/containers.conf, storage in the user's cache);
 # podman, buildah, runc, mmdebstrap, netavark and aardvark-dns are installed from apt when
 # missing (root only).
 # When PYTHON_IMAGE can be neither found locally nor pulled (no registry reachable), the bases

@@ -10,7 +10,7 @@
 # deb.debian.org (no registry needed, as scripts/build_image.sh does for its own base) and
 # kept as localhost/checkpoint-sidecar-e2e-driver-base:<hash>. PySpark comes from PyPI
 # through the host's pip (its cache makes a rebuild quick) and is installed offline in the
-# image. podman through scripts/podman.sh (the project's storage in .tools/containers);
+# image. podman through scripts/podman.sh (the project's storage, in the user's cache);
 # root only, like `make image` with podman. It also installs catatonit when missing, for the
 # pods' infra containers.
 set -euo pipefail

@@ -18,11 +18,11 @@ from sidecar.ingest.handler import Answer
 from sidecar.ops.client import SidecarClient
 from sidecar.store.blobs import BlobStore
 from sidecar.wire.protocol import Event, Ping
+from tests.faults.store_proxy import Fault, StoreFaultProxy
 from tests.helpers import ConfigFactory, running_daemon, sample
-from tests.services import DaemonProcess, ServiceError, free_port
+from tests.services import Azurite, DaemonProcess, ServiceError, free_port
 from tests.sparkshapes import kafka_progress
 
-OTHER_OWNER = "00000000-0000-0000-0000-0000000000aa"
 
 
 async def test_an_unexpected_error_answers_internal_is_counted_and_the_connection_goes_on(
@@ -57,29 +57,31 @@ async def test_an_unexpected_error_answers_internal_is_counted_and_the_connectio
 
 
 async def test_blob_mode_acks_of_one_read_wait_together_not_one_after_another(
-    make_config: ConfigFactory,
+    make_config: ConfigFactory, azurite: Azurite
 ) -> None:
-    """Four queries whose leases are held elsewhere: each ack waits blob_ack_timeout_s for
-    a blob write that cannot happen. Before the fix they waited in turn (4 times the timeout)."""
+    """Four queries whose blob writes are held in the network: each ack waits
+    blob_ack_timeout_s for a write that does not return. Before the fix they waited in turn
+    (4 times the timeout)."""
     timeout_s = 1.0
-    config = make_config(ack_mode="blob", blob_ack_timeout_s=timeout_s)
     queries = [f"5e1d0000-0000-4000-8000-00000000000{n}" for n in range(4)]
-    store = BlobStore(config)
-    try:
-        await store.ensure_container()
-        for query in queries:
-            await store.create_if_absent(query)
-            await store.acquire_lease(query, OTHER_OWNER, 60)
+    with StoreFaultProxy(azurite.port) as proxy:
+        config = make_config(
+            ack_mode="blob",
+            blob_ack_timeout_s=timeout_s,
+            azure_connection_string=proxy.connection_string(),
+        )
+        store = BlobStore(config)
+        try:
+            await store.ensure_container()
+        finally:
+            await store.aclose()
+        proxy.faults = [Fault("hold", kinds=frozenset({"upload"}))]
         async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
             started = time.monotonic()
             replies = await c.send_many(
                 [("progress", {"progress": kafka_progress(q, 1)}) for q in queries]
             )
             elapsed = time.monotonic() - started
-        for query in queries:
-            await store.release_lease(query, OTHER_OWNER)
-    finally:
-        await store.aclose()
     assert [r.error.code if r.error else "ok" for r in replies] == ["not_durable"] * 4
     ids = [int(str(r.id)) for r in replies]
     assert ids == sorted(ids)  # still in request order
