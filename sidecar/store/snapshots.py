@@ -98,8 +98,9 @@ class SnapshotBlobs:
         self._count("commit")
         async with self._store._call("commit snapshot blob"):
             try:
+                # IfMissing alone is If-None-Match: * (an etag beside it would reach aiohttp)
                 answer = await blob.commit_block_list(
-                    blocks, etag="*", match_condition=sdk().MatchConditions.IfMissing
+                    blocks, match_condition=sdk().MatchConditions.IfMissing
                 )
             except sdk().ResourceExistsError as exc:
                 raise VersionConflict(f"snapshot blob {name} exists already") from exc

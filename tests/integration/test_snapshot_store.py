@@ -24,7 +24,7 @@ import anyio.to_thread
 import pytest
 
 from sidecar.config import Config
-from sidecar.errors import SidecarError, StoreError, StoreUnavailable
+from sidecar.errors import SidecarError, StoreError, StoreUnavailable, VersionConflict
 from sidecar.model.document import SnapshotRef
 from sidecar.snapshot.contents import Contents
 from sidecar.snapshot.cut import ListedFile
@@ -39,7 +39,7 @@ from sidecar.snapshot.restore import (
 )
 from sidecar.snapshot.retention import ListedLike, classify, marks_name
 from sidecar.snapshot.source import FileChanged, FileStream, LocalSource, take_cut
-from sidecar.snapshot.stored import SnapshotStore
+from sidecar.snapshot.stored import SnapshotStore, chunks_of
 from sidecar.snapshot.upload import UploadResult, upload_snapshot
 from sidecar.store.blobs import BlobStore
 from sidecar.store.snapshots import SnapshotBlobs
@@ -53,12 +53,12 @@ from tests.snapshots import copy_cut
 
 
 @asynccontextmanager
-async def opened(config: Config) -> AsyncIterator[SnapshotBlobs]:
+async def opened(config: Config, **options: int) -> AsyncIterator[SnapshotBlobs]:
     """The snapshot blobs of a store of their own (a process: nothing shared)."""
     store = BlobStore(config, creates_container=True)
     await store.ensure_container()
     try:
-        yield SnapshotBlobs(store)
+        yield SnapshotBlobs(store, **options)
     finally:
         await store.aclose()
 
@@ -850,3 +850,26 @@ async def test_a_content_swept_by_prune_and_seen_again_is_uploaded_again(
     await consistent(blobs, namespace)
     await restore(result.index, blobs, namespace, tmp_path / "restored")
     assert tree(tmp_path / "restored") == await reference(ck, 2, tmp_path / "ref")
+
+
+async def test_packs_larger_than_a_block_go_up_in_blocks_and_come_back_whole(
+    make_config: ConfigFactory, namespace: str, tmp_path: Path
+) -> None:
+    ck = HdfsCheckpoint(tmp_path / "ck", partitions=3, delta_bytes=70_000, idle_every=0)
+    for _ in range(2):
+        ck.batch()
+    async with opened(make_config(), block_bytes=64 * 1024) as blobs:
+        contents = Contents()
+        # One pack of ~210 KB: four blocks and a commit.
+        result = await snapshot(ck, blobs, namespace, contents, packed_file_max_bytes=100_000)
+        assert result.requests["block"] >= 4 and result.requests["commit"] == 1
+        # Past packed_file_max_bytes, a pack of its own per delta: blocks and a commit each.
+        ck.batch()
+        result = await snapshot(ck, blobs, namespace, contents, packed_file_max_bytes=50_000)
+        assert result.requests["commit"] == 3
+        await restore(result.index, blobs, namespace, tmp_path / "restored")
+        assert tree(tmp_path / "restored") == await reference(ck, 2, tmp_path / "ref")
+        # Create-only in blocks too: the same name again is refused, typed.
+        name = pack_name(namespace, QUERY_ID, next(iter(result.index.packs)))
+        with pytest.raises(VersionConflict):
+            await blobs.put(name, chunks_of(b"x" * 200_000, 200_000))
