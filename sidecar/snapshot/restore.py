@@ -9,9 +9,10 @@
   a missing one fails at once, naming the pack and a file in it, before anything is written.
 - **Downloads in parallel** (``concurrency`` ranged reads at once): the contents of one pack
   that lie close together (at most :data:`RANGE_GAP_BYTES` apart) are read in one request of
-  up to :data:`RANGE_MAX_BYTES`; a larger content is streamed in slices of that size, so
-  memory stays about ``concurrency * RANGE_MAX_BYTES`` whatever the checkpoint's size. A
-  content several files share is read once.
+  up to :data:`RANGE_MAX_BYTES`; a larger content is streamed in slices of that size. Ranges
+  are hashed and written in worker threads while the next ones download; memory stays about
+  ``2 * concurrency * RANGE_MAX_BYTES`` whatever the checkpoint's size. A content several
+  files share is read once.
 - **Verifies** every file's size and SHA-256 against the index as it is written; a mismatch
   fails the restore (``RestoreError``, reason ``checksum``, naming the file and the pack).
 - **Never leaves a half-written checkpoint in place**: files go to a temporary directory
@@ -32,12 +33,13 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import BinaryIO, Literal
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 import msgspec
 
@@ -266,13 +268,17 @@ async def restore(
         reads = plan_reads(index)
         queue: Iterator[_Read] = iter(reads)
 
-        async def worker() -> None:
-            nonlocal downloaded
-            for read in queue:
-                downloaded += await _fetch(read, counted, namespace, index.query_id, temp)
-
         with first_error():
             async with anyio.create_task_group() as tg:
+                writer = _Writer(tg, concurrency)
+
+                async def worker() -> None:
+                    nonlocal downloaded
+                    for read in queue:
+                        downloaded += await _fetch(
+                            read, counted, namespace, index.query_id, temp, writer
+                        )
+
                 for _ in range(max(1, min(concurrency, len(reads)))):
                     tg.start_soon(worker)
         await anyio.to_thread.run_sync(_place, temp, dest, mount, token)
@@ -335,7 +341,12 @@ async def _check_packs(index: SnapshotIndex, blobs: SnapshotStore, namespace: st
 
 
 async def _fetch(
-    read: _Read, blobs: SnapshotStore, namespace: str, query_id: str, temp: Path
+    read: _Read,
+    blobs: SnapshotStore,
+    namespace: str,
+    query_id: str,
+    temp: Path,
+    writer: _Writer,
 ) -> int:
     """Download one read, verify and write its files; the bytes downloaded."""
     name = pack_name(namespace, query_id, read.pack)
@@ -379,8 +390,28 @@ async def _fetch(
         return read.length
 
     data = await ranged(read.start, read.length)
-    await anyio.to_thread.run_sync(_verify_and_write, read, data, name, temp)
+    await writer.submit(partial(_verify_and_write, read, data, name, temp))
     return read.length
+
+
+class _Writer:
+    """Verifies and writes downloaded ranges in worker threads beside the downloads (a
+    download does not wait for the previous range's hash and write), holding ``pending``
+    ranges at most."""
+
+    def __init__(self, tg: anyio.abc.TaskGroup, pending: int) -> None:
+        self.tg = tg
+        self.slots = anyio.Semaphore(max(1, pending))
+
+    async def submit(self, job: Callable[[], None]) -> None:
+        await self.slots.acquire()
+        self.tg.start_soon(self._run, job)
+
+    async def _run(self, job: Callable[[], None]) -> None:
+        try:
+            await anyio.to_thread.run_sync(job)
+        finally:
+            self.slots.release()
 
 
 def _verify(content: _Content, sha: bytes, blob: str) -> None:
