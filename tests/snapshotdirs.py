@@ -42,6 +42,7 @@ class HdfsCheckpoint:
         partitions: int = 20,
         delta_bytes: int = 30_000,
         snapshot_every: int = 10,
+        snapshot_bytes: int | None = None,
         idle_every: int = 7,
         seed: int = 0,
         query_id: str = QUERY_ID,
@@ -50,6 +51,8 @@ class HdfsCheckpoint:
         self.partitions = partitions
         self.delta_bytes = delta_bytes
         self.snapshot_every = snapshot_every
+        #: A ``.snapshot`` file's size (default: four deltas).
+        self.snapshot_bytes = snapshot_bytes if snapshot_bytes is not None else 4 * delta_bytes
         self.idle_every = idle_every
         self.random = random.Random(seed)
         self.query_id = query_id
@@ -86,7 +89,7 @@ class HdfsCheckpoint:
             if self.snapshot_every and version % self.snapshot_every == 0:
                 put(
                     self.root / f"state/0/{p}/{version}.snapshot",
-                    self.noise(self.delta_bytes * 4),
+                    self.noise(self.snapshot_bytes),
                 )
         put(self.root / f"commits/{n}", b'v1\n{"nextBatchWatermarkMs":0}')
         self.next_batch += 1
