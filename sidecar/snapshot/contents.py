@@ -144,6 +144,10 @@ class Contents:
         kept = self._indexes.get(name)
         return kept[1] if kept is not None and kept[0] == version else None
 
+    def keep_indexes(self, names: Collection[str]) -> None:
+        """Forget every index blob kept but ``names`` (those a listing still shows)."""
+        self._indexes = {n: kept for n, kept in self._indexes.items() if n in names}
+
     @property
     def known(self) -> int:
         """Distinct contents known to be stored."""

@@ -121,6 +121,8 @@ async def prune(
     listed = await retried("list snapshots", lambda: counted.list(base))
     listing = classify(listed, namespace, query_id)
 
+    if contents is not None:  # deleted elsewhere since: not kept in memory
+        contents.keep_indexes({s.name for s in listing.indexes})
     indexes: dict[str, SnapshotIndex | None] = {}
     limiter = anyio.CapacityLimiter(CONCURRENCY)
 
