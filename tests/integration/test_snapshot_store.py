@@ -42,7 +42,7 @@ from sidecar.snapshot.source import FileChanged, FileStream, LocalSource, take_c
 from sidecar.snapshot.stored import SnapshotStore, chunks_of
 from sidecar.snapshot.upload import UploadResult, upload_snapshot
 from sidecar.store.blobs import BlobStore
-from sidecar.store.snapshots import SnapshotBlobs
+from sidecar.store.snapshots import BLOCK_BYTES, SnapshotBlobs
 from tests.faults.store_proxy import Fault, StoreFaultProxy
 from tests.helpers import ConfigFactory
 from tests.services import Azurite
@@ -53,12 +53,12 @@ from tests.snapshots import copy_cut
 
 
 @asynccontextmanager
-async def opened(config: Config, **options: int) -> AsyncIterator[SnapshotBlobs]:
+async def opened(config: Config, *, block_bytes: int = BLOCK_BYTES) -> AsyncIterator[SnapshotBlobs]:
     """The snapshot blobs of a store of their own (a process: nothing shared)."""
     store = BlobStore(config, creates_container=True)
     await store.ensure_container()
     try:
-        yield SnapshotBlobs(store, **options)
+        yield SnapshotBlobs(store, block_bytes=block_bytes)
     finally:
         await store.aclose()
 
