@@ -77,13 +77,15 @@ class SnapshotStore(Protocol):
     async def delete(self, name: str, version: str | None = None) -> bool: ...
 
 
-async def retried(what: str, call: Callable[[], Awaitable[T]], *, attempts: int = ATTEMPTS) -> T:
-    """``call()``, tried again after a retriable store failure (see the module docstring).
+async def retried(what: str, call: Callable[[], Awaitable[T]], *, attempts: int | None = None) -> T:
+    """``call()``, tried again after a retriable store failure (see the module docstring);
+    ``attempts`` tries at most (default :data:`ATTEMPTS`).
 
     Raises:
         StoreUnavailable: still failing after ``attempts`` tries.
         SidecarError: any other failure, at once.
     """
+    attempts = ATTEMPTS if attempts is None else attempts
     attempt = 1
     while True:
         try:
@@ -110,7 +112,7 @@ async def create(
     name: str,
     chunks: Callable[[], AsyncGenerator[bytes, None]],
     *,
-    attempts: int = ATTEMPTS,
+    attempts: int | None = None,
 ) -> str:
     """Create ``name`` — a random name, never reused — from a fresh ``chunks()`` per attempt,
     retried; its version, or "" when the blob was found there already: an earlier send of

