@@ -35,15 +35,30 @@ class ListedBlob(msgspec.Struct, frozen=True):
 class SnapshotBlobs:
     """Reads and writes the snapshot blobs of one store (the daemon's, or a tool's)."""
 
-    def __init__(self, store: BlobStore, *, block_bytes: int = BLOCK_BYTES) -> None:
+    def __init__(
+        self,
+        store: BlobStore,
+        *,
+        block_bytes: int = BLOCK_BYTES,
+        parent: SnapshotBlobs | None = None,
+    ) -> None:
         self._store = store
         self.block_bytes = block_bytes
         #: Requests sent, by kind (put, block, commit, list, read, delete): what a snapshot
         #: costs in storage transactions (metrics, benchmarks).
         self.requests: dict[str, int] = {}
+        self._parent = parent
+
+    def counted(self) -> SnapshotBlobs:
+        """A view of the same store whose :attr:`requests` counts only the calls made through
+        it (they count in this one's too): one snapshot's, one prune's, one restore's, while
+        others share the store."""
+        return SnapshotBlobs(self._store, block_bytes=self.block_bytes, parent=self)
 
     def _count(self, kind: str) -> None:
         self.requests[kind] = self.requests.get(kind, 0) + 1
+        if self._parent is not None:
+            self._parent._count(kind)
 
     def _client(self, name: str):  # type: ignore[no-untyped-def]  # the SDK's BlobClient
         return self._store._container.get_blob_client(name)
@@ -68,21 +83,27 @@ class SnapshotBlobs:
             while len(buffer) >= self.block_bytes:
                 await self._stage(blob, blocks, bytes(buffer[: self.block_bytes]))
                 del buffer[: self.block_bytes]
-        try:
-            if not blocks:  # one request
-                self._count("put")
-                async with self._store._call("write snapshot blob"):
+        # The SDK's "exists" is caught inside the store's call, which would translate it into
+        # a plain StoreError.
+        if not blocks:  # one request
+            self._count("put")
+            async with self._store._call("write snapshot blob"):
+                try:
                     answer = await blob.upload_blob(bytes(buffer), overwrite=False)
-                return size, str(answer["etag"])
-            if buffer:
-                await self._stage(blob, blocks, bytes(buffer))
-            self._count("commit")
-            async with self._store._call("commit snapshot blob"):
+                except sdk().ResourceExistsError as exc:
+                    raise VersionConflict(f"snapshot blob {name} exists already") from exc
+            return size, str(answer["etag"])
+        if buffer:
+            await self._stage(blob, blocks, bytes(buffer))
+        self._count("commit")
+        async with self._store._call("commit snapshot blob"):
+            try:
+                # IfMissing alone is If-None-Match: * (an etag beside it would reach aiohttp)
                 answer = await blob.commit_block_list(
-                    blocks, etag="*", match_condition=sdk().MatchConditions.IfMissing
+                    blocks, match_condition=sdk().MatchConditions.IfMissing
                 )
-        except sdk().ResourceExistsError as exc:
-            raise VersionConflict(f"snapshot blob {name} exists already") from exc
+            except sdk().ResourceExistsError as exc:
+                raise VersionConflict(f"snapshot blob {name} exists already") from exc
         return size, str(answer["etag"])
 
     async def _stage(self, blob, blocks: list[str], data: bytes) -> None:  # type: ignore[no-untyped-def]
@@ -112,14 +133,19 @@ class SnapshotBlobs:
         return str(answer["etag"])
 
     async def list(self, prefix: str) -> list[ListedBlob]:
-        """Every blob whose name starts with ``prefix`` (one listing request per page)."""
+        """Every blob whose name starts with ``prefix`` (one listing request per page); each
+        version as the other calls give it (a listing's ETags come without their quotes)."""
         out: list[ListedBlob] = []
-        self._count("list")
         async with self._store._call("list snapshot blobs"), self._store._not_created_yet():
-            async for item in self._store._container.list_blobs(name_starts_with=prefix):
-                out.append(
-                    ListedBlob(item.name, int(item.size or 0), str(item.etag), item.last_modified)
-                )
+            pages = self._store._container.list_blobs(name_starts_with=prefix).by_page()
+            async for page in pages:
+                self._count("list")
+                async for item in page:
+                    out.append(
+                        ListedBlob(
+                            item.name, int(item.size or 0), _quoted(item.etag), item.last_modified
+                        )
+                    )
         return out
 
     async def read(self, name: str) -> tuple[bytes, str] | None:
@@ -163,3 +189,9 @@ class SnapshotBlobs:
             except sdk().ResourceNotFoundError:
                 return False
         return True
+
+
+def _quoted(etag: str | None) -> str:
+    """An ETag in the form a write's or a read's answer gives it: ``"0x…"``."""
+    text = str(etag or "")
+    return text if text.startswith('"') else f'"{text}"'

@@ -53,6 +53,8 @@ PURE_MODULES = {
     "flush.lease",
     "ingest.replies",
     "snapshot.cut",
+    "snapshot.index",
+    "snapshot.retention",
     "telemetry.logs",  # stdlib only: cli.main sets logging up without the daemon's extra
 }
 #: Third-party SDKs and the modules that may import them: each edge owns its SDK.

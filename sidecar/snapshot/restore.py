@@ -1,0 +1,496 @@
+"""A snapshot written back as a checkpoint directory; a query's snapshots listed and found.
+
+:func:`restore` writes every file of a snapshot's index under ``dest`` at its relative path:
+
+- **Refuses** a ``dest`` that holds anything unless ``force`` (its content is then replaced,
+  only once the snapshot is written and verified), and an index whose paths would leave
+  ``dest`` (absolute, ``..``).
+- **Checks first** that every pack the index names is stored and large enough (one listing):
+  a missing one fails at once, naming the pack and a file in it, before anything is written.
+- **Downloads in parallel** (``concurrency`` ranged reads at once): the contents of one pack
+  that lie close together (at most :data:`RANGE_GAP_BYTES` apart) are read in one request of
+  up to :data:`RANGE_MAX_BYTES`; a larger content is streamed in slices of that size. Ranges
+  are hashed and written in worker threads while the next ones download; memory stays about
+  ``2 * concurrency * RANGE_MAX_BYTES`` whatever the checkpoint's size. A content several
+  files share is read once.
+- **Verifies** every file's size and SHA-256 against the index as it is written; a mismatch
+  fails the restore (``RestoreError``, reason ``checksum``, naming the file and the pack).
+- **Never leaves a half-written checkpoint in place**: files go to a temporary directory
+  beside ``dest`` (``.<name>.restore-<id>``), renamed into place once all are verified. When
+  ``dest`` is a mount point (an init container's volume), the temporary directory is inside it
+  and its entries are moved into place at the end, ``metadata`` last: until then ``dest`` is
+  no query's checkpoint location. A failure removes the temporary directory; one a killed
+  restore left is removed by the next restore into the same ``dest``.
+
+:func:`list_snapshots` and :func:`find_snapshot` read a query's indexes for ``snapshots`` and
+``restore [--batch N]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import msgspec
+
+from sidecar.errors import CorruptRecord, SidecarError
+from sidecar.snapshot.index import SnapshotIndex, new_id, pack_name, prefix
+from sidecar.snapshot.retention import StoredIndex, classify
+from sidecar.snapshot.stored import SnapshotStore, first_error, read_index, retried
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+#: One ranged read's bytes at most (a larger content is read in slices of this size).
+RANGE_MAX_BYTES = 4 * MiB
+#: Contents of one pack at most this far apart are read in one request (the dead bytes
+#: between them cost less than another request).
+RANGE_GAP_BYTES = 64 * 1024
+DEFAULT_CONCURRENCY = 8
+#: Index blobs read at once by :func:`list_snapshots`.
+LIST_CONCURRENCY = 8
+#: Written into place last, when ``dest`` is a mount point: Spark knows a checkpoint location
+#: by it.
+LAST_FILE = "metadata"
+
+RestoreReason = Literal["not_empty", "unsafe_path", "missing_blob", "checksum", "store"]
+
+
+class RestoreError(SidecarError):
+    """The snapshot cannot be restored there; ``reason`` (one of ``RestoreReason``) says why,
+    ``blob`` and ``path`` what it concerns. Nothing is left in ``dest`` that was not there."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: RestoreReason,
+        blob: str | None = None,
+        path: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.reason: RestoreReason = reason
+        self.blob = blob
+        self.path = path
+
+
+class SnapshotNotFound(SidecarError):
+    """No snapshot of that query (at that batch); ``available`` lists the batches there are."""
+
+    def __init__(self, message: str, *, available: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.available = available
+
+
+class RestoreResult(msgspec.Struct, frozen=True, kw_only=True):
+    dest: str
+    query_id: str
+    batch: int
+    snapshot_id: str
+    files: int
+    #: Bytes of the files written; bytes downloaded (ranges may span dead gaps).
+    bytes: int
+    downloaded_bytes: int
+    requests: dict[str, int]
+    duration_s: float
+
+
+class _Content(msgspec.Struct):
+    """One content of the snapshot and the files that hold it."""
+
+    offset: int
+    size: int
+    sha256: bytes
+    paths: list[str]
+
+
+class _Read(msgspec.Struct):
+    """One ranged request (or, for a content larger than a range, one content in slices)."""
+
+    pack: str
+    start: int
+    length: int
+    contents: list[_Content]
+
+
+def plan_reads(
+    index: SnapshotIndex,
+    *,
+    max_bytes: int = RANGE_MAX_BYTES,
+    gap_bytes: int = RANGE_GAP_BYTES,
+) -> list[_Read]:
+    """The ranged reads that fetch every non-empty file of ``index``, largest first. Pure."""
+    by_pack: dict[str, dict[int, _Content]] = {}
+    for f in index.files:
+        if not f.size:
+            continue
+        at = by_pack.setdefault(f.pack, {})
+        if f.offset in at:
+            at[f.offset].paths.append(f.path)
+        else:
+            at[f.offset] = _Content(f.offset, f.size, f.sha256, [f.path])
+    reads: list[_Read] = []
+    for pack, contents in by_pack.items():
+        current: _Read | None = None
+        for offset in sorted(contents):
+            content = contents[offset]
+            if current is not None:
+                end = current.start + current.length
+                joined = offset + content.size - current.start
+                if offset - end <= gap_bytes and joined <= max_bytes and offset >= end:
+                    current.contents.append(content)
+                    current.length = joined
+                    continue
+            current = _Read(pack, offset, content.size, [content])
+            reads.append(current)
+    reads.sort(key=lambda r: -r.length)
+    return reads
+
+
+def _unsafe(path: str) -> bool:
+    parts = path.split("/")
+    return (
+        not path or path.startswith("/") or "\0" in path or any(p in ("", ".", "..") for p in parts)
+    )
+
+
+def _prepare(dest: Path, force: bool, token: str) -> tuple[Path, bool]:
+    """Check ``dest``, remove what a killed restore left beside it, make the temporary
+    directory; (it, whether ``dest`` is a mount point)."""
+    if dest.exists() and not dest.is_dir():
+        raise RestoreError(
+            f"{dest} is a file, not a directory: restore into a directory",
+            reason="not_empty",
+            path=str(dest),
+        )
+    mount = dest.is_dir() and os.path.ismount(dest)
+    parent = dest if mount else dest.parent
+    stale = ".restore-" if mount else f".{dest.name}.restore-"
+    if parent.is_dir():
+        for entry in parent.iterdir():
+            if entry.name.startswith(stale) and entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+    if dest.is_dir() and any(dest.iterdir()) and not force:
+        raise RestoreError(
+            f"{dest} is not empty: a checkpoint may be there. Restore into an empty or new "
+            "directory, or pass force to replace its content",
+            reason="not_empty",
+            path=str(dest),
+        )
+    temp = parent / f"{stale}{token}"
+    temp.mkdir(parents=True)
+    return temp, mount
+
+
+def _make_dirs(temp: Path, paths: list[str]) -> None:
+    for directory in sorted({str(Path(p).parent) for p in paths} - {"."}):
+        (temp / directory).mkdir(parents=True, exist_ok=True)
+
+
+def _write_whole(targets: list[Path], data: bytes | memoryview) -> None:
+    for target in targets:
+        with open(target, "wb") as out:
+            out.write(data)
+
+
+def _place(temp: Path, dest: Path, mount: bool, token: str) -> None:
+    """Move the restored tree into place (see the module docstring)."""
+    if mount:
+        for entry in list(dest.iterdir()):
+            if entry != temp:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        names = sorted(os.listdir(temp), key=lambda n: n == LAST_FILE)
+        for name in names:
+            os.rename(temp / name, dest / name)
+        temp.rmdir()
+        return
+    if dest.exists():
+        aside = dest.parent / f".{dest.name}.restore-{token}-old"
+        os.rename(dest, aside)
+        os.rename(temp, dest)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.rename(temp, dest)
+
+
+async def restore(
+    index: SnapshotIndex,
+    blobs: SnapshotStore,
+    namespace: str,
+    dest: Path,
+    *,
+    force: bool = False,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> RestoreResult:
+    """Write the snapshot ``index`` as a checkpoint directory at ``dest`` (see the module
+    docstring).
+
+    Raises:
+        RestoreError: ``not_empty`` (``dest`` holds something and ``force`` is not given),
+            ``unsafe_path`` (the index names a path outside ``dest``), ``missing_blob`` (a
+            pack is not stored, or shorter than the index says), ``checksum`` (a file's bytes
+            are not the ones the index names), ``store`` (a pack could not be read).
+        SidecarError: the store's errors after retries (``StoreUnavailable``).
+    """
+    started = time.monotonic()
+    counted = blobs.counted()
+    for f in index.files:
+        if _unsafe(f.path):
+            raise RestoreError(
+                f"the snapshot names a file {f.path!r} outside its directory: the index is "
+                "damaged or not this tool's; nothing was written",
+                reason="unsafe_path",
+                path=f.path,
+            )
+    await _check_packs(index, counted, namespace)
+
+    token = new_id()
+    temp, mount = await anyio.to_thread.run_sync(_prepare, dest, force, token)
+    downloaded = 0
+    try:
+        paths = [f.path for f in index.files]
+        await anyio.to_thread.run_sync(_make_dirs, temp, paths)
+        empty = [temp / f.path for f in index.files if not f.size]
+        await anyio.to_thread.run_sync(_write_whole, empty, b"")
+        reads = plan_reads(index)
+        queue: Iterator[_Read] = iter(reads)
+
+        with first_error():
+            async with anyio.create_task_group() as tg:
+                writer = _Writer(tg, concurrency)
+
+                async def worker() -> None:
+                    nonlocal downloaded
+                    for read in queue:
+                        downloaded += await _fetch(
+                            read, counted, namespace, index.query_id, temp, writer
+                        )
+
+                for _ in range(max(1, min(concurrency, len(reads)))):
+                    tg.start_soon(worker)
+        await anyio.to_thread.run_sync(_place, temp, dest, mount, token)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(partial(shutil.rmtree, temp, ignore_errors=True))
+        raise
+    result = RestoreResult(
+        dest=str(dest),
+        query_id=index.query_id,
+        batch=index.batch,
+        snapshot_id=index.id,
+        files=len(index.files),
+        bytes=index.total_bytes,
+        downloaded_bytes=downloaded,
+        requests=dict(counted.requests),
+        duration_s=time.monotonic() - started,
+    )
+    log.info(
+        "snapshot restored: query=%s batch=%d snapshot=%s dest=%s files=%d bytes=%d "
+        "requests=%d duration_s=%.3f",
+        index.query_id,
+        index.batch,
+        index.id,
+        dest,
+        result.files,
+        result.bytes,
+        sum(result.requests.values()),
+        result.duration_s,
+    )
+    return result
+
+
+async def _check_packs(index: SnapshotIndex, blobs: SnapshotStore, namespace: str) -> None:
+    """Every pack the index uses is listed, at least as long as its contents need."""
+    needed: dict[str, tuple[int, str]] = {}
+    for f in index.files:
+        if f.size:
+            end = f.offset + f.size
+            if end > needed.get(f.pack, (0, ""))[0]:
+                needed[f.pack] = (end, f.path)
+    if not needed:
+        return
+    base = f"{prefix(namespace, index.query_id)}packs/"
+    listed = await retried("list packs", lambda: blobs.list(base))
+    sizes = {blob.name: blob.size for blob in listed}
+    for pack, (end, path) in sorted(needed.items()):
+        name = pack_name(namespace, index.query_id, pack)
+        size = sizes.get(name)
+        if size is None or size < end:
+            found = "is not stored" if size is None else f"holds {size} bytes, not {end}"
+            raise RestoreError(
+                f"pack {name} {found}: snapshot {index.id} of batch {index.batch} cannot be "
+                f"restored ({path} and others are in it). It was deleted or damaged; restore "
+                "another snapshot (--batch)",
+                reason="missing_blob",
+                blob=name,
+                path=path,
+            )
+
+
+async def _fetch(
+    read: _Read,
+    blobs: SnapshotStore,
+    namespace: str,
+    query_id: str,
+    temp: Path,
+    writer: _Writer,
+) -> int:
+    """Download one read, verify and write its files; the bytes downloaded."""
+    name = pack_name(namespace, query_id, read.pack)
+
+    async def ranged(start: int, length: int) -> bytes:
+        try:
+            data = await retried(f"read {name}", partial(blobs.read_range, name, start, length))
+        except SidecarError as exc:
+            if exc.retriable:
+                raise
+            raise RestoreError(
+                f"pack {name} could not be read ({exc}): it was deleted since the restore "
+                "began, or the store refuses it",
+                reason="store",
+                blob=name,
+            ) from exc
+        if len(data) != length:
+            raise RestoreError(
+                f"pack {name} returned {len(data)} bytes at {start}, not {length}: it is "
+                "shorter than the snapshot says (damaged)",
+                reason="missing_blob",
+                blob=name,
+            )
+        return data
+
+    if len(read.contents) == 1 and read.length > RANGE_MAX_BYTES:
+        content = read.contents[0]
+        target = temp / content.paths[0]
+        out: BinaryIO = await anyio.to_thread.run_sync(target.open, "wb")
+        try:
+            digest = hashlib.sha256()
+            for at in range(0, read.length, RANGE_MAX_BYTES):
+                piece = await ranged(read.start + at, min(RANGE_MAX_BYTES, read.length - at))
+                await anyio.to_thread.run_sync(digest.update, piece)
+                await anyio.to_thread.run_sync(out.write, piece)
+        finally:
+            await anyio.to_thread.run_sync(out.close)
+        _verify(content, digest.digest(), name)
+        for other in content.paths[1:]:
+            await anyio.to_thread.run_sync(shutil.copyfile, target, temp / other)
+        return read.length
+
+    data = await ranged(read.start, read.length)
+    await writer.submit(partial(_verify_and_write, read, data, name, temp))
+    return read.length
+
+
+class _Writer:
+    """Verifies and writes downloaded ranges in worker threads beside the downloads (a
+    download does not wait for the previous range's hash and write), holding ``pending``
+    ranges at most."""
+
+    def __init__(self, tg: anyio.abc.TaskGroup, pending: int) -> None:
+        self.tg = tg
+        self.slots = anyio.Semaphore(max(1, pending))
+
+    async def submit(self, job: Callable[[], None]) -> None:
+        await self.slots.acquire()
+        self.tg.start_soon(self._run, job)
+
+    async def _run(self, job: Callable[[], None]) -> None:
+        try:
+            await anyio.to_thread.run_sync(job)
+        finally:
+            self.slots.release()
+
+
+def _verify(content: _Content, sha: bytes, blob: str) -> None:
+    if sha != content.sha256:
+        raise RestoreError(
+            f"{content.paths[0]} ({content.size} bytes at {content.offset} of pack {blob}) "
+            "does not match its checksum: the pack is damaged. Nothing was put in place; "
+            "restore another snapshot (--batch)",
+            reason="checksum",
+            blob=blob,
+            path=content.paths[0],
+        )
+
+
+def _verify_and_write(read: _Read, data: bytes, blob: str, temp: Path) -> None:
+    view = memoryview(data)
+    for content in read.contents:
+        piece = view[content.offset - read.start : content.offset - read.start + content.size]
+        _verify(content, hashlib.sha256(piece).digest(), blob)
+        _write_whole([temp / p for p in content.paths], piece)
+
+
+async def list_snapshots(
+    blobs: SnapshotStore, namespace: str, query_id: str
+) -> list[SnapshotIndex]:
+    """Every readable snapshot of the query, newest first (by batch, then time written);
+    unreadable index blobs are skipped (logged).
+
+    Raises:
+        SidecarError: the store's errors after retries.
+    """
+    stored = await _indexes(blobs, namespace, query_id)
+    found: dict[str, SnapshotIndex] = {}
+    limiter = anyio.CapacityLimiter(LIST_CONCURRENCY)
+
+    async def read(name: str) -> None:
+        async with limiter:
+            try:
+                got = await read_index(blobs, name)
+            except CorruptRecord as exc:
+                log.warning("snapshot index skipped: blob=%s problem=%s", name, exc.problem)
+                return
+        if got is not None:
+            found[name] = got[0]
+
+    with first_error():
+        async with anyio.create_task_group() as tg:
+            for s in stored:
+                tg.start_soon(read, s.name)
+    return [found[s.name] for s in stored if s.name in found]
+
+
+async def find_snapshot(
+    blobs: SnapshotStore, namespace: str, query_id: str, batch: int | None = None
+) -> SnapshotIndex:
+    """The newest snapshot of ``batch`` (None: of the newest batch). One listing, one read.
+
+    Raises:
+        SnapshotNotFound: there is none (``available`` says which batches there are).
+        CorruptRecord: its index cannot be read.
+        SidecarError: the store's errors after retries.
+    """
+    stored = await _indexes(blobs, namespace, query_id)
+    available = tuple(sorted({s.batch for s in stored}))
+    wanted = batch if batch is not None else (available[-1] if available else None)
+    for s in stored:  # newest first
+        if s.batch == wanted:
+            got = await read_index(blobs, s.name)
+            if got is not None:
+                return got[0]
+    shown = ", ".join(str(b) for b in available[-20:]) or "none"
+    what = f"of batch {batch}" if batch is not None else "at all"
+    raise SnapshotNotFound(
+        f"query {query_id} has no snapshot {what} (batches with one: {shown})",
+        available=available,
+    )
+
+
+async def _indexes(blobs: SnapshotStore, namespace: str, query_id: str) -> list[StoredIndex]:
+    base = prefix(namespace, query_id)
+    listed = await retried("list snapshots", lambda: blobs.list(f"{base}index/"))
+    return list(classify(listed, namespace, query_id).indexes)

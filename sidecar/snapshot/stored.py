@@ -1,0 +1,181 @@
+"""The snapshot blobs as this package reaches them: the protocol of their I/O edge, one
+storage call retried, an index read, and the errors of a task group unwrapped.
+
+The edge itself is ``sidecar.store.snapshots.SnapshotBlobs`` (create-only streamed puts,
+conditional replaces, listings, ranged reads, idempotent deletes); the daemon and the CLI hand
+it in, so this package depends on the store only through :class:`SnapshotStore`, as ``flush``
+does.
+
+**Retries.** A storage call that fails retriably (``StoreUnavailable``: a timeout, a dropped
+connection, 408, 429, 5xx) is tried again, :data:`ATTEMPTS` times at most, after a jittered
+backoff that honours the store's ``Retry-After``; anything else fails the operation at once.
+A create-only write sent again after a send whose outcome was unknown (the connection
+dropped after the store wrote it) finds the blob there: blob ids are random, so that is the
+earlier send's, complete (a Put Blob or a Put Block List lands whole or not at all), and
+counts as written (:func:`create`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterator, Sequence
+from contextlib import aclosing, contextmanager
+from typing import Protocol, TypeVar
+
+import anyio
+
+from sidecar.backoff import Backoff
+from sidecar.errors import StoreUnavailable, VersionConflict
+from sidecar.snapshot.index import SnapshotIndex, decode_index
+from sidecar.snapshot.retention import ListedLike
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Tries of one storage call that fails retriably, the first included.
+ATTEMPTS = 4
+#: The retry backoff: first delay and cap, seconds (jittered; a ``Retry-After`` is honoured
+#: up to the cap).
+RETRY_BASE_S = 0.2
+RETRY_CAP_S = 5.0
+_schedule = Backoff(RETRY_BASE_S, RETRY_CAP_S)
+
+
+class SnapshotStore(Protocol):
+    """What the snapshot package needs of its blobs (``sidecar.store.snapshots.SnapshotBlobs``;
+    its docstrings say what each call raises)."""
+
+    @property
+    def block_bytes(self) -> int:
+        """A body smaller than this goes up in one request; a larger one in blocks of it."""
+        ...
+
+    @property
+    def requests(self) -> dict[str, int]:
+        """Requests sent through this object, by kind (put, block, commit, list, read, delete)."""
+        ...
+
+    def counted(self) -> SnapshotStore:
+        """A view counting only its own calls in :attr:`requests` (and still in this one's)."""
+        ...
+
+    async def put(self, name: str, chunks: AsyncIterable[bytes]) -> tuple[int, str]:
+        """Create ``name`` from ``chunks`` (never overwrites: ``VersionConflict``)."""
+        ...
+
+    async def replace(self, name: str, body: bytes, version: str) -> str:
+        """Overwrite ``name`` if still at ``version`` (else ``VersionConflict``)."""
+        ...
+
+    async def list(self, prefix: str) -> Sequence[ListedLike]: ...
+
+    async def read(self, name: str) -> tuple[bytes, str] | None: ...
+
+    async def read_range(self, name: str, offset: int, length: int) -> bytes: ...
+
+    async def delete(self, name: str, version: str | None = None) -> bool: ...
+
+
+async def retried(what: str, call: Callable[[], Awaitable[T]], *, attempts: int | None = None) -> T:
+    """``call()``, tried again after a retriable store failure (see the module docstring);
+    ``attempts`` tries at most (default :data:`ATTEMPTS`).
+
+    Raises:
+        StoreUnavailable: still failing after ``attempts`` tries.
+        SidecarError: any other failure, at once.
+    """
+    attempts = ATTEMPTS if attempts is None else attempts
+    attempt = 1
+    while True:
+        try:
+            return await call()
+        except StoreUnavailable as exc:
+            if attempt >= attempts:
+                raise
+            delay = _schedule.after(attempt, at_least_s=exc.retry_after_s or 0.0)
+            log.warning(
+                "snapshot store call failed, retrying: call=%s attempt=%d of=%d delay_s=%.2f "
+                "error=%s",
+                what,
+                attempt,
+                attempts,
+                delay,
+                exc,
+            )
+            await anyio.sleep(delay)
+            attempt += 1
+
+
+async def create(
+    blobs: SnapshotStore,
+    name: str,
+    chunks: Callable[[], AsyncGenerator[bytes, None]],
+    *,
+    attempts: int | None = None,
+) -> str:
+    """Create ``name`` — a random name, never reused — from a fresh ``chunks()`` per attempt,
+    retried; its version, or "" when the blob was found there already: an earlier send of
+    ours landed (a retry here, or the HTTP client's own resend of an idempotent PUT whose
+    connection dropped: aiohttp resends once on a pooled connection).
+
+    Raises:
+        StoreUnavailable: still failing after ``attempts`` tries.
+    """
+
+    async def once() -> str:
+        body = chunks()
+        async with aclosing(body):
+            try:
+                return (await blobs.put(name, body))[1]
+            except VersionConflict:
+                log.info("snapshot blob landed at an earlier send: blob=%s", name)
+                return ""
+
+    return await retried(f"create {name}", once, attempts=attempts)
+
+
+async def chunks_of(data: bytes | bytearray | memoryview, size: int) -> AsyncGenerator[bytes, None]:
+    """``data`` in slices of ``size`` bytes, for a put (views: no copy)."""
+    view = memoryview(data)
+    for start in range(0, len(view), size):
+        yield view[start : start + size]  # type: ignore[misc]  # a put takes any buffer
+    if not view:
+        yield b""
+
+
+async def read_index(blobs: SnapshotStore, name: str) -> tuple[SnapshotIndex, str] | None:
+    """The index blob ``name`` and its version, retried; None when it is gone.
+
+    Raises:
+        CorruptRecord: it is not an index this version reads.
+    """
+    found = await retried(f"read {name}", lambda: blobs.read(name))
+    if found is None:
+        return None
+    body, version = found
+    return decode_index(body, name), version
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
+@contextmanager
+def first_error() -> Iterator[None]:
+    """Raise a task group's first error itself, not its group (callers catch typed errors);
+    the others, if any, are noted on it."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        first = leaves[0]
+        if len(leaves) > 1:
+            first.add_note(
+                f"and {len(leaves) - 1} more: "
+                + "; ".join(f"{type(e).__name__}: {e}" for e in leaves[1:4])
+            )
+        raise first from None

@@ -1,0 +1,421 @@
+"""Take one snapshot: the cut of batch N, its new contents uploaded in packs, its index last.
+
+:func:`upload_snapshot` takes the cut (``sidecar.snapshot.source.take_cut``), then finds each
+file's content (SHA-256):
+
+1. a file whose (path, size, stamp) the previous snapshot had is not read: its content is
+   known (:class:`~sidecar.snapshot.contents.Contents`);
+2. any other file is read through ``source.open`` (checked against its listing: a file gone
+   or changed meanwhile raises ``FileChanged``) and hashed;
+3. a content already stored — by an earlier snapshot, or earlier in this one — is referenced
+   where it is; only a new content's bytes are uploaded, once.
+
+New contents of files up to :data:`PACKED_FILE_MAX_BYTES` travel together: appended to a pack
+held in memory, which goes up (one Put Blob, or blocks and a Put Block List when larger than
+the store's block) once it reaches ``pack_target_bytes``, and at the end. A larger file is
+read twice, streamed both times: a first pass hashes it, and only if its content is new a
+second pass streams it into a pack of its own, hashed again on the way — a content that
+differs from the first pass fails the snapshot (``FileChanged``) before the blob is committed.
+So a snapshot's storage requests grow with its new bytes, not its number of files, and
+memory stays bounded whatever a file's size: about ``(PACKS_IN_FLIGHT + 1) *
+(pack_target_bytes + PACKED_FILE_MAX_BYTES)`` plus a block and a chunk per large file in
+flight. Reads, hashes and uploads run under ``limiter`` (one token each; shared between
+queries when given).
+
+**The index is written last, create-only.** It exists only when every pack it names is
+stored: a snapshot fails as a whole — a file changed mid-copy, a cut refused, the store
+failing after retries — and leaves no index, only packs no index names, which prune deletes
+after the grace period (``sidecar.snapshot.retention``). ``contents`` learns the snapshot
+only once its index is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import AsyncGenerator
+
+import anyio
+import anyio.to_thread
+import msgspec
+
+from sidecar.errors import SidecarError, StoreRefused, StoreUnavailable
+from sidecar.snapshot.contents import Contents
+from sidecar.snapshot.cut import CutError, CutFile
+from sidecar.snapshot.index import (
+    FileEntry,
+    SnapshotIndex,
+    encode_index,
+    index_name,
+    new_id,
+    now_text,
+    pack_name,
+)
+from sidecar.snapshot.source import CheckpointSource, FileChanged, SourceError, take_cut
+from sidecar.snapshot.stored import SnapshotStore, chunks_of, create, first_error
+
+__all__ = ["Contents", "UploadError", "UploadResult", "failure_reason", "upload_snapshot"]
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+#: A pack is sealed and uploaded once it holds this many bytes.
+DEFAULT_PACK_TARGET_BYTES = 8 * MiB
+#: New files up to this size are read whole and packed together; larger ones are hashed in
+#: a first pass and, when new, streamed into a pack of their own.
+PACKED_FILE_MAX_BYTES = 1 * MiB
+#: Sealed packs held in memory while they upload, per snapshot (the next one fills meanwhile).
+PACKS_IN_FLIGHT = 2
+#: Files read at once per snapshot; and the limiter's size when none is given.
+DEFAULT_CONCURRENCY = 4
+#: Chunks at least this large are hashed in a worker thread (hashlib releases the GIL), not
+#: on the event loop.
+HASH_IN_THREAD_BYTES = 256 * 1024
+EMPTY_SHA256 = hashlib.sha256(b"").digest()
+
+#: Every reason :func:`failure_reason` gives, as metrics label failed snapshots.
+FAILURE_REASONS = (
+    "file_changed",
+    "cut_not_committed",
+    "cut_missing_file",
+    "cut_unreadable",
+    "cut_unsupported",
+    "source",
+    "store_unavailable",
+    "store_refused",
+    "store",
+    "wrong_query",
+    "other",
+)
+
+
+class UploadError(SidecarError):
+    """The checkpoint at the location is not the query's (its ``metadata`` names another)."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class UploadResult(msgspec.Struct, frozen=True, kw_only=True):
+    """One snapshot written."""
+
+    index: SnapshotIndex
+    #: The index blob's name and version.
+    name: str
+    version: str
+    #: Bytes of file contents uploaded (in packs): each new content once.
+    uploaded_bytes: int
+    #: Files whose content this snapshot uploaded; files whose content was stored already.
+    new_files: int
+    reused_files: int
+    #: Files read and hashed (the others were known by their stamp), and their bytes.
+    hashed_files: int
+    hashed_bytes: int
+    #: Packs written.
+    packs: int
+    #: Storage requests this snapshot sent, by kind (put, block, commit, ...).
+    requests: dict[str, int]
+    #: The index blob's size.
+    index_bytes: int
+    duration_s: float
+
+    @property
+    def request_count(self) -> int:
+        return sum(self.requests.values())
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A failed snapshot's reason, one of :data:`FAILURE_REASONS` (a metric's label)."""
+    if isinstance(exc, FileChanged):
+        return "file_changed"
+    if isinstance(exc, CutError):
+        return f"cut_{exc.reason}"
+    if isinstance(exc, SourceError):
+        return "source"
+    if isinstance(exc, StoreUnavailable):
+        return "store_unavailable"
+    if isinstance(exc, StoreRefused):
+        return "store_refused"
+    if isinstance(exc, UploadError):
+        return exc.reason
+    if isinstance(exc, SidecarError):
+        return "store"
+    return "other"
+
+
+async def _update(digest: hashlib._Hash, chunk: bytes) -> None:
+    if len(chunk) >= HASH_IN_THREAD_BYTES:
+        await anyio.to_thread.run_sync(digest.update, chunk)
+    else:
+        digest.update(chunk)
+
+
+class _OpenPack:
+    def __init__(self) -> None:
+        self.id = new_id()
+        self.buffer = bytearray()
+
+
+class _Upload:
+    """One snapshot being written: the files' entries, the contents it placed, its packs."""
+
+    def __init__(
+        self,
+        source: CheckpointSource,
+        location: str,
+        blobs: SnapshotStore,
+        namespace: str,
+        query_id: str,
+        contents: Contents,
+        limiter: anyio.CapacityLimiter,
+        pack_target_bytes: int,
+        packed_file_max_bytes: int,
+    ) -> None:
+        self.source, self.location, self.blobs = source, location, blobs
+        self.namespace, self.query_id, self.contents = namespace, query_id, contents
+        self.limiter = limiter
+        self.pack_target_bytes = pack_target_bytes
+        self.packed_file_max_bytes = packed_file_max_bytes
+        self.entries: dict[str, FileEntry] = {}
+        #: Contents this snapshot placed: SHA-256 → (pack, offset).
+        self.placed: dict[bytes, tuple[str, int]] = {}
+        #: Packs this snapshot writes → size.
+        self.new_packs: dict[str, int] = {}
+        self.open: _OpenPack | None = None
+        self.slots = anyio.Semaphore(PACKS_IN_FLIGHT)
+        self.uploaded_bytes = self.new_files = self.reused_files = 0
+        self.hashed_files = self.hashed_bytes = 0
+        self.tg: anyio.abc.TaskGroup | None = None
+
+    def where(self, sha: bytes) -> tuple[str, int] | None:
+        return self.placed.get(sha) or self.contents.locate(sha)
+
+    def reuse(self, file: CutFile, sha: bytes, at: tuple[str, int]) -> None:
+        self.entries[file.path] = FileEntry(file.path, file.size, sha, at[0], at[1])
+        self.reused_files += 1
+
+    def placed_new(self, file: CutFile, sha: bytes, at: tuple[str, int]) -> None:
+        self.entries[file.path] = FileEntry(file.path, file.size, sha, at[0], at[1])
+        self.placed[sha] = at
+        self.new_files += 1
+        self.uploaded_bytes += file.size
+
+    async def run(self, files: list[CutFile]) -> None:
+        pending: list[CutFile] = []
+        for file in files:
+            if file.size == 0:
+                self.entries[file.path] = FileEntry(file.path, 0, EMPTY_SHA256, "", 0)
+                self.reused_files += 1
+                continue
+            sha = self.contents.identify(file.path, file.size, file.stamp)
+            at = self.where(sha) if sha is not None else None
+            if sha is not None and at is not None:
+                self.reuse(file, sha, at)
+            else:
+                pending.append(file)
+        # The largest first: a long second pass starts early.
+        queue = iter(sorted(pending, key=lambda f: -f.size))
+
+        async def worker() -> None:
+            for file in queue:  # shared: each file goes to one worker
+                await self.file(file)
+
+        with first_error():
+            async with anyio.create_task_group() as tg:
+                self.tg = tg
+                async with anyio.create_task_group() as readers:
+                    for _ in range(min(DEFAULT_CONCURRENCY, len(pending))):
+                        readers.start_soon(worker)
+                await self.seal()
+
+    async def file(self, file: CutFile) -> None:
+        if file.size <= self.packed_file_max_bytes:
+            async with self.limiter:
+                data = await self.read_whole(file)
+            digest = hashlib.sha256()
+            await _update(digest, data)
+            sha = digest.digest()
+            self.hashed_files += 1
+            self.hashed_bytes += file.size
+            at = self.where(sha)
+            if at is not None:
+                self.reuse(file, sha, at)
+                return
+            # Placed without an await in between: a same content read by another worker
+            # meanwhile finds it placed.
+            pack = self.open = self.open or _OpenPack()
+            self.placed_new(file, sha, (pack.id, len(pack.buffer)))
+            pack.buffer += data
+            if len(pack.buffer) >= self.pack_target_bytes:
+                await self.seal()
+            return
+        async with self.limiter:
+            sha = await self.hash_stream(file)
+        self.hashed_files += 1
+        self.hashed_bytes += file.size
+        at = self.where(sha)
+        if at is not None:
+            self.reuse(file, sha, at)
+            return
+        pack_id = new_id()
+        self.placed_new(file, sha, (pack_id, 0))
+        async with self.limiter:
+            await create(
+                self.blobs,
+                pack_name(self.namespace, self.query_id, pack_id),
+                lambda: self.stream_checked(file, sha),
+            )
+        self.new_packs[pack_id] = file.size
+
+    async def read_whole(self, file: CutFile) -> bytes:
+        async with self.source.open(self.location, file.listed) as stream:
+            parts = [chunk async for chunk in stream]
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def hash_stream(self, file: CutFile) -> bytes:
+        digest = hashlib.sha256()
+        async with self.source.open(self.location, file.listed) as stream:
+            async for chunk in stream:
+                await _update(digest, chunk)
+        return digest.digest()
+
+    async def stream_checked(self, file: CutFile, sha: bytes) -> AsyncGenerator[bytes, None]:
+        """The file's chunks for its upload; raises before the end (so the put commits
+        nothing) when its content is not the one hashed in the first pass."""
+        digest = hashlib.sha256()
+        async with self.source.open(self.location, file.listed) as stream:
+            async for chunk in stream:
+                await _update(digest, chunk)
+                yield chunk
+        if digest.digest() != sha:
+            raise FileChanged(
+                f"{file.path} changed between its hash and its upload (same listing, other "
+                "bytes): this snapshot fails; the next one reads it again",
+                reason="changed",
+            )
+
+    async def seal(self) -> None:
+        """Send the open pack up (waiting while :data:`PACKS_IN_FLIGHT` are)."""
+        pack, self.open = self.open, None
+        if pack is None or not pack.buffer:
+            return
+        assert self.tg is not None
+        await self.slots.acquire()
+        self.tg.start_soon(self.upload_pack, pack)
+
+    async def upload_pack(self, pack: _OpenPack) -> None:
+        try:
+            async with self.limiter:
+                await create(
+                    self.blobs,
+                    pack_name(self.namespace, self.query_id, pack.id),
+                    lambda: chunks_of(pack.buffer, self.blobs.block_bytes),
+                )
+            self.new_packs[pack.id] = len(pack.buffer)
+        finally:
+            self.slots.release()
+
+
+async def upload_snapshot(
+    source: CheckpointSource,
+    location: str,
+    batch: int,
+    blobs: SnapshotStore,
+    namespace: str,
+    query_id: str,
+    contents: Contents,
+    *,
+    limiter: anyio.CapacityLimiter | None = None,
+    pack_target_bytes: int = DEFAULT_PACK_TARGET_BYTES,
+    packed_file_max_bytes: int = PACKED_FILE_MAX_BYTES,
+) -> UploadResult:
+    """Take the cut of ``batch`` of the checkpoint at ``location`` (under ``source``'s root)
+    and store it as a snapshot of ``query_id`` (see the module docstring); ``contents``
+    learns it.
+
+    Raises (nothing of the snapshot is then named by an index; ``contents`` is unchanged):
+        CutError: no consistent cut of ``batch`` (not committed yet, a file missing, ...).
+        FileChanged: a file was deleted or rewritten while it was copied; a later batch's
+            snapshot will do.
+        SourceError: the location cannot be read.
+        UploadError: the checkpoint at ``location`` is another query's (``wrong_query``).
+        SidecarError: the store's errors, after retries (``StoreUnavailable``,
+            ``StoreRefused``, ...).
+    """
+    started = time.monotonic()
+    counted = blobs.counted()
+    cut = await take_cut(source, location, batch)
+    if cut.query_id != query_id:
+        raise UploadError(
+            f"the checkpoint at {location or '.'} is query {cut.query_id}'s, not {query_id}'s "
+            "(its metadata file names it): snapshots of a location go to its own query",
+            reason="wrong_query",
+        )
+    upload = _Upload(
+        source,
+        location,
+        counted,
+        namespace,
+        query_id,
+        contents,
+        limiter or anyio.CapacityLimiter(DEFAULT_CONCURRENCY),
+        pack_target_bytes,
+        packed_file_max_bytes,
+    )
+    await upload.run(list(cut.files))
+
+    files = tuple(upload.entries[f.path] for f in cut.files)
+    packs: dict[str, int] = {}
+    for f in files:
+        if f.size and f.pack not in packs:
+            size = upload.new_packs.get(f.pack) or contents.pack_size(f.pack)
+            if size is None:  # a place Contents gave without its pack: a bug, not the store's
+                raise AssertionError(f"no size known for pack {f.pack} of {f.path}")
+            packs[f.pack] = size
+    index = SnapshotIndex(
+        query_id=query_id,
+        batch=batch,
+        id=new_id(),
+        created_at=now_text(),
+        location=location,
+        checkpoint_format=cut.checkpoint_format,
+        files=files,
+        packs=packs,
+        new_bytes=upload.uploaded_bytes,
+    )
+    body = encode_index(index)
+    name = index_name(namespace, query_id, batch, index.id)
+    version = await create(counted, name, lambda: chunks_of(body, len(body)))
+    contents.learn(index, name=name, version=version, stamps={f.path: f.stamp for f in cut.files})
+    result = UploadResult(
+        index=index,
+        name=name,
+        version=version,
+        uploaded_bytes=upload.uploaded_bytes,
+        new_files=upload.new_files,
+        reused_files=upload.reused_files,
+        hashed_files=upload.hashed_files,
+        hashed_bytes=upload.hashed_bytes,
+        packs=len(upload.new_packs),
+        requests=dict(counted.requests),
+        index_bytes=len(body),
+        duration_s=time.monotonic() - started,
+    )
+    log.info(
+        "snapshot written: query=%s batch=%d snapshot=%s files=%d new_files=%d reused=%d "
+        "uploaded_bytes=%d packs=%d requests=%d index_bytes=%d duration_s=%.3f",
+        query_id,
+        batch,
+        index.id,
+        len(files),
+        result.new_files,
+        result.reused_files,
+        result.uploaded_bytes,
+        result.packs,
+        result.request_count,
+        result.index_bytes,
+        result.duration_s,
+    )
+    return result
