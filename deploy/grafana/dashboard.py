@@ -464,6 +464,57 @@ def build() -> dashboard.Dashboard:
             )
         )
     )
+    board = (
+        board.with_row(dashboard.Row("Snapshots"))
+        .with_panel(
+            graph(
+                "Snapshot lag",
+                "How long the oldest batch Spark committed and no snapshot holds has waited "
+                "(SIDECAR_SNAPSHOT_ROOT; queries whose checkpoint is not under it are not shown)",
+                [target(f"checkpoint_sidecar_snapshot_lag_seconds{{{NSQ}}}", "{{query}}")],
+                "s",
+                red_above=600,
+            )
+        )
+        .with_panel(
+            graph(
+                "Snapshot lag in batches",
+                "Batches Spark committed since the query's newest snapshot",
+                [target(f"checkpoint_sidecar_snapshot_lag_batches{{{NSQ}}}", "{{query}}")],
+                "none",
+            )
+        )
+        .with_panel(
+            graph(
+                "Snapshot upload",
+                "Bytes per second uploaded by snapshots: content (new files' bytes, each once) "
+                "and index",
+                [
+                    target(
+                        "sum by (kind) "
+                        f"(rate(checkpoint_sidecar_snapshot_bytes_total{{{NS}}}[{RATE}]))",
+                        "{{kind}}",
+                    )
+                ],
+                "Bps",
+            )
+        )
+        .with_panel(
+            graph(
+                "Snapshot failures by reason",
+                "Snapshots that failed per second, by reason (file_changed and "
+                "cut_not_committed are retried with the next batch; the others need a look)",
+                [
+                    target(
+                        "sum by (reason) "
+                        f"(rate(checkpoint_sidecar_snapshot_failures_total{{{NS}}}[{RATE}]))",
+                        "{{reason}}",
+                    )
+                ],
+                "ops",
+            )
+        )
+    )
     return board
 
 

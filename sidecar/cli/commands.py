@@ -10,6 +10,7 @@ import functools
 import logging
 import signal
 import sys
+from pathlib import Path
 
 import anyio
 import msgspec
@@ -178,6 +179,60 @@ def admin(args: argparse.Namespace, config: Config) -> int:
         usage = (ConfigError, AdminForbidden, InvalidRequest)
         return EXIT_USAGE if isinstance(exc, usage) else EXIT_FAILURE
     print(result.summary())
+    return EXIT_OK
+
+
+def snapshot_command(args: argparse.Namespace, config: Config) -> int:
+    """``snapshots QUERY`` and ``restore``: 0 done, 1 refused or failed, 2 bad usage."""
+    from sidecar.ops import restore  # the snapshot modules, only for these commands
+
+    try:
+        if args.command == "snapshots":
+            query_id, name, found = anyio.run(restore.snapshots, config, args.query)
+            if args.json:
+                rows = [restore.row(i) for i in found]
+                print(msgspec.json.encode({"query_id": query_id, "name": name,
+                                           "snapshots": rows}).decode())  # fmt: skip
+                return EXIT_OK
+            print(f"query {name or '-'} ({query_id}): {len(found)} snapshot(s), newest first")
+            for i in found:
+                row = restore.row(i)
+                print(f"  batch {row.batch_id:>8}  {row.id}  {row.created_at}  {row.files} "
+                      f"files  {row.bytes} bytes ({row.new_bytes} new)  "
+                      f"{row.location or '.'}")  # fmt: skip
+            return EXIT_OK
+        if args.all_root is not None:
+            if args.query is not None or args.dir is not None or args.batch is not None:
+                raise ConfigError("restore --all ROOT takes no QUERY, DIR or --batch")
+            done = anyio.run(restore.restore_all, config, Path(args.all_root))
+        else:
+            if args.query is None or args.dir is None:
+                raise ConfigError("restore needs QUERY and DIR (or --all ROOT)")
+            done = [
+                anyio.run(
+                    functools.partial(
+                        restore.restore_query,
+                        config,
+                        args.query,
+                        Path(args.dir),
+                        batch=args.batch,
+                        force=args.force,
+                    )
+                )
+            ]
+    except SidecarError as exc:
+        print(f"checkpoint-sidecar: {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE
+    for r in done:
+        if args.json:
+            print(msgspec.json.encode(r).decode())
+        elif r.outcome == "newer":
+            print(f"kept {r.directory}: it holds a checkpoint at least as new as batch "
+                  f"{r.batch_id} of query {r.name or r.query_id}")  # fmt: skip
+        else:
+            print(f"restored batch {r.batch_id} of query {r.name or r.query_id} (snapshot "
+                  f"{r.snapshot}) into {r.directory}: {r.files} files, {r.bytes} bytes, "
+                  f"checksums verified, in {r.seconds:.2f}s; {r.checkpoint}")  # fmt: skip
     return EXIT_OK
 
 

@@ -226,7 +226,49 @@ def build_parser() -> argparse.ArgumentParser:
     adopt.add_argument("--json", action="store_true", help="machine-readable output")
     _add_settings(adopt)
     _add_admin_commands(sub)
+    _add_snapshot_commands(sub)
     return parser
+
+
+def _add_snapshot_commands(sub: Any) -> None:
+    listing = sub.add_parser(
+        "snapshots",
+        help="list a query's checkpoint snapshots (SIDECAR_SNAPSHOT_ROOT)",
+        description="List the snapshots of one query's Spark checkpoint (by name or id), newest "
+        "first: batch, id, when, files, bytes, bytes first uploaded by it, and the location it "
+        "was taken from. Reads the blobs directly.",
+    )
+    listing.add_argument("query", metavar="QUERY", help="query name or query id")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(listing)
+    back = sub.add_parser(
+        "restore",
+        help="write a snapshot back as the query's Spark checkpoint directory",
+        description="Write snapshot N of QUERY (default: the newest; see `snapshots`) into DIR "
+        "as a Spark checkpoint directory — every file's checksum verified, downloaded in "
+        "parallel, put in place only once whole — and move the sidecar's checkpoint of the "
+        "query to that batch as a reset does (through the daemon when one runs, else under a "
+        "lease of its own, waited for while an old pod's daemon holds it; Kafka and Event Hubs "
+        "positions follow through the daemon). The state moves with the offsets, so a stateful "
+        "query may move back. Refuses a non-empty DIR unless --force. `restore --all ROOT` is an "
+        "init container's form: every query with a snapshot back to where it was taken from "
+        "under ROOT, skipping a directory that holds a checkpoint at least as new. A sink that "
+        "skips batch ids it already committed (Delta, the file sink) skips the batches replayed "
+        "after the restored one: docs/snapshots.md. Exit code 0 done, 1 refused or failed, 2 bad "
+        "usage.",
+    )
+    back.add_argument("query", metavar="QUERY", nargs="?", help="query name or query id")
+    back.add_argument("dir", metavar="DIR", nargs="?", help="the checkpoint directory to write")
+    back.add_argument("--batch", type=int, metavar="N", help="the snapshot of batch N")
+    back.add_argument("--force", action="store_true", help="replace what DIR holds")
+    back.add_argument(
+        "--all",
+        metavar="ROOT",
+        dest="all_root",
+        help="every query with a snapshot, each back to its location under ROOT",
+    )
+    back.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(back)
 
 
 def _add_admin_commands(sub: Any) -> None:
@@ -320,6 +362,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("list", "show", "history", "starting-offsets"):
         result: int = commands.inspect(args, config)
         return result
+    if args.command in ("snapshots", "restore"):
+        restored: int = commands.snapshot_command(args, config)
+        return restored
     if "SIDECAR_NAMESPACE" not in os.environ and args.namespace is None:
         log.warning(
             "SIDECAR_NAMESPACE is not set; using %r. Set one per Spark application "

@@ -65,6 +65,7 @@ from sidecar.store.blobs import BlobStore
 from sidecar.store.sdk import loaded as loaded_sdk
 
 if TYPE_CHECKING:
+    from sidecar.daemon.snapshots import Snapshotter
     from sidecar.kafka.committer import KafkaCommitter
 from sidecar.telemetry.metrics import Metrics
 
@@ -138,6 +139,8 @@ class Daemon:
             else None
         )
         self.store_watch = StoreWatch(self.store, config.write_timeout_s)
+        #: Checkpoint snapshots (``SIDECAR_SNAPSHOT_ROOT``), made once the store is open.
+        self.snapshots: Snapshotter | None = None
         self.store.on_failure = lambda call, reason: self.metrics.store_failures.labels(
             call, reason
         ).inc()
@@ -147,6 +150,23 @@ class Daemon:
         )
         self.leases = self.blobs.leases
         self.retirement = Retirement(config.query_idle_s, release=self.blobs.release)
+        if config.snapshot_root:  # the snapshot modules are imported only then
+            from sidecar.daemon.snapshots import Snapshotter
+            from sidecar.snapshot.source import configured_source
+            from sidecar.store.snapshots import SnapshotBlobs
+
+            source = configured_source(config)
+            assert source is not None
+            self.snapshots = Snapshotter(
+                source,
+                SnapshotBlobs(self.store),
+                config.namespace,
+                self.metrics,
+                owns=self.blobs.owner_check,
+                taken=self.blobs.snapshot_taken,
+                named=self.blobs.snapshot_named,
+                retain=config.snapshot_retain,
+            )
         self.flusher = Flusher(
             config,
             self.buffer,
@@ -211,6 +231,8 @@ class Daemon:
         r = self.retirement
         r.busy.append(self.flusher.busy)
         r.forget += [self.blobs.forget, self.durability.forget]
+        if self.snapshots is not None:
+            r.forget.append(self.snapshots.forget)
         if self.committer is not None:
             r.forget.append(self.committer.forget)
         if self.eventhubs is not None:
@@ -352,6 +374,8 @@ class Daemon:
                     await anyio.sleep(delay)
             await tg.start(self.store_watch.run)
             await tg.start(self.flusher.run)
+            if self.snapshots is not None:
+                await tg.start(self.snapshots.run)
             gc.freeze()  # the SDK's modules too (no collection here: acks are being served)
             log.info("blob store open: container %s", self.store.where)
             tg.start_soon(self._doctor)  # (again) in the background: logged, exported, never fatal
@@ -381,6 +405,8 @@ class Daemon:
         self.eventhubs_lag.observe(checkpoint)
         self.retirement.seen(checkpoint.query_id, checkpoint.label)
         self.durability.acked(checkpoint.query_id, checkpoint.label, checkpoint.batch_id)
+        if self.snapshots is not None:  # Spark committed it: its snapshot, in the background
+            self.snapshots.committed(checkpoint)
 
     async def _blob_batch(self, query_id: str) -> int | None:
         doc = await self.store.read(query_id)
@@ -432,6 +458,8 @@ class Daemon:
             )
         with budget.finalizers():
             with budget.phase("final flush") as flush:
+                if self.snapshots is not None:
+                    self.snapshots.stop()  # a snapshot under way is cut: pruned later
                 await self.flusher.stop_loop()
                 if self.committer is not None:
                     # Before the flush wakes it: the final commit alone opens what it needs.

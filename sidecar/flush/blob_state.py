@@ -53,7 +53,7 @@ from sidecar.errors import CorruptRecord, LeaseLost, NotOwner, StoreUnavailable,
 from sidecar.flush.core import Ack, FlushCore, Plan, Seen
 from sidecar.flush.lease import Held, LeaseState
 from sidecar.flush.lease_manager import LeaseManager, LeaseStore
-from sidecar.model.document import CheckpointDocument, Stored
+from sidecar.model.document import CheckpointDocument, SnapshotRef, Stored
 from sidecar.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -430,6 +430,28 @@ class BlobStates:
                 return plan.base  # (seen absent: the lease has created it since; read it)
             await self.read(query_id)
         raise VersionConflict(f"query {query_id}: its blob changed while it was read")
+
+    # --- snapshots (``sidecar.snapshot``) -------------------------------------------------
+
+    def snapshot_taken(self, query_id: str, ref: SnapshotRef) -> None:
+        """A snapshot of the query was written: its next document names it."""
+        self._core.snapshot_taken(query_id, ref)
+
+    def snapshot_of(self, query_id: str) -> SnapshotRef | None:
+        """The newest snapshot of the query known here (the next document names it)."""
+        return self._core.snapshot_of(query_id)
+
+    def snapshot_named(self, query_id: str) -> SnapshotRef | None:
+        """The snapshot the query's document names, as last seen (always kept)."""
+        return self._core.snapshot_named(query_id)
+
+    async def owner_check(self, query_id: str, label: str) -> Callable[[], bool] | None:
+        """None unless this daemon holds the query's lease (acquired if due); else a check,
+        to make right before a write that must be the owner's, that it still does."""
+        held = await self.held(query_id, label)
+        if held is None:
+            return None
+        return lambda: self.leases.holds(held)
 
     def note_thinned(self, query_id: str, thinned: bool) -> bool:
         """Whether a document's history was thinned; True the first time in a row."""

@@ -63,7 +63,7 @@ from sidecar.backoff import Backoff
 from sidecar.buffer.lua import NO_BLOB
 from sidecar.buffer.rows import PendingQuery
 from sidecar.flush.lease import QueryLease
-from sidecar.model.document import Stored
+from sidecar.model.document import SnapshotRef, Stored
 
 #: A waiting ack's handle: whatever the shell settles when its batch is durable.
 W = TypeVar("W")
@@ -270,6 +270,10 @@ class QueryState(Generic[W, L]):
     #: Redis' count of the query's resets in the last row seen (None: none seen since this
     #: daemon's own reset, or ever).
     resets: int | None = None
+    #: The query's newest checkpoint snapshot, which its next document names
+    #: (``sidecar.snapshot``); and the one the document seen last names (kept by retention).
+    snapshot: SnapshotRef | None = None
+    named: SnapshotRef | None = None
 
     @property
     def floor(self) -> int | None:
@@ -395,6 +399,8 @@ class FlushCore(Generic[W, L]):
 
     def _advance(self, q: QueryState[W, L], event: BlobEvent) -> list[W]:
         q.blob = advance(q.blob, event)
+        if isinstance(q.blob, Seen) and q.blob.stored.document is not None:
+            q.named = q.blob.stored.document.snapshot or q.named
         return self._durable(q)
 
     # --- the floor (ingest) ----------------------------------------------------------------
@@ -630,6 +636,21 @@ class FlushCore(Generic[W, L]):
         """The blob, as seen, already held the row's batch: the acks that answers."""
         q = self._queries.get(query_id)
         return self._durable(q) if q is not None else []
+
+    def snapshot_taken(self, query_id: str, ref: SnapshotRef) -> None:
+        """A snapshot of the query was written: its next document names it."""
+        q = self.record(query_id)
+        if q.snapshot is None or ref.batch_id >= q.snapshot.batch_id:
+            q.snapshot = ref
+
+    def snapshot_of(self, query_id: str) -> SnapshotRef | None:
+        q = self._queries.get(query_id)
+        return q.snapshot if q is not None else None
+
+    def snapshot_named(self, query_id: str) -> SnapshotRef | None:
+        """The snapshot the query's document names, as last seen here."""
+        q = self._queries.get(query_id)
+        return q.named if q is not None else None
 
     def thinned(self, query_id: str, thinned: bool) -> bool:
         """Whether the history of the document just built was thinned; True the first time in

@@ -29,10 +29,12 @@ class DocumentBuilder:
         checkpoint: ckpt.Checkpoint,
         previous: document.CheckpointDocument | None,
         first_thinned: Callable[[bool], bool],
+        snapshot: document.SnapshotRef | None = None,
     ) -> document.CheckpointDocument:
         """The document replacing ``previous`` (what the blob holds) with ``checkpoint``;
         ``first_thinned(thinned)``: told whether its history was thinned, says whether that
-        is new (the query's record remembers: logged once until it fits again)."""
+        is new (the query's record remembers: logged once until it fits again); ``snapshot``:
+        the query's newest snapshot, which the document names (else ``previous``'s)."""
         history, thinned = document.carry_history(previous, checkpoint.batch_id, self._history_size)
         if first_thinned(bool(thinned)):
             log.warning(
@@ -47,4 +49,6 @@ class DocumentBuilder:
         # What the blob said of state sticks (sidecar.model.stateful): a progress without state
         # operators settles "unknown", never lowers "stateful".
         checkpoint = stateful.carry(previous, checkpoint)
-        return document.CheckpointDocument.of(checkpoint, self._writer, history, reset_of=previous)
+        return document.CheckpointDocument.of(
+            checkpoint, self._writer, history, reset_of=previous, snapshot=snapshot
+        )

@@ -355,6 +355,7 @@ class Flusher:
                     checkpoint,
                     plan.base.stored.document,
                     functools.partial(self._blobs.note_thinned, q.query_id),
+                    self._blobs.snapshot_of(q.query_id),
                 )
                 started = time.perf_counter()
                 try:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 import anyio
 import anyio.to_thread
@@ -86,12 +86,14 @@ FAILURE_REASONS = (
     "store_refused",
     "store",
     "wrong_query",
+    "not_owner",
     "other",
 )
 
 
 class UploadError(SidecarError):
-    """The checkpoint at the location is not the query's (its ``metadata`` names another)."""
+    """The checkpoint at the location is not the query's (its ``metadata`` names another), or
+    this process stopped owning the query during the upload (``reason``)."""
 
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)
@@ -330,6 +332,7 @@ async def upload_snapshot(
     limiter: anyio.CapacityLimiter | None = None,
     pack_target_bytes: int = DEFAULT_PACK_TARGET_BYTES,
     packed_file_max_bytes: int = PACKED_FILE_MAX_BYTES,
+    owner: Callable[[], bool] = lambda: True,
 ) -> UploadResult:
     """Take the cut of ``batch`` of the checkpoint at ``location`` (under ``source``'s root)
     and store it as a snapshot of ``query_id`` (see the module docstring); ``contents``
@@ -340,7 +343,9 @@ async def upload_snapshot(
         FileChanged: a file was deleted or rewritten while it was copied; a later batch's
             snapshot will do.
         SourceError: the location cannot be read.
-        UploadError: the checkpoint at ``location`` is another query's (``wrong_query``).
+        UploadError: the checkpoint at ``location`` is another query's (``wrong_query``), or
+            ``owner()`` said, right before the index, that this process no longer owns the
+            query (``not_owner``: its packs are orphans, swept after the grace period).
         SidecarError: the store's errors, after retries (``StoreUnavailable``,
             ``StoreRefused``, ...).
     """
@@ -387,6 +392,12 @@ async def upload_snapshot(
     )
     body = encode_index(index)
     name = index_name(namespace, query_id, batch, index.id)
+    if not owner():  # only the owner names a snapshot (its packs alone name nothing)
+        raise UploadError(
+            f"query {query_id}: its lease was lost during the snapshot of batch {batch}: no "
+            "index written (the new owner snapshots it)",
+            reason="not_owner",
+        )
     version = await create(counted, name, lambda: chunks_of(body, len(body)))
     contents.learn(index, name=name, version=version, stamps={f.path: f.stamp for f in cut.files})
     result = UploadResult(

@@ -22,6 +22,20 @@ RENEWAL_RESULTS = ("ok", "lost", "error")
 WRITE_CONFLICT_WHAT = ("checkpoint", "reset", "archive", "eventhubs")
 #: Where an unreadable record was found (sidecar.errors.CorruptRecord.where).
 BAD_RECORD_WHERE = ("redis", "blob")
+#: sidecar.snapshot.upload.FAILURE_REASONS but not_owner (a result of its own, not a failure).
+SNAPSHOT_FAILURE_REASONS = (
+    "file_changed",
+    "cut_not_committed",
+    "cut_missing_file",
+    "cut_unreadable",
+    "cut_unsupported",
+    "source",
+    "store_unavailable",
+    "store_refused",
+    "store",
+    "wrong_query",
+    "other",
+)
 FLUSH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 # Acks are a local socket plus one Redis round trip: sub-millisecond when healthy, seconds
@@ -228,6 +242,64 @@ class Metrics:
             "1 when the last Event Hubs checkpoint write succeeded",
             registry=r,
         )
+        # --- checkpoint snapshots (SIDECAR_SNAPSHOT_ROOT; sidecar.snapshot) ----------------
+        self.snapshots = Counter(
+            "checkpoint_sidecar_snapshots",
+            "Checkpoint snapshots attempted, by result: ok, not_owner (another daemon holds "
+            "the query's lease: its owner snapshots it), error (see snapshot_failures_total)",
+            ["result"],
+            registry=r,
+        )
+        self.snapshot_failures = Counter(
+            "checkpoint_sidecar_snapshot_failures",
+            "Snapshots that failed, by reason: file_changed (Spark changed a file mid-copy: the "
+            "next one is taken), cut_not_committed, cut_missing_file, cut_unreadable, "
+            "cut_unsupported (the cut), source (the checkpoint volume), store_unavailable, "
+            "store_refused, store (the blob store), wrong_query, other (a bug: see the log)",
+            ["reason"],
+            registry=r,
+        )
+        self.snapshot_seconds = Histogram(
+            "checkpoint_sidecar_snapshot_seconds",
+            "Duration of one snapshot (cut, hashing, uploads, index), seconds",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self.snapshot_bytes = Counter(
+            "checkpoint_sidecar_snapshot_bytes",
+            "Bytes uploaded by snapshots, by kind: content (files' bytes, each once) or index",
+            ["kind"],
+            registry=r,
+        )
+        self.snapshot_files = Counter(
+            "checkpoint_sidecar_snapshot_files",
+            "Files of snapshots, by kind: uploaded (new content) or reused (stored already)",
+            ["kind"],
+            registry=r,
+        )
+        self.snapshot_requests = Counter(
+            "checkpoint_sidecar_snapshot_requests",
+            "Storage requests made by snapshots (blocks, puts, commits, listings, reads)",
+            registry=r,
+        )
+        self.snapshot_batch = Gauge(
+            "checkpoint_sidecar_snapshot_batch_id",
+            "Batch of the query's newest snapshot",
+            ["query"],
+            registry=r,
+        )
+        self.snapshot_lag_batches = Gauge(
+            "checkpoint_sidecar_snapshot_lag_batches",
+            "Batches Spark committed since the query's newest snapshot",
+            ["query"],
+            registry=r,
+        )
+        self.snapshot_lag_seconds = Gauge(
+            "checkpoint_sidecar_snapshot_lag_seconds",
+            "How long the oldest batch Spark committed and no snapshot holds has waited, seconds",
+            ["query"],
+            registry=r,
+        )
         self.config_check = Gauge(
             "checkpoint_sidecar_config_check",
             "Result of each configuration check run at start (checkpoint-sidecar doctor): "
@@ -266,6 +338,14 @@ class Metrics:
             self.eventhubs_checkpoints.labels(result)
         for what in WRITE_CONFLICT_WHAT:
             self.write_conflicts.labels(what)
+        for result in ("ok", "not_owner", "error"):
+            self.snapshots.labels(result)
+        for reason in SNAPSHOT_FAILURE_REASONS:
+            self.snapshot_failures.labels(reason)
+        for kind in ("content", "index"):
+            self.snapshot_bytes.labels(kind)
+        for kind in ("uploaded", "reused"):
+            self.snapshot_files.labels(kind)
         for op in ("reset", "retire"):
             for result in ("ok", "refused", "error"):
                 self.admin_ops.labels(op, result)
@@ -283,6 +363,13 @@ class Metrics:
         for labels in list(self.lease_elsewhere._metrics):  # by query and writer
             if labels[0] == label:
                 self.lease_elsewhere.remove(*labels)
+        self.forget_snapshot_series(label)
+
+    def forget_snapshot_series(self, label: str) -> None:
+        """Remove the snapshot series of query ``label`` (retired)."""
+        for gauge in (self.snapshot_batch, self.snapshot_lag_batches, self.snapshot_lag_seconds):
+            if (label,) in gauge._metrics:
+                gauge.remove(label)
 
     def set_redis_aof(self, enabled: bool | None) -> None:
         """``checkpoint_sidecar_redis_aof_enabled``: 1/0, absent while unknown (CONFIG

@@ -24,7 +24,6 @@ from tests.services import Azurite, DaemonProcess, ServiceError, free_port
 from tests.sparkshapes import kafka_progress
 
 
-
 async def test_an_unexpected_error_answers_internal_is_counted_and_the_connection_goes_on(
     make_config: ConfigFactory, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

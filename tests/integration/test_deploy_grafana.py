@@ -28,6 +28,7 @@ from sidecar.ops.client import SidecarClient
 from tests.helpers import wait_blob, wait_for
 from tests.prometheus_server import PrometheusServer
 from tests.services import REPO_ROOT, Azurite, DaemonProcess
+from tests.snapshotdirs import HdfsCheckpoint
 from tests.sparkshapes import kafka_progress
 
 REPO = REPO_ROOT
@@ -104,10 +105,13 @@ def rule_expressions() -> list[tuple[str, str]]:
     ]
 
 
-async def post_progress(socket_path: str, query_ids: dict[str, str]) -> None:
+async def post_progress(
+    socket_path: str, query_ids: dict[str, str], checkpoints: dict[str, HdfsCheckpoint]
+) -> None:
     async with await SidecarClient.connect(socket_path) as client:
         for batch in range(BATCHES):
             for name, query_id in query_ids.items():
+                assert checkpoints[name].batch() == batch  # Spark commits, then reports
                 progress = kafka_progress(query_id, batch, name=name, lag=0)
                 reply = await client.progress(progress)
                 assert reply.ok, reply
@@ -117,18 +121,29 @@ async def post_progress(socket_path: str, query_ids: dict[str, str]) -> None:
 def loaded_daemon(
     daemon_env: dict[str, str], procs: list[DaemonProcess], short_tmp: Path, azurite: Azurite
 ) -> Iterator[tuple[DaemonProcess, dict[str, str]]]:
-    """A daemon process that has acknowledged BATCHES updates of each query and written them
-    to the blobs (Azurite); Kafka not configured. Healthy as the config checks see it too:
+    """A daemon process that has acknowledged BATCHES updates of each query, written them to
+    the blobs (Azurite) and snapshotted each query's checkpoint directory (Spark-shaped, under
+    SIDECAR_SNAPSHOT_ROOT); Kafka not configured. Healthy as the config checks see it too:
     blob soft delete on (Azurite stores the setting), so no check warns."""
     service = BlobServiceClient.from_connection_string(azurite.connection_string)
     service.set_service_properties(delete_retention_policy=RetentionPolicy(enabled=True, days=7))
     service.close()
-    env = {**daemon_env, "SIDECAR_COUNT_THRESHOLD": "2", "SIDECAR_TIME_THRESHOLD_S": "0.5"}
+    root = short_tmp / "checkpoints"
+    env = {
+        **daemon_env,
+        "SIDECAR_COUNT_THRESHOLD": "2",
+        "SIDECAR_TIME_THRESHOLD_S": "0.5",
+        "SIDECAR_SNAPSHOT_ROOT": str(root),
+    }
     daemon = DaemonProcess(env, log_path=short_tmp / "daemon.log")
     procs.append(daemon)
     daemon.start()
     query_ids = {name: str(uuid.uuid4()) for name in QUERIES}
-    anyio.run(post_progress, daemon.socket_path, query_ids)
+    checkpoints = {
+        name: HdfsCheckpoint(root / name, partitions=2, delta_bytes=500, query_id=query_id)
+        for name, query_id in query_ids.items()
+    }
+    anyio.run(post_progress, daemon.socket_path, query_ids, checkpoints)
     for query_id in query_ids.values():
         wait_blob(env, query_id, BATCHES - 1)
     yield daemon, query_ids
@@ -170,6 +185,14 @@ def test_every_expression_against_a_real_prometheus(
             lambda: prom.query("checkpoint_sidecar:flush_seconds:p99_rate5m")["data"]["result"],
             30,
             "the recording rules to be evaluated",
+        )
+        wait_for(
+            lambda: (
+                len(prom.query(f"checkpoint_sidecar_snapshot_batch_id == {last}")["data"]["result"])
+                == len(QUERIES)
+            ),
+            30,
+            "each query's snapshot of its last batch",
         )
         # The config checks' results are scraped (their alert has something to judge).
         wait_for(

@@ -15,6 +15,9 @@
   ``SIDECAR_*`` variables at start), the grace period covers the daemon's shutdown grace, the
   socket and listener-jar paths agree between the sidecar and the Spark confs, the security
   context is the one the image is tested with.
+* The snapshot template's restore init container runs first, with the daemon's Redis and
+  store settings and its own arguments as the CLI parses them, on the volume the daemon
+  snapshots (read-only) and the driver writes.
 * The plain sidecar's watcher script runs for real: it stops the daemon, gracefully, once a
   process that looks like the driver's JVM has come and gone.
 
@@ -42,6 +45,7 @@ from kubeflow_spark_api.models.spark_v1beta2_spark_application import (
     SparkV1beta2SparkApplication,
 )
 
+from sidecar.cli.main import build_parser
 from sidecar.config import Config
 from sidecar.ops.client import SidecarClient
 from tests.helpers import wait_blob, wait_for
@@ -52,6 +56,7 @@ DEPLOY = REPO_ROOT / "deploy" / "kubernetes"
 NATIVE = DEPLOY / "spark-driver-with-sidecar.yaml"
 PLAIN = DEPLOY / "spark-driver-with-sidecar-pre-1.29.yaml"
 APP = DEPLOY / "sparkapplication.yaml"
+SNAPSHOTS = DEPLOY / "spark-driver-with-snapshots.yaml"
 #: The Spark Operator release whose SparkApplication CRD the example is validated against: the
 #: first with ``driver.template`` (v2.0 has none), the floor the example states.
 OPERATOR_CRD = (
@@ -82,6 +87,7 @@ def pod_specs() -> dict[str, dict[str, Any]]:
         NATIVE.name: load(NATIVE)["spec"],
         PLAIN.name: load(PLAIN)["spec"],
         APP.name: load(APP)["spec"]["driver"]["template"]["spec"],
+        SNAPSHOTS.name: load(SNAPSHOTS)["spec"],
     }
 
 
@@ -98,8 +104,13 @@ def literal_env(container: dict[str, Any]) -> dict[str, str]:
 
 @pytest.mark.parametrize(
     ("path", "versions"),
-    [(NATIVE, NATIVE_VERSIONS), (PLAIN, ALL_VERSIONS), (DEPLOY / "podmonitor.yaml", [])],
-    ids=["native", "pre-1.29", "podmonitor"],
+    [
+        (NATIVE, NATIVE_VERSIONS),
+        (PLAIN, ALL_VERSIONS),
+        (SNAPSHOTS, NATIVE_VERSIONS),
+        (DEPLOY / "podmonitor.yaml", []),
+    ],
+    ids=["native", "pre-1.29", "snapshots", "podmonitor"],
 )
 def test_manifests_are_valid_kubernetes_objects_in_strict_mode(
     path: Path, versions: list[str]
@@ -196,7 +207,7 @@ def test_the_pod_monitor_keeps_the_kubernetes_namespace_label() -> None:
     assert app["sourceLabels"] == ["__meta_kubernetes_pod_label_checkpoint_sidecar_namespace"]
 
 
-@pytest.mark.parametrize("name", [NATIVE.name, PLAIN.name, APP.name])
+@pytest.mark.parametrize("name", [NATIVE.name, PLAIN.name, APP.name, SNAPSHOTS.name])
 def test_the_daemons_settings_are_ones_it_accepts(name: str) -> None:
     container = daemon_container(pod_specs()[name])
     known = {s.metadata["env"] for s in Config.settings()}
@@ -216,7 +227,7 @@ def test_the_daemons_settings_are_ones_it_accepts(name: str) -> None:
     assert config.socket_mode == 0o660 and spec["securityContext"]["fsGroup"] == 10001
 
 
-@pytest.mark.parametrize("name", [NATIVE.name, PLAIN.name, APP.name])
+@pytest.mark.parametrize("name", [NATIVE.name, PLAIN.name, APP.name, SNAPSHOTS.name])
 def test_socket_jar_probes_and_security_context_agree(name: str) -> None:
     spec = pod_specs()[name]
     daemon = daemon_container(spec)
@@ -244,6 +255,44 @@ def test_socket_jar_probes_and_security_context_agree(name: str) -> None:
         assert ctx["readOnlyRootFilesystem"] and not ctx["allowPrivilegeEscalation"]
         assert ctx["capabilities"] == {"drop": ["ALL"]}
         assert container["resources"]["limits"]["memory"]
+
+
+def test_the_snapshot_template_restores_where_the_daemon_snapshots_and_spark_writes() -> None:
+    """The restore init container runs first, with the daemon's Redis and store settings, on
+    the volume the daemon snapshots (read-only) and the driver writes its checkpoints to."""
+    spec = load(SNAPSHOTS)["spec"]
+    daemon = daemon_container(spec)
+    [restore] = [c for c in spec["initContainers"] if c["name"] == "checkpoint-sidecar-restore"]
+    assert spec["initContainers"][0] is restore  # before the daemon and the driver
+    assert "restartPolicy" not in restore  # runs to completion
+    assert restore["image"] == daemon["image"]
+    args = build_parser().parse_args(restore["args"])
+    root = literal_env(daemon)["SIDECAR_SNAPSHOT_ROOT"]
+    assert (args.command, args.all_root, args.query) == ("restore", root, None)
+    shared = {"SIDECAR_REDIS_URL", "SIDECAR_NAMESPACE", "AZURE_STORAGE_CONNECTION_STRING"}
+    by_name = {c["name"]: {e["name"]: e for e in c["env"]} for c in (restore, daemon)}
+    for name in shared | {"SIDECAR_CONTAINER"}:
+        assert by_name[restore["name"]][name] == by_name[daemon["name"]][name], name
+
+    def mount(container: dict[str, Any]) -> dict[str, Any]:
+        found: list[dict[str, Any]] = [
+            m for m in container["volumeMounts"] if m["name"] == "checkpoints"
+        ]
+        assert len(found) == 1
+        return found[0]
+
+    driver = next(c for c in spec["containers"] if c["name"] == "spark-kubernetes-driver")
+    assert mount(restore)["mountPath"] == mount(daemon)["mountPath"] == root
+    assert mount(driver)["mountPath"] == root and not mount(driver).get("readOnly")
+    assert mount(daemon)["readOnly"] and not mount(restore).get("readOnly")
+    [volume] = [v for v in spec["volumes"] if v["name"] == "checkpoints"]
+    assert "persistentVolumeClaim" in volume  # outlives the pod, shared with executors
+    # Apart from the checkpoints, it is the plain native template.
+    native = load(NATIVE)["spec"]
+    assert spec["containers"][0]["name"] == native["containers"][0]["name"]
+    assert [c["name"] for c in spec["initContainers"][1:]] == [
+        c["name"] for c in native["initContainers"]
+    ]
 
 
 def test_the_plain_sidecar_stops_the_daemon_once_the_driver_has_exited(

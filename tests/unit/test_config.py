@@ -70,6 +70,7 @@ DEFAULTS = {
     "eventhubs_consumer_group_template": "spark-{query_name}",
     "eventhubs_container": None,
     "snapshot_root": None,
+    "snapshot_retain": 10,
 }
 
 

@@ -252,3 +252,12 @@ def test_a_broken_link_or_anchor_fails_the_site_build(tmp_path: Path) -> None:
     ):
         needle = f"Doc file '{page}' contains a link '{link}'"
         assert needle in built.stderr, f"the build did not report {needle}:\n{built.stderr}"
+
+
+def test_the_snapshot_failure_reasons_are_the_uploads_but_not_owner() -> None:
+    """The reasons pre-set on the failures counter are every reason a failed snapshot gets
+    (not_owner is a result of its own: another daemon snapshots the query)."""
+    from sidecar.snapshot.upload import FAILURE_REASONS
+    from sidecar.telemetry.metrics import SNAPSHOT_FAILURE_REASONS
+
+    assert set(SNAPSHOT_FAILURE_REASONS) == set(FAILURE_REASONS) - {"not_owner"}

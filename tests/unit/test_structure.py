@@ -29,12 +29,12 @@ PACKAGES: dict[str, set[str]] = {
     "flush": {"model", "buffer", "telemetry"},  # the store through protocols only
     "kafka": {"model", "telemetry"},
     "eventhubs": {"model", "telemetry"},  # the store through a protocol only
-    "ops": {"wire", "model", "buffer", "store", "kafka"},
-    "snapshot": {"model"},
+    "snapshot": {"model"},  # the store through a protocol only
+    "ops": {"wire", "model", "buffer", "store", "kafka", "snapshot"},
     "daemon": {"ingest", "flush", "kafka", "eventhubs", "ops", "buffer", "store", "telemetry"}
-    | {"wire", "model"},
+    | {"wire", "model", "snapshot"},
     "cli": {"daemon", "ops", "kafka", "eventhubs", "flush", "ingest", "store", "buffer"}
-    | {"telemetry", "wire", "model"},
+    | {"telemetry", "wire", "model", "snapshot"},
 }
 #: Packages that are pure as a whole, and pure modules of the others: no event loop, no
 #: socket, no SDK (the wire format, the records, the rules).

@@ -1,0 +1,293 @@
+"""The daemon's snapshot loop (``SIDECAR_SNAPSHOT_ROOT``): after each committed batch of a
+query it owns, a snapshot of that query's checkpoint (``sidecar.snapshot``), off Spark's path
+and bounded.
+
+Invariants:
+
+- **Never on Spark's path.** The listener's progress of batch N (its commit is then in
+  ``commits/N``) only records N as wanted (O(1) on the ingest path); the loop does the rest.
+- **One snapshot in flight per query, coalescing to the newest batch**: when Spark is faster
+  than uploads, the batches in between are skipped, never queued.
+- **Only the owner writes.** A snapshot is taken only while this daemon holds the query's
+  lease (``owns``: it acquires it if due, as the flusher does), checked again right before the
+  index is written; another daemon's query is left alone (its owner snapshots it).
+- **Bounded**: at most :data:`IN_FLIGHT` snapshots at once over all queries, each upload's
+  memory bounded by the upload module.
+
+Each snapshot's outcome is counted and timed; the lag (batches and seconds behind Spark's
+commits) is a gauge per query; the newest snapshot is told to the query's blob state, so the
+next checkpoint document names it. Old snapshots are pruned (retention, then a sweep of what
+no kept snapshot references, after a grace period) at most every :data:`PRUNE_EVERY_S` per
+query, and once at start for what a previous run left.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from sidecar.errors import SidecarError
+from sidecar.model.checkpoint import Checkpoint
+from sidecar.model.document import SnapshotRef
+from sidecar.snapshot.contents import Contents
+from sidecar.snapshot.prune import prune
+from sidecar.snapshot.source import CheckpointSource, Location
+from sidecar.snapshot.upload import failure_reason, upload_snapshot
+from sidecar.store.snapshots import SnapshotBlobs
+from sidecar.telemetry.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+#: Snapshots under way at once, over all queries.
+IN_FLIGHT = 2
+#: How often the loop looks for wanted snapshots (and is woken at once by a progress).
+TICK_S = 1.0
+#: A query's old snapshots are pruned at most this often (and once at start).
+PRUNE_EVERY_S = 300.0
+#: Orphans (packs of a snapshot in progress, or of one that failed) found unreferenced for
+#: less than this are left alone by a prune: longer than an upload or a restore takes.
+GRACE_S = 3600.0
+#: A failed snapshot of a query is tried again after this long at the soonest (the next
+#: progress brings a new batch anyway).
+RETRY_S = 5.0
+#: Checkpoint locations under the root are listed again at most this often when a query's
+#: location is not known.
+RELIST_S = 10.0
+
+
+@dataclass
+class _Query:
+    """What the loop keeps of one query."""
+
+    label: str
+    #: Its checkpoint location under the root (None: not found there: not snapshotted, and
+    #: no lag shown — its checkpoint is elsewhere).
+    location: str | None = None
+    #: The newest batch Spark committed (from its progress), and when each not yet in a
+    #: snapshot was reported (for the lag in seconds).
+    wanted: int = -1
+    reported: dict[int, float] = field(default_factory=dict)
+    #: The newest snapshot's batch (-1: none yet).
+    done: int = -1
+    in_flight: bool = False
+    #: Said once that its checkpoint is not under the root.
+    told: bool = False
+    retry_at: float = 0.0
+    pruned_at: float = float("-inf")
+    contents: Contents | None = None
+
+
+class Snapshotter:
+    """Snapshots of the queries this daemon owns (``SIDECAR_SNAPSHOT_ROOT``)."""
+
+    def __init__(
+        self,
+        source: CheckpointSource,
+        blobs: SnapshotBlobs,
+        namespace: str,
+        metrics: Metrics,
+        *,
+        owns: Callable[[str, str], Awaitable[Callable[[], bool] | None]],
+        taken: Callable[[str, SnapshotRef], None],
+        named: Callable[[str], SnapshotRef | None],
+        retain: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``owns(query id, label)``: None when this daemon does not hold the query's lease,
+        else a check that it still does (right before the index is written); ``taken``: told
+        each new snapshot (the blob state names it in the next document); ``named``: the
+        snapshot the query's document names (always kept); ``retain``: snapshots kept."""
+        self._source = source
+        self._blobs = blobs
+        self._namespace = namespace
+        self._metrics = metrics
+        self._owns = owns
+        self._taken = taken
+        self._named = named
+        self._retain = retain
+        self._clock = clock
+        self._queries: dict[str, _Query] = {}
+        self._locations: dict[str, str] = {}
+        self._listed_at = float("-inf")
+        self._wake = anyio.Event()
+        self._limiter = anyio.CapacityLimiter(IN_FLIGHT)
+        self._loop = anyio.CancelScope()
+        #: Passes of the loop so far (tests wait on it, not on a fixed time).
+        self.passes = 0
+
+    # --- from the ingest path: O(1) ---------------------------------------------------------
+
+    def committed(self, checkpoint: Checkpoint) -> None:
+        """Spark committed ``checkpoint``'s batch (its progress arrived): snapshot it soon."""
+        q = self._queries.get(checkpoint.query_id)
+        if q is None:
+            q = self._queries[checkpoint.query_id] = _Query(checkpoint.label)
+        if checkpoint.batch_id > q.wanted:
+            q.wanted = checkpoint.batch_id
+            q.reported.setdefault(checkpoint.batch_id, self._clock())
+            if q.location is not None:
+                self._metrics.snapshot_lag_batches.labels(q.label).set(q.wanted - q.done)
+            self._wake.set()
+
+    def forget(self, query_id: str) -> None:
+        """A retired query: nothing kept of it (a snapshot in flight finds it gone)."""
+        q = self._queries.pop(query_id, None)
+        if q is not None:
+            self._metrics.forget_snapshot_series(q.label)
+
+    def lag_seconds(self, query_id: str) -> float:
+        """How long the oldest batch Spark committed and no snapshot holds has waited."""
+        q = self._queries.get(query_id)
+        if q is None or not q.reported:
+            return 0.0
+        return max(0.0, self._clock() - min(q.reported.values()))
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Take wanted snapshots, every tick or when woken, until :meth:`stop`."""
+        log.info("checkpoint snapshots on: root %s, keeping %d per query", self._source,
+                 self._retain)  # fmt: skip
+        with self._loop:
+            async with anyio.create_task_group() as tg:
+                task_status.started()
+                while True:
+                    with anyio.move_on_after(TICK_S):
+                        await self._wake.wait()
+                    self._wake = anyio.Event()
+                    self._start_due(tg)
+                    self._show_lag()
+                    self.passes += 1
+
+    def stop(self) -> None:
+        """No more snapshots (shutdown: a snapshot under way is cut; its packs, written
+        before any index names them, are pruned after the grace period)."""
+        self._loop.cancel()
+
+    def _start_due(self, tg: TaskGroup) -> None:
+        now = self._clock()
+        for query_id, q in self._queries.items():
+            if q.wanted > q.done and not q.in_flight and now >= q.retry_at:
+                q.in_flight = True
+                tg.start_soon(self._snapshot, query_id, q)
+
+    def _show_lag(self) -> None:
+        for query_id, q in self._queries.items():
+            if q.location is not None:
+                self._metrics.snapshot_lag_seconds.labels(q.label).set(self.lag_seconds(query_id))
+
+    async def _location(self, query_id: str) -> str | None:
+        """The query's checkpoint location under the root (listed again, at most every
+        :data:`RELIST_S`, for a query not found)."""
+        location = self._locations.get(query_id)
+        if location is None and self._clock() - self._listed_at >= RELIST_S:
+            self._listed_at = self._clock()
+            found: list[Location] = await self._source.locations()
+            self._locations = {loc.query_id: loc.path for loc in found}
+            location = self._locations.get(query_id)
+        return location
+
+    async def _snapshot(self, query_id: str, q: _Query) -> None:
+        batch = q.wanted
+        started = time.perf_counter()
+        result = "error"
+        try:
+            async with self._limiter:
+                still_owner = await self._owns(query_id, q.label)
+                if still_owner is None:
+                    result = "not_owner"
+                    return
+                location = await self._location(query_id)
+                if location is None:
+                    # Its checkpoint is not under the root: nothing to snapshot (said once).
+                    result = "no_location"
+                    if not q.told:
+                        q.told = True
+                        log.info(
+                            "snapshot query=%s: no checkpoint location of this query under %s "
+                            "(its checkpointLocation is elsewhere): not snapshotted",
+                            q.label,
+                            self._source,
+                        )
+                    q.retry_at = self._clock() + RELIST_S
+                    return
+                q.location = location
+                if q.contents is None:
+                    q.contents = await Contents.load(self._blobs, self._namespace, query_id)
+                upload = await upload_snapshot(
+                    self._source,
+                    location,
+                    batch,
+                    self._blobs,
+                    self._namespace,
+                    query_id,
+                    q.contents,
+                    owner=still_owner,
+                )
+                self._done(query_id, q, upload.index.batch, upload.index.id)
+                m = self._metrics
+                m.snapshot_bytes.labels("content").inc(upload.uploaded_bytes)
+                m.snapshot_bytes.labels("index").inc(upload.index_bytes)
+                m.snapshot_files.labels("uploaded").inc(upload.new_files)
+                m.snapshot_files.labels("reused").inc(upload.reused_files)
+                m.snapshot_requests.inc(upload.request_count)
+                result = "ok"
+                if self._clock() - q.pruned_at >= PRUNE_EVERY_S and still_owner():
+                    q.pruned_at = self._clock()
+                    await self._prune(query_id, q)
+        except Exception as exc:  # a snapshot's failure never stops the offsets' path
+            reason = failure_reason(exc)
+            if reason == "not_owner":
+                result = "not_owner"
+            else:
+                self._metrics.snapshot_failures.labels(reason).inc()
+            if reason == "other":  # a bug: its traceback
+                log.exception("snapshot query=%s batch=%d failed unexpectedly", q.label, batch)
+            else:
+                quiet = reason in ("file_changed", "cut_not_committed", "not_owner")
+                log.log(
+                    logging.INFO if quiet else logging.WARNING,
+                    "snapshot query=%s batch=%d not taken (%s): %s",
+                    q.label,
+                    batch,
+                    reason,
+                    exc,
+                )
+        finally:
+            q.in_flight = False
+            if result != "no_location":
+                self._metrics.snapshot_seconds.observe(time.perf_counter() - started)
+                self._metrics.snapshots.labels(result).inc()
+            if result == "error":
+                q.retry_at = self._clock() + RETRY_S
+
+    def _done(self, query_id: str, q: _Query, batch: int, snapshot_id: str) -> None:
+        q.done = max(q.done, batch)
+        for reported in [b for b in q.reported if b <= q.done]:
+            del q.reported[reported]
+        self._metrics.snapshot_lag_batches.labels(q.label).set(max(0, q.wanted - q.done))
+        self._metrics.snapshot_batch.labels(q.label).set(q.done)
+        self._taken(query_id, SnapshotRef(batch, snapshot_id))
+
+    async def _prune(self, query_id: str, q: _Query) -> None:
+        """Retention and the sweep, never beside an upload of the same query (the caller is
+        that query's one snapshot in flight), only by the owner."""
+        try:
+            pruned = await prune(
+                self._blobs,
+                self._namespace,
+                query_id,
+                retain=self._retain,
+                named=self._named(query_id),
+                contents=q.contents,
+                grace_s=GRACE_S,
+            )
+        except SidecarError as exc:
+            log.warning("snapshot query=%s: prune failed (tried again later): %s", q.label, exc)
+            return
+        log.debug("snapshot query=%s: pruned %r", q.label, pruned)

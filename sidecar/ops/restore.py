@@ -1,0 +1,238 @@
+"""``checkpoint-sidecar snapshots`` and ``restore``: a query's snapshots listed, one written back
+as a Spark checkpoint directory, and the sidecar's checkpoint moved with it.
+
+A restore of snapshot N (``sidecar.snapshot.restore``: every file's checksum verified, written
+into a directory nothing else uses, renamed into place at the end) then moves the sidecar's
+checkpoint of the query to batch N **through the same path as a reset** — an import of the
+restored directory (``sidecar.ops.spark_import``): through the daemon when one runs, else
+under a lease of its own (taken first: an old pod's daemon may still hold it, so it is waited
+for, up to :data:`LEASE_WAIT_S`); the document, its history and reset fields, Redis' rows
+newer than N voided. The state moved with the offsets, so the stateful-rewind rule lets it
+through (``state_rewound``); ``--force`` is implied for the quiet time (the query is not
+running: its checkpoint directory was lost).
+
+``restore --all ROOT`` is an init container's form: every query of the namespace that has a
+snapshot is put back at the location it was snapshotted from (relative to the root), unless
+that directory already holds a checkpoint at least as new as the snapshot (a pod restarted
+with its volume intact keeps it): never an older checkpoint over a newer one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from sidecar.config import Config
+from sidecar.errors import AdminRefused, NotFound, SidecarError
+from sidecar.model.spark_dir import SparkCheckpointError
+from sidecar.ops import admin_tool, spark_import
+from sidecar.snapshot.index import SnapshotIndex, all_prefix
+from sidecar.snapshot.restore import find_snapshot, list_snapshots, restore
+from sidecar.store.blobs import BlobStore, newest_named
+from sidecar.store.snapshots import SnapshotBlobs
+
+log = logging.getLogger(__name__)
+
+#: How long a restore waits for an old pod's daemon to let go of the query's lease.
+LEASE_WAIT_S = 120.0
+
+
+class SnapshotRow(msgspec.Struct, frozen=True):
+    """One snapshot as ``snapshots --json`` lists it."""
+
+    batch_id: int
+    id: str
+    created_at: str
+    files: int
+    bytes: int
+    new_bytes: int
+    location: str
+
+
+class Restored(msgspec.Struct, frozen=True):
+    """What one restore did (``restore --json``)."""
+
+    query_id: str
+    name: str | None
+    batch_id: int
+    snapshot: str
+    directory: str
+    files: int
+    bytes: int
+    seconds: float
+    #: "restored", or why not: "newer" (the directory holds a checkpoint at least as new).
+    outcome: str = "restored"
+    #: The reset's one-line summary (how the sidecar's checkpoint moved), when it did.
+    checkpoint: str | None = None
+
+
+def row(index: SnapshotIndex) -> SnapshotRow:
+    return SnapshotRow(
+        index.batch,
+        index.id,
+        index.created_at,
+        len(index.files),
+        index.total_bytes,
+        index.new_bytes,
+        index.location,
+    )
+
+
+async def resolve(store: BlobStore, query: str) -> tuple[str, str | None]:
+    """A query id, or the name of the newest query of that name with a blob.
+
+    Raises:
+        NotFound: no blob of such a query.
+    """
+    infos = await store.list()
+    found = next((i for i in infos if i.query_id == query), None) or newest_named(infos, query)
+    if found is not None:
+        return found.query_id, found.query_name
+    return query, None  # an id whose checkpoint blob is gone: its snapshots may remain
+
+
+async def snapshots(config: Config, query: str) -> tuple[str, str | None, list[SnapshotIndex]]:
+    """The query's id, name and snapshots, newest first."""
+    store = BlobStore(config)
+    try:
+        query_id, name = await resolve(store, query)
+        return (
+            query_id,
+            name,
+            await list_snapshots(SnapshotBlobs(store), config.namespace, query_id),
+        )
+    finally:
+        await store.aclose()
+
+
+async def restore_query(
+    config: Config, query: str, dest: Path, *, batch: int | None = None, force: bool = False
+) -> Restored:
+    """Write snapshot ``batch`` (None: the newest) of ``query`` into ``dest`` and move the
+    sidecar's checkpoint with it.
+
+    Raises:
+        NotFound: no such query or snapshot.
+        SidecarError: the store, a checksum, a non-empty ``dest`` without ``force``, or the
+            checkpoint's move (the files are in place then: run it again).
+    """
+    store = BlobStore(config)
+    try:
+        query_id, name = await resolve(store, query)
+        index = await find_snapshot(SnapshotBlobs(store), config.namespace, query_id, batch)
+        started = time.perf_counter()
+        await restore(index, SnapshotBlobs(store), config.namespace, dest, force=force)
+        seconds = time.perf_counter() - started
+    finally:
+        await store.aclose()
+    summary = await _move_checkpoint(config, dest, name or query_id, index)
+    return Restored(
+        query_id,
+        name,
+        index.batch,
+        index.id,
+        str(dest),
+        len(index.files),
+        index.total_bytes,
+        round(seconds, 3),
+        checkpoint=summary,
+    )
+
+
+async def restore_all(config: Config, root: Path) -> list[Restored]:
+    """``restore --all ROOT``: every query with a snapshot, back to where it was taken from."""
+    store = BlobStore(config)
+    blobs = SnapshotBlobs(store)
+    out: list[Restored] = []
+    try:
+        prefix = all_prefix(config.namespace)
+        query_ids = sorted(
+            {b.name[len(prefix) :].split("/", 1)[0] for b in await blobs.list(prefix)}
+        )
+        infos = {i.query_id: i for i in await store.list()}
+        for query_id in query_ids:
+            found = await list_snapshots(blobs, config.namespace, query_id)
+            if not found:
+                continue  # packs of a failed first snapshot only: nothing to restore
+            index = found[0]
+            info = infos.get(query_id)
+            name = info.query_name if info is not None else None
+            dest = root / index.location if index.location else root
+            held = _committed(dest)
+            if held is not None and held >= index.batch:
+                log.info(
+                    "restore query=%s: %s holds batch %d, at least as new as its snapshot (%d): "
+                    "kept",
+                    name or query_id,
+                    dest,
+                    held,
+                    index.batch,
+                )
+                out.append(
+                    Restored(query_id, name, index.batch, index.id, str(dest), 0, 0, 0.0, "newer")
+                )
+                continue
+            started = time.perf_counter()
+            await restore(index, blobs, config.namespace, dest, force=held is not None)
+            seconds = time.perf_counter() - started
+            summary = await _move_checkpoint(config, dest, name or query_id, index)
+            out.append(
+                Restored(
+                    query_id,
+                    name,
+                    index.batch,
+                    index.id,
+                    str(dest),
+                    len(index.files),
+                    index.total_bytes,
+                    round(seconds, 3),
+                    checkpoint=summary,
+                )
+            )
+    finally:
+        await store.aclose()
+    return out
+
+
+def _committed(directory: Path) -> int | None:
+    """The newest batch ``directory``'s commit log holds; None: no checkpoint there."""
+    commits = directory / "commits"
+    try:
+        batches = [int(p.name) for p in commits.iterdir() if p.name.isdigit()]
+    except OSError:
+        return None
+    return max(batches, default=None)
+
+
+async def _move_checkpoint(config: Config, dest: Path, name: str, index: SnapshotIndex) -> str:
+    """Make the restored batch the sidecar's checkpoint of the query, as an import of the
+    restored directory (a reset: the daemon's, or under a lease waited for)."""
+    try:
+        batch = await anyio.to_thread.run_sync(spark_import.read_spark_checkpoint, dest)
+    except SparkCheckpointError as exc:
+        raise SidecarError(f"the restored directory {dest} is not a checkpoint: {exc}") from exc
+    found = await spark_import.plan(config, str(dest), batch, name)
+    reason = f"restored snapshot {index.id} of batch {index.batch} into {dest}"
+    deadline = time.monotonic() + LEASE_WAIT_S
+    while True:
+        try:
+            result = await admin_tool.apply_reset(
+                config,
+                found.checkpoint,
+                reason=reason,
+                force=True,
+                from_spark=True,
+                state_rewound=True,
+            )
+            return result.summary()
+        except AdminRefused as exc:
+            if "another owner holds the lease" not in str(exc) or time.monotonic() > deadline:
+                raise
+            log.info("restore query=%s: waiting for the old owner's lease: %s", name, exc)
+            await anyio.sleep(5)
+        except NotFound:
+            raise

@@ -1,0 +1,186 @@
+"""The daemon's snapshots (``SIDECAR_SNAPSHOT_ROOT``: ``sidecar.daemon.snapshots``) and the
+``snapshots`` / ``restore`` commands, with real daemon processes, redis-server and Azurite,
+on Spark-shaped checkpoint directories written batch by batch (``tests.snapshotdirs``; the
+same with a real PySpark query: test_snapshot_e2e.py):
+
+- each progress of a committed batch brings a snapshot of it (the newest, coalesced), listed
+  by ``snapshots``, named by the query's next checkpoint document, counted in the metrics;
+- a daemon that does not own the query writes no snapshot;
+- ``restore QUERY DIR`` writes the checkpoint back byte for byte and moves the sidecar's
+  checkpoint to its batch (a reset: through the daemon);
+- ``restore --all ROOT``, an init container's form: an empty volume is filled at each query's
+  location; a volume holding a checkpoint at least as new is left as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.faults.load import scrape_process
+from tests.helpers import metric_value, post_progress, read_blob, wait_blob, wait_for
+from tests.services import REPO_ROOT, DaemonProcess
+from tests.snapshotdirs import QUERY_ID, HdfsCheckpoint, tree
+from tests.sparkshapes import rate_progress
+
+NAME = "counts"
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        env={"PATH": "/usr/bin:/bin", **env, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def snapshots(env: dict[str, str]) -> list[dict[str, Any]]:
+    listed = cli(env, "snapshots", QUERY_ID, "--json")
+    assert listed.returncode == 0, listed.stderr
+    found: list[dict[str, Any]] = json.loads(listed.stdout)["snapshots"]
+    return found
+
+
+def commit(proc: DaemonProcess, ck: HdfsCheckpoint) -> int:
+    """Spark commits a batch, and its listener reports it."""
+    batch = ck.batch()
+    progress = rate_progress(QUERY_ID, batch, name=NAME)
+    progress["stateOperators"] = [{"operatorName": "stateStoreSave", "numRowsTotal": 3}]
+    assert post_progress(proc.socket_path, progress).ok
+    return batch
+
+
+def started(env: dict[str, str], log: Path, procs: list[DaemonProcess]) -> DaemonProcess:
+    proc = DaemonProcess(env, log)
+    procs.append(proc)
+    proc.start()
+    return proc
+
+
+def test_each_committed_batch_is_snapshotted_restored_and_the_checkpoint_moves_with_it(
+    daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    ck = HdfsCheckpoint(root / "app" / NAME, partitions=4, delta_bytes=2000, snapshot_every=3)
+    env = daemon_env | {
+        "SIDECAR_SNAPSHOT_ROOT": str(root),
+        "SIDECAR_COUNT_THRESHOLD": "1",
+        "SIDECAR_ADMIN_OPS": "true",
+        "SIDECAR_ADMIN_QUIET_S": "0",
+    }
+    daemon = started(env, tmp_path / "daemon.log", procs)
+    for _ in range(4):
+        commit(daemon, ck)
+        last = ck.next_batch - 1
+        wait_for(lambda n=last: snapshots(env) and snapshots(env)[0]["batch_id"] == n, 30,  # type: ignore[misc]
+                 f"the snapshot of batch {last}")  # fmt: skip
+    listed = snapshots(env)
+    assert [s["batch_id"] for s in listed] == [3, 2, 1, 0]  # newest first, one each
+    assert listed[0]["location"] == f"app/{NAME}"
+    assert listed[0]["new_bytes"] < listed[0]["bytes"]  # incremental
+    page = scrape_process(daemon)[1]
+    assert metric_value(page, "checkpoint_sidecar_snapshots_total", result="ok") == 4
+    assert metric_value(page, "checkpoint_sidecar_snapshot_batch_id", query=NAME) == 3
+    assert metric_value(page, "checkpoint_sidecar_snapshot_lag_batches", query=NAME) == 0
+
+    # The next checkpoint document names the newest snapshot.
+    commit(daemon, ck)
+    wait_for(lambda: snapshots(env)[0]["batch_id"] == 4, 30, "the snapshot of batch 4")
+    commit(daemon, ck)
+    doc = wait_blob(env, QUERY_ID, 5)
+    assert doc.snapshot is not None and doc.snapshot.batch_id >= 4
+
+    # The volume is lost; batch 2 is restored byte for byte, and the checkpoint moves to it.
+    wait_for(lambda: snapshots(env)[0]["batch_id"] == 5, 30, "the snapshot of batch 5")
+    reference = tmp_path / "reference"
+    ck.copy_to(reference)
+    restored = tmp_path / "restored"
+    done = cli(env, "restore", NAME, str(restored), "--batch", "5", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["batch_id"] == 5
+    assert tree(restored).keys() <= tree(reference).keys()
+    assert all(tree(restored)[p] == tree(reference)[p] for p in tree(restored))
+    older = tmp_path / "older"
+    done = cli(env, "restore", NAME, str(older), "--batch", "2")
+    assert done.returncode == 0, done.stderr
+    assert "restored batch 2 of query counts" in done.stdout
+    moved = read_blob(env, QUERY_ID)
+    assert moved is not None and moved.batch_id == 2 and moved.reset_reason is not None
+    assert "restored snapshot" in moved.reset_reason
+    commits = sorted(int(p.name) for p in (older / "commits").iterdir() if p.name.isdigit())
+    assert commits[-1] == 2  # nothing of a later batch
+    # A non-empty directory is refused without --force.
+    again = cli(env, "restore", NAME, str(older), "--batch", "3")
+    assert again.returncode == 1 and "not empty" in again.stderr.lower()
+
+
+def test_a_daemon_that_does_not_own_the_query_writes_no_snapshot(
+    daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path, short_tmp: Path
+) -> None:
+    root = tmp_path / "root"
+    ck = HdfsCheckpoint(root / NAME, partitions=2, delta_bytes=500)
+    owner_env = daemon_env | {"SIDECAR_SNAPSHOT_ROOT": str(root), "SIDECAR_COUNT_THRESHOLD": "1"}
+    (short_tmp / "b").mkdir()
+    other_env = owner_env | {"SIDECAR_SOCKET_PATH": str(short_tmp / "b" / "s.sock")}
+    owner = started(owner_env, tmp_path / "owner.log", procs)
+    commit(owner, ck)
+    wait_for(lambda: snapshots(owner_env), 30, "the owner's snapshot")
+    other = started(other_env, tmp_path / "other.log", procs)
+    progress = rate_progress(QUERY_ID, ck.batch(), name=NAME)
+    assert post_progress(other.socket_path, progress).ok  # buffered; the lease is the owner's
+    wait_for(
+        lambda: (
+            metric_value(
+                scrape_process(other)[1], "checkpoint_sidecar_snapshots_total", result="not_owner"
+            )
+            >= 1
+        ),
+        30,
+        "the other daemon to skip the snapshot",
+    )
+    page = scrape_process(other)[1]
+    assert metric_value(page, "checkpoint_sidecar_snapshots_total", result="ok") == 0
+    assert [s["batch_id"] for s in snapshots(owner_env)] == [0]
+
+
+def test_restore_all_fills_an_empty_volume_and_keeps_a_newer_checkpoint(
+    daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    ck = HdfsCheckpoint(root / "app" / NAME, partitions=3, delta_bytes=1000)
+    env = daemon_env | {"SIDECAR_SNAPSHOT_ROOT": str(root), "SIDECAR_COUNT_THRESHOLD": "1"}
+    daemon = started(env, tmp_path / "daemon.log", procs)
+    for _ in range(3):
+        commit(daemon, ck)
+    wait_for(lambda: snapshots(env) and snapshots(env)[0]["batch_id"] == 2, 30, "batch 2's")
+    assert daemon.stop() == 0  # the pod is gone; an init container restores before the next
+
+    # A new volume: every query is put back where it was taken from.
+    volume = tmp_path / "new-volume"
+    volume.mkdir()
+    init = env | {"SIDECAR_SNAPSHOT_ROOT": str(volume)}
+    done = cli(init, "restore", "--all", str(volume), "--json")
+    assert done.returncode == 0, done.stderr
+    (row,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert (row["outcome"], row["batch_id"], row["directory"]) == (
+        "restored",
+        2,
+        str(volume / "app" / NAME),
+    )
+    restored = tree(volume / "app" / NAME)
+    assert restored == {p: b for p, b in tree(root / "app" / NAME).items() if p in restored}
+    assert "commits/2" in restored
+
+    # A volume that kept a checkpoint at least as new: left as it is.
+    commit_more = HdfsCheckpoint(tmp_path / "scratch", partitions=1)
+    del commit_more
+    (volume / "app" / NAME / "commits" / "7").write_bytes(b'v1\n{"nextBatchWatermarkMs":0}')
+    before = tree(volume / "app" / NAME)
+    kept = cli(init, "restore", "--all", str(volume))
+    assert kept.returncode == 0, kept.stderr
+    assert "kept" in kept.stdout and tree(volume / "app" / NAME) == before
