@@ -1,0 +1,142 @@
+"""Snapshots end to end with a real PySpark query, its JVM listener, a daemon process, Redis and
+Azurite: what a user sees when a stateful query's checkpoint volume is lost.
+
+A count by key over a file source fed one known file per batch (test_snapshot_restore.py's
+query: every output known in advance) runs with its checkpoint under ``SIDECAR_SNAPSHOT_ROOT``:
+
+- after each batch Spark commits, its snapshot is listed by ``snapshots`` within 30 s;
+- the checkpoint directory deleted and ``restore`` run, the query started again on it resumes
+  at the next batch with its state: its next outputs equal the uninterrupted run's;
+- restored at an earlier snapshot M, it resumes at M + 1 with M's state, and the sidecar's
+  checkpoint moved back with it (a reset through the daemon) and on again as the query ran.
+
+For the HDFS store and for RocksDB with changelog checkpointing; under PySpark 4 and 3.5
+(marker ``spark``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+import spark_bridge
+from tests.helpers import read_blob, wait_blob, wait_for
+from tests.integration.test_snapshot_restore import COMMON, STORES, Run, expected, feed, spark_conf
+from tests.services import REPO_ROOT, DaemonProcess
+
+pytestmark = pytest.mark.spark
+
+#: The batch restored last (the newest snapshot), and the earlier one rewound to.
+LAST, EARLIER = 4, 1
+#: The batches run after each restore.
+MORE = 2
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        env={"PATH": "/usr/bin:/bin", **env, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def listed(env: dict[str, str], query: str) -> list[int]:
+    """The batches of the query's snapshots, newest first."""
+    done = cli(env, "snapshots", query, "--json")
+    assert done.returncode == 0, done.stderr
+    rows: list[dict[str, Any]] = json.loads(done.stdout)["snapshots"]
+    return [r["batch_id"] for r in rows]
+
+
+def run_batches(run: Run, inputs: Path, batches: range, env: dict[str, str], query: str) -> None:
+    """Spark runs each batch of ``batches`` (one input file each); each is snapshotted."""
+    for batch in batches:
+        feed(inputs, "count", batch)
+        run.drain()
+        wait_for(
+            lambda b=batch: bool(listed(env, query)) and listed(env, query)[0] == b,  # type: ignore[misc]
+            30,
+            f"the snapshot of batch {batch}",
+        )
+
+
+def resumed(spark: SparkSession, inputs: Path, checkpoint: Path, last: int) -> dict[int, Any]:
+    """The query started again on ``checkpoint``, run until it has read batch ``last``'s
+    input; the outputs of this run only."""
+    run = Run(spark, "count", inputs, checkpoint)
+    shutil.rmtree(run.out, ignore_errors=True)
+    try:
+        run.drain()
+    finally:
+        run.stop()
+    assert run.query.lastProgress is not None
+    assert run.query.lastProgress["batchId"] == last
+    return run.outputs
+
+
+@pytest.mark.parametrize("store", ["hdfs", "rocksdb-changelog"])
+def test_a_lost_checkpoint_is_restored_and_rewound_with_its_state(
+    spark: SparkSession,
+    daemon_env: dict[str, str],
+    procs: list[DaemonProcess],
+    short_tmp: Path,
+    tmp_path: Path,
+    store: str,
+) -> None:
+    root, inputs = tmp_path / "volume", tmp_path / "inputs"
+    checkpoint = root / "app" / f"counts-{store}"
+    env = daemon_env | {
+        "SIDECAR_SNAPSHOT_ROOT": str(root),
+        "SIDECAR_COUNT_THRESHOLD": "1",
+        "SIDECAR_ADMIN_OPS": "true",
+        "SIDECAR_ADMIN_QUIET_S": "0",
+    }
+    daemon = DaemonProcess(env, short_tmp / "daemon.log")
+    procs.append(daemon)
+    daemon.start()
+    handle = spark_bridge.attach(spark, env["SIDECAR_SOCKET_PATH"], listener="jvm")
+    try:
+        with spark_conf(spark, COMMON | STORES[store]):
+            run = Run(spark, "count", inputs, checkpoint)
+            query = str(run.query.id)
+            try:
+                run_batches(run, inputs, range(LAST + 1), env, query)
+            finally:
+                run.stop()
+            assert run.outputs == {b: expected("count", b) for b in range(LAST + 1)}
+            assert listed(env, query) == list(range(LAST, -1, -1))  # one per batch
+            doc = wait_blob(env, query, LAST)
+            assert doc.stateful
+
+            # The volume is lost: the newest snapshot restored, the query resumes after it.
+            shutil.rmtree(checkpoint)
+            done = cli(env, "restore", query, str(checkpoint), "--json")
+            assert done.returncode == 0, done.stderr + daemon.log()
+            assert json.loads(done.stdout)["batch_id"] == LAST
+            for batch in range(LAST + 1, LAST + 1 + MORE):
+                feed(inputs, "count", batch)
+            end = LAST + MORE
+            outputs = resumed(spark, inputs, checkpoint, end)
+            assert outputs == {b: expected("count", b) for b in range(LAST + 1, end + 1)}
+            wait_blob(env, query, end)
+
+            # Rewound to an earlier snapshot: M's state, from M + 1 on, over what is there.
+            done = cli(env, "restore", query, str(checkpoint), "--batch", str(EARLIER), "--force")
+            assert done.returncode == 0, done.stderr + daemon.log()
+            moved = read_blob(env, query)
+            assert moved is not None and moved.batch_id == EARLIER
+            assert moved.reset_reason is not None and "restored snapshot" in moved.reset_reason
+            outputs = resumed(spark, inputs, checkpoint, end)
+            assert outputs == {b: expected("count", b) for b in range(EARLIER + 1, end + 1)}
+            assert wait_blob(env, query, end).batch_id == end  # the sidecar followed
+    finally:
+        assert handle.close()
