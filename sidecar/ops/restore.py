@@ -129,7 +129,7 @@ async def restore_query(
         seconds = time.perf_counter() - started
     finally:
         await store.aclose()
-    summary = await _move_checkpoint(config, dest, name or query_id, index)
+    summary = await _move_checkpoint(config, dest, name or query_id, index, seconds)
     return Restored(
         query_id,
         name,
@@ -179,7 +179,7 @@ async def restore_all(config: Config, root: Path) -> list[Restored]:
             started = time.perf_counter()
             await restore(index, blobs, config.namespace, dest, force=held is not None)
             seconds = time.perf_counter() - started
-            summary = await _move_checkpoint(config, dest, name or query_id, index)
+            summary = await _move_checkpoint(config, dest, name or query_id, index, seconds)
             out.append(
                 Restored(
                     query_id,
@@ -208,15 +208,22 @@ def _committed(directory: Path) -> int | None:
     return max(batches, default=None)
 
 
-async def _move_checkpoint(config: Config, dest: Path, name: str, index: SnapshotIndex) -> str:
+async def _move_checkpoint(
+    config: Config, dest: Path, name: str, index: SnapshotIndex, seconds: float
+) -> str:
     """Make the restored batch the sidecar's checkpoint of the query, as an import of the
-    restored directory (a reset: the daemon's, or under a lease waited for)."""
+    restored directory (a reset: the daemon's, or under a lease waited for). The reset's
+    reason, kept in the document and its history, says what was restored and how long it
+    took (a restore runs in its own process, often an init container: nothing scrapes it)."""
     try:
         batch = await anyio.to_thread.run_sync(spark_import.read_spark_checkpoint, dest)
     except SparkCheckpointError as exc:
         raise SidecarError(f"the restored directory {dest} is not a checkpoint: {exc}") from exc
     found = await spark_import.plan(config, str(dest), batch, name)
-    reason = f"restored snapshot {index.id} of batch {index.batch} into {dest}"
+    reason = (
+        f"restored snapshot {index.id} of batch {index.batch} into {dest} "
+        f"({len(index.files)} files, {index.total_bytes} bytes in {seconds:.1f} s)"
+    )
     deadline = time.monotonic() + LEASE_WAIT_S
     while True:
         try:
