@@ -58,6 +58,8 @@ RETRY_S = 5.0
 #: Checkpoint locations under the root are listed again at most this often when a query's
 #: location is not known.
 RELIST_S = 10.0
+#: Report times kept per query while its snapshots fail: the oldest (the lag) and the newest.
+REPORTED_MAX = 64
 
 
 @dataclass
@@ -69,13 +71,16 @@ class _Query:
     #: no lag shown — its checkpoint is elsewhere).
     location: str | None = None
     #: The newest batch Spark committed (from its progress), and when each not yet in a
-    #: snapshot was reported (for the lag in seconds).
+    #: snapshot was reported (for the lag in seconds; at most :data:`REPORTED_MAX`, the
+    #: oldest always kept).
     wanted: int = -1
     reported: dict[int, float] = field(default_factory=dict)
     #: The newest snapshot's batch (-1: none yet).
     done: int = -1
     in_flight: bool = False
-    #: Said once that its checkpoint is not under the root.
+    #: Its checkpoint was not under the root at the last look (nothing to wait for: no lag
+    #: kept), and whether that was said (once).
+    elsewhere: bool = False
     told: bool = False
     retry_at: float = 0.0
     pruned_at: float = float("-inf")
@@ -129,7 +134,10 @@ class Snapshotter:
             q = self._queries[checkpoint.query_id] = _Query(checkpoint.label)
         if checkpoint.batch_id > q.wanted:
             q.wanted = checkpoint.batch_id
-            q.reported.setdefault(checkpoint.batch_id, self._clock())
+            if not q.elsewhere:
+                q.reported.setdefault(checkpoint.batch_id, self._clock())
+                if len(q.reported) > REPORTED_MAX:  # failing for long: keep the oldest
+                    del q.reported[sorted(q.reported)[1]]
             if q.location is not None:
                 self._metrics.snapshot_lag_batches.labels(q.label).set(q.wanted - q.done)
             self._wake.set()
@@ -206,6 +214,8 @@ class Snapshotter:
                 if location is None:
                     # Its checkpoint is not under the root: nothing to snapshot (said once).
                     result = "no_location"
+                    q.elsewhere = True
+                    q.reported.clear()
                     if not q.told:
                         q.told = True
                         log.info(
@@ -216,7 +226,7 @@ class Snapshotter:
                         )
                     q.retry_at = self._clock() + RELIST_S
                     return
-                q.location = location
+                q.location, q.elsewhere = location, False
                 if q.contents is None:
                     q.contents = await Contents.load(self._blobs, self._namespace, query_id)
                 upload = await upload_snapshot(

@@ -1,0 +1,80 @@
+"""The snapshot loop's bookkeeping on the ingest path (``Snapshotter.committed``): the wanted
+batch, the lag in seconds, and memory bounded while snapshots fail or the query's checkpoint
+is elsewhere. The loop's snapshots themselves run against a real daemon, Azurite and
+checkpoint directories: tests/integration/test_snapshot_daemon.py."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from sidecar.daemon import snapshots
+from sidecar.daemon.snapshots import REPORTED_MAX, Snapshotter
+from sidecar.telemetry.metrics import Metrics
+from tests.helpers import checkpoint_of
+
+QUERY = "5ea90000-0000-4000-8000-000000000001"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def snapshotter(clock: Clock) -> Snapshotter:
+    async def owns(query_id: str, label: str) -> None:
+        return None
+
+    return Snapshotter(
+        cast(Any, None),  # the source and the store: not used on the ingest path
+        cast(Any, None),
+        "ns",
+        Metrics(),
+        owns=owns,
+        taken=lambda query_id, ref: None,
+        named=lambda query_id: None,
+        retain=3,
+        clock=clock,
+    )
+
+
+async def test_the_lag_is_the_oldest_batch_no_snapshot_holds() -> None:
+    clock = Clock()
+    s = snapshotter(clock)
+    assert s.lag_seconds(QUERY) == 0.0
+    s.committed(checkpoint_of(QUERY, 3))
+    clock.now += 5
+    s.committed(checkpoint_of(QUERY, 4))
+    s.committed(checkpoint_of(QUERY, 2))  # older: nothing changes
+    clock.now += 2
+    assert s.lag_seconds(QUERY) == 7.0
+    q = s._queries[QUERY]
+    assert (q.wanted, sorted(q.reported)) == (4, [3, 4])
+
+
+async def test_while_snapshots_fail_the_times_kept_are_bounded_and_the_oldest_stays() -> None:
+    clock = Clock()
+    s = snapshotter(clock)
+    for batch in range(10 * REPORTED_MAX):
+        s.committed(checkpoint_of(QUERY, batch))
+        clock.now += 1
+    q = s._queries[QUERY]
+    assert len(q.reported) == REPORTED_MAX
+    assert min(q.reported) == 0 and max(q.reported) == 10 * REPORTED_MAX - 1
+    assert s.lag_seconds(QUERY) == 10 * REPORTED_MAX
+
+
+async def test_a_query_whose_checkpoint_is_elsewhere_keeps_no_times() -> None:
+    clock = Clock()
+    s = snapshotter(clock)
+    s.committed(checkpoint_of(QUERY, 0))
+    s._queries[QUERY].elsewhere = True  # as a snapshot finds it: not under the root
+    s._queries[QUERY].reported.clear()
+    for batch in range(1, 500):
+        s.committed(checkpoint_of(QUERY, batch))
+    q = s._queries[QUERY]
+    assert q.reported == {} and q.wanted == 499  # still wanted: found later, snapshotted
+    assert s.lag_seconds(QUERY) == 0.0
+    assert snapshots.REPORTED_MAX < 500
