@@ -638,8 +638,11 @@ class FlushCore(Generic[W, L]):
         return self._durable(q) if q is not None else []
 
     def snapshot_taken(self, query_id: str, ref: SnapshotRef) -> None:
-        """A snapshot of the query was written: its next document names it."""
-        q = self.record(query_id)
+        """A snapshot of the query was written: its next document names it (a query retired
+        meanwhile stays forgotten)."""
+        q = self._queries.get(query_id)
+        if q is None:
+            return
         if q.snapshot is None or ref.batch_id >= q.snapshot.batch_id:
             q.snapshot = ref
 

@@ -9,6 +9,7 @@ import itertools
 
 import pytest
 
+from sidecar.backoff import Backoff
 from sidecar.buffer.lua import NO_BLOB
 from sidecar.flush.core import (
     Abandoned,
@@ -16,6 +17,7 @@ from sidecar.flush.core import (
     Blob,
     BlobEvent,
     Created,
+    FlushCore,
     IllegalMove,
     Lapsed,
     Read,
@@ -28,7 +30,7 @@ from sidecar.flush.core import (
     Wrote,
     advance,
 )
-from sidecar.model.document import Stored
+from sidecar.model.document import SnapshotRef, Stored
 from tests.unit.fakes import document
 
 Q = "core"
@@ -105,3 +107,14 @@ def test_what_acks_count_follows_the_value() -> None:
     assert Unread().durable == NO_BLOB and Unread(4).durable == 4
     assert AT_3.durable == 3 and Writing(AT_3).durable == 3
     assert Seen(Stored('"v0"', None)).batch == NO_BLOB
+
+
+def test_a_snapshot_names_the_newest_and_never_brings_a_retired_query_back() -> None:
+    core: FlushCore[object, None] = FlushCore(Backoff(1, 2), clock=lambda: 0.0, locks=lambda: None)
+    core.record(Q)
+    core.snapshot_taken(Q, SnapshotRef(5, "s5"))
+    core.snapshot_taken(Q, SnapshotRef(4, "s4"))  # an older one finishing late
+    assert core.snapshot_of(Q) == SnapshotRef(5, "s5")
+    core.forget(Q)  # retired while a snapshot was in flight
+    core.snapshot_taken(Q, SnapshotRef(6, "s6"))
+    assert Q not in core and core.snapshot_of(Q) is None
