@@ -288,3 +288,82 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> s
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+# --- snapshots: storage traffic per sidecar (a model) -------------------------------------------
+
+MiB = 1024 * 1024
+
+#: An account's ingress, the bytes side of snapshots (GPv2, regions not in the 60 Gbps list).
+ACCOUNT_INGRESS = Limit(
+    "storage account ingress (standard GPv2, 25 Gbps)",
+    25e9 / 8,
+    "Microsoft Learn, 'Scalability and performance targets for standard storage accounts': "
+    "default maximum ingress per GPv2 account 60 Gbps in the listed regions, 25 Gbps in others",
+)
+
+
+@dataclass(frozen=True)
+class CheckpointGrowth:
+    """How one stateful query's checkpoint grows per batch (measured: issue #29's figures)."""
+
+    label: str
+    new_files: float
+    new_bytes: float
+    #: The whole directory (what a full copy per batch uploads).
+    dir_files: int
+    dir_bytes: float
+    #: One snapshot's index (it lists the cut: the files Spark needs for the next batch).
+    index_bytes: float
+
+
+def pack_requests(
+    new_bytes: float, *, pack_bytes: int = 8 * MiB, block_bytes: int = 4 * MiB
+) -> int:
+    """Requests that upload ``new_bytes`` of small contents in packs (sidecar.snapshot.upload):
+    a pack up to a block is one Put Blob, a larger one a Put Block per block and a Put Block
+    List."""
+    if new_bytes <= 0:
+        return 0
+    requests, left = 0, new_bytes
+    while left > 0:
+        pack = min(left, pack_bytes)
+        requests += 1 if pack <= block_bytes else math.ceil(pack / block_bytes) + 1
+        left -= pack
+    return requests
+
+
+def snapshot_traffic(
+    growth: CheckpointGrowth,
+    queries: int,
+    batches_per_s: float,
+    *,
+    prune_every_s: float = 300,
+) -> dict[str, dict[str, float]]:
+    """Storage requests and bytes per second one sidecar sends for its queries' snapshots, a
+    snapshot per batch: the sidecar's (packs and an index; in time each written blob is
+    deleted once, and a prune pass lists, reads and writes its marks), a file-by-file
+    incremental copy (a request per new file) and a full copy per batch (every file)."""
+    snapshots = queries * batches_per_s
+    packs = pack_requests(growth.new_bytes)
+    writes = packs + 1  # packs, then the index
+    deletes = math.ceil(growth.new_bytes / (8 * MiB)) + 1  # each pack and index, once
+    prune = queries * 3 / prune_every_s
+    index = growth.index_bytes
+    return {
+        "sidecar": {
+            "requests_per_snapshot": writes,
+            "requests_per_s": round(snapshots * (writes + deletes) + prune, 2),
+            "bytes_per_s": round(snapshots * (growth.new_bytes + index)),
+        },
+        "file by file": {
+            "requests_per_snapshot": growth.new_files + 1,
+            "requests_per_s": round(snapshots * (growth.new_files + 1), 2),
+            "bytes_per_s": round(snapshots * growth.new_bytes),
+        },
+        "full copy": {
+            "requests_per_snapshot": growth.dir_files,
+            "requests_per_s": round(snapshots * growth.dir_files, 2),
+            "bytes_per_s": round(snapshots * growth.dir_bytes),
+        },
+    }

@@ -153,7 +153,9 @@ from bench.fleetmodel import (  # noqa: E402
     SINGLE_BLOB,
     STORAGE_ACCOUNT,
     Cadence,
+    CheckpointGrowth,
     Limit,
+    MiB,
     Settings,
     behind_s,
     by_kind,
@@ -162,9 +164,11 @@ from bench.fleetmodel import (  # noqa: E402
     extrapolate,
     markdown_table,
     model_rates,
+    pack_requests,
     per_second,
     script_shas,
     sent_key,
+    snapshot_traffic,
 )
 
 BLOB = "/devstoreaccount1/fleet/ns/5ca1e000-0000-4000-8000-000000000001.json"
@@ -280,3 +284,33 @@ def test_counts_per_sidecar_per_second_and_by_kind() -> None:
     with pytest.raises(ValueError):
         per_second({"x": 1.0}, 0, 1)
     assert markdown_table(["a", "b"], [[1, "x"]]) == "| a | b |\n|---|---|\n| 1 | x |"
+
+
+@pytest.mark.parametrize(
+    ("new_bytes", "requests"),
+    [
+        (0, 0),
+        (1, 1),  # one pack, one Put Blob
+        (4 * MiB, 1),  # a block's worth still goes in one Put Blob
+        (4 * MiB + 1, 3),  # two blocks and the block list
+        (8 * MiB, 3),
+        (8 * MiB + 1, 4),  # a full pack in blocks, then a small one
+        (20 * MiB, 3 + 3 + 1),  # 8 + 8 + 4
+    ],
+)
+def test_pack_requests_grow_with_bytes_not_files(new_bytes: int, requests: int) -> None:
+    assert pack_requests(new_bytes) == requests
+
+
+def test_snapshot_traffic_against_a_file_by_file_and_a_full_copy() -> None:
+    growth = CheckpointGrowth("test", new_files=80, new_bytes=2e6, dir_files=3000,
+                              dir_bytes=80e6, index_bytes=10_000)  # fmt: skip
+    out = snapshot_traffic(growth, queries=10, batches_per_s=1, prune_every_s=300)
+    sidecar, files, full = out["sidecar"], out["file by file"], out["full copy"]
+    assert sidecar["requests_per_snapshot"] == 2  # a pack and the index
+    # writes, and in time one delete of each (a pack, the index), plus 10 prune passes of 3
+    # requests every 300 s
+    assert sidecar["requests_per_s"] == 10 * (2 + 2) + 0.1
+    assert sidecar["bytes_per_s"] == 10 * (2e6 + 10_000)
+    assert files == {"requests_per_snapshot": 81, "requests_per_s": 810, "bytes_per_s": 20e6}
+    assert full == {"requests_per_snapshot": 3000, "requests_per_s": 30_000, "bytes_per_s": 800e6}
