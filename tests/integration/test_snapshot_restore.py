@@ -112,7 +112,7 @@ class Run:
     here without ``collect()``, whose socket PySpark 3.5 leaves unclosed)."""
 
     def __init__(self, spark: SparkSession, kind: str, inputs: Path, checkpoint: Path) -> None:
-        self.kind = kind
+        self.kind, self.inputs = kind, inputs
         self.out = checkpoint.with_name(f"out-{checkpoint.name}")
         for side in ("left", "right"):
             (inputs / side).mkdir(parents=True, exist_ok=True)
@@ -129,12 +129,21 @@ class Run:
         def write(batch: DataFrame, batch_id: int) -> None:
             batch.coalesce(1).write.mode("overwrite").json(f"{out}/{batch_id}")
 
-        self.query: StreamingQuery = (
+        self._writer = (
             df.writeStream.outputMode(mode)
             .option("checkpointLocation", str(checkpoint))
             .foreachBatch(write)
-            .start()
         )
+        self.query: StreamingQuery = self._writer.start()
+
+    def feed(self, batch: int) -> None:
+        """Batch ``batch``'s input. A join's two files are two events for a running query, which
+        may start a batch between them: it is stopped while they are written."""
+        if self.kind == "join":
+            self.stop()
+        feed(self.inputs, self.kind, batch)
+        if self.kind == "join":
+            self.query = self._writer.start()
 
     @property
     def outputs(self) -> dict[int, Rows]:
@@ -161,14 +170,19 @@ class Run:
 
 def feed(inputs: Path, kind: str, batch: int) -> None:
     """Batch ``batch``'s input files (written once: the restored run reads the same ones)."""
-    left = inputs / "left" / f"{batch:04d}.json"
-    left.parent.mkdir(parents=True, exist_ok=True)
-    left.write_text("".join(json.dumps({"k": k, "v": f"L{batch}"}) + "\n" for k in keys_of(batch)))
+    left = [{"k": k, "v": f"L{batch}"} for k in keys_of(batch)]
+    write_whole(inputs / "left" / f"{batch:04d}.json", left)
     if kind == "join":
-        right = inputs / "right" / f"{batch:04d}.json"
-        right.parent.mkdir(parents=True, exist_ok=True)
-        rows = right_keys_of(batch)
-        right.write_text("".join(json.dumps({"k2": k, "w": f"R{batch}"}) + "\n" for k in rows))
+        right = [{"k2": k, "w": f"R{batch}"} for k in right_keys_of(batch)]
+        write_whole(inputs / "right" / f"{batch:04d}.json", right)
+
+
+def write_whole(path: Path, rows: list[dict[str, str]]) -> None:
+    """A file that appears whole: written under a name the file source skips, then renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    hidden = path.with_name(f".{path.name}.tmp")
+    hidden.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    hidden.rename(path)
 
 
 def expected(kind: str, batch: int) -> Rows:
@@ -261,7 +275,7 @@ def test_a_query_restarted_from_a_cut_continues_as_the_original(
         run = Run(spark, kind, inputs, checkpoint)
         try:
             for batch in range(k + 1):
-                feed(inputs, kind, batch)
+                run.feed(batch)
                 run.drain()
                 if batch == m:
                     if store not in ("rocksdb", "rocksdb-v2"):
