@@ -29,7 +29,7 @@ PACKAGES: dict[str, set[str]] = {
     "flush": {"model", "buffer", "telemetry"},  # the store through protocols only
     "kafka": {"model", "telemetry"},
     "eventhubs": {"model", "telemetry"},  # the store through a protocol only
-    "ops": {"wire", "model", "buffer", "store", "kafka"},
+    "ops": {"wire", "model", "buffer", "store", "kafka", "eventhubs"},
     "snapshot": {"model"},
     "daemon": {"ingest", "flush", "kafka", "eventhubs", "ops", "buffer", "store", "telemetry"}
     | {"wire", "model"},
