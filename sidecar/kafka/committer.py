@@ -35,8 +35,9 @@ Ordering of a rewind (Kafka has no conditional commit, so it is made by order):
   request left on a closed connection): the group is then raised again, and the next
   re-commit, which reads the group first, takes it for another writer's move and leaves it
   until the query's next durable batch. That window is a broker holding a request longer
-  than ``kafka_timeout_s`` plus the backoff; run the reset again if ``kafka-consumer-groups``
-  shows it.
+  than ``kafka_timeout_s`` plus the backoff. Likewise a former owner's first commit of a
+  group (it never read the group before) retried across the reset: it cannot tell the
+  reset's offsets from older ones. Run the reset again if ``kafka-consumer-groups`` shows it.
 
 Commits are made without joining the group (manual assignment, generation -1), so nothing
 rebalances and no Spark executor is disturbed. Commit metadata carries query id, run id and
