@@ -199,7 +199,7 @@ def test_the_plan_never_moves_a_partition_backwards_and_skips_equal_ones() -> No
     got = eh.plan(wanted, stored)
     assert got.write == {("eh", 0): 10, ("eh", 3): 1}  # higher, and unknown
     assert [str(m) for m in got.lowered] == ["eh-1: 8 -> 5"]
-    assert got.rewound == got.held == got.kept == []
+    assert got.rewound == got.held == [] and got.kept == []
 
 
 def test_a_rewind_lowers_on_purpose_and_names_what_it_cannot() -> None:
