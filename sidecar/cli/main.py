@@ -248,14 +248,14 @@ def _add_snapshot_commands(sub: Any) -> None:
         "as a Spark checkpoint directory — every file's checksum verified, downloaded in "
         "parallel, put in place only once whole — and move the sidecar's checkpoint of the "
         "query to that batch as a reset does (through the daemon when one runs, else under a "
-        "lease of its own, waited for while an old pod's daemon holds it; Kafka and Event Hubs "
-        "positions follow through the daemon). The state moves with the offsets, so a stateful "
-        "query may move back. Refuses a non-empty DIR unless --force. `restore --all ROOT` is an "
-        "init container's form: every query with a snapshot back to where it was taken from "
-        "under ROOT, skipping a directory that holds a checkpoint at least as new. A sink that "
-        "skips batch ids it already committed (Delta, the file sink) skips the batches replayed "
-        "after the restored one: docs/snapshots.md. Exit code 0 done, 1 refused or failed, 2 bad "
-        "usage.",
+        "lease of its own, waited for while an old pod's daemon holds it); the Kafka groups "
+        "and Event Hubs checkpoints are set back with it on purpose, each move logged. The "
+        "state moves with the offsets, so a stateful query may move back. Refuses a non-empty "
+        "DIR unless --force. `restore --all ROOT` is an init container's form: every query "
+        "with a snapshot back to where it was taken from under ROOT, skipping a directory "
+        "that holds a checkpoint at least as new. A sink that skips batch ids it already "
+        "committed (Delta, the file sink) skips the batches replayed after the restored one: "
+        "docs/snapshots.md. Exit code 0 done, 1 refused or failed, 2 bad usage.",
     )
     back.add_argument("query", metavar="QUERY", nargs="?", help="query name or query id")
     back.add_argument("dir", metavar="DIR", nargs="?", help="the checkpoint directory to write")

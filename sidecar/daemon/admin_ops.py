@@ -1,7 +1,9 @@
 """The daemon's side of ``reset`` and ``retire``: requests from its socket, performed as the
-lease owner, with every component told (each query's blob state, retirement). The steps themselves
-are ``sidecar.ops.admin_steps``, which the CLI runs under a lease of its own when no daemon
-is running, so both paths write the same bytes.
+lease owner, with every component told (each query's blob state, retirement; a reset's new
+position, a deliberate rewind, to the Kafka commits and Event Hubs checkpoints through the
+``on_rewind`` hook ``app`` wires, so that they lower what they hold on purpose). The steps
+themselves are ``sidecar.ops.admin_steps``, which the CLI runs under a lease of its own when
+no daemon is running, so both paths write the same bytes.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -27,6 +30,7 @@ from sidecar.errors import (
 )
 from sidecar.flush.blob_state import BlobStates
 from sidecar.flush.lease import Held
+from sidecar.model.checkpoint import Checkpoint
 from sidecar.model.document import Stored, Writer
 from sidecar.ops.admin_steps import (
     AdminResult,
@@ -35,6 +39,7 @@ from sidecar.ops.admin_steps import (
     reset_under_lease,
     resolve,
     retire_in_redis,
+    rewind_reason,
     running,
     target_of,
 )
@@ -59,12 +64,18 @@ class DaemonAdmin:
         retirement: Retirement,
         metrics: Metrics,
         writer: Writer,
+        *,
+        on_rewind: Callable[[Checkpoint, str], None] | None = None,
     ) -> None:
+        """``on_rewind(checkpoint, why)``: a reset's document is in the blob: the positions
+        kept for other tools (Kafka groups, Event Hubs checkpoints) follow it, lowered on
+        purpose where lower (``why``: the reset, for their log lines)."""
         self._config = config
         self._buffer, self._store = buffer, store
         self._blobs, self._retirement = blobs, retirement
         self._metrics = metrics
         self._writer = writer
+        self._on_rewind = on_rewind
         #: When each query's last progress arrived (monotonic), oldest first; only those of
         #: the last quiet time are kept.
         self._heard: OrderedDict[str, float] = OrderedDict()
@@ -154,6 +165,8 @@ class DaemonAdmin:
                 self._blobs.not_sent(query_id)  # refused before the blob was written
                 raise
             self._blobs.reset(query_id, Stored(version, doc))  # floor and acks follow it down
+            # Under the query's lock: no flush of it, nor of a row read before, comes between.
+            positions = self._rewound(doc.checkpoint(), request, doc.reset_from)
         self._metrics.checkpoint_batch_id.labels(label).set(doc.batch_id)
         return AdminResult(
             "reset",
@@ -164,6 +177,24 @@ class DaemonAdmin:
             batch_id=doc.batch_id,
             reset_from=doc.reset_from,
             dropped=dropped,
+            positions=positions,
+        )
+
+    def _rewound(
+        self, checkpoint: Checkpoint, request: Reset, reset_from: int | None
+    ) -> str | None:
+        """The Kafka groups and Event Hubs checkpoints told (they follow in the background);
+        the summary's phrase."""
+        if self._on_rewind is None:
+            return None
+        try:
+            self._on_rewind(checkpoint, rewind_reason(reset_from, checkpoint.batch_id, request))
+        except Exception:  # the reset is done: its hooks' failures are theirs
+            log.exception("after reset of query %s: rewind hook failed", checkpoint.label)
+            return "Kafka groups and Event Hubs checkpoints NOT lowered (the daemon's log says why)"
+        return (
+            "the daemon's Kafka group commits and Event Hubs checkpoints follow it, lowered on "
+            "purpose where lower (its log says so)"
         )
 
     async def _retire(self, request: Retire) -> AdminResult:

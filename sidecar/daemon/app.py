@@ -33,7 +33,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -78,6 +78,13 @@ DOCTOR_TIMEOUT_S = 60.0
 
 #: The longest wait between attempts to open the blob store after readiness, seconds.
 STORE_OPEN_RETRY_CAP_S = 30.0
+
+
+class DurableHook(Protocol):
+    """The flusher's ``on_durable(checkpoint)`` and the admin ops' ``on_rewind(checkpoint,
+    why)`` (``rewind``: why a reset moved the query back on purpose)."""
+
+    def __call__(self, checkpoint: ckpt.Checkpoint, rewind: str | None = None) -> None: ...
 
 
 class Daemon:
@@ -195,6 +202,7 @@ class Daemon:
             self.retirement,
             self.metrics,
             self.writer,
+            on_rewind=self._durable_hook(),
         )
         self.handler = RequestHandler(
             self.coalescer,
@@ -239,21 +247,24 @@ class Daemon:
             r.forget.append(self.eventhubs.forget)
         r.forget_label += [self.lag.forget, self.eventhubs_lag.forget, self.metrics.forget_query]
 
-    def _durable_hook(self) -> Callable[[ckpt.Checkpoint], None] | None:
-        """What the flusher tells of each checkpoint durable in its blob: the Kafka committer
-        and the Event Hubs checkpointer, those configured (each contains its own failures;
-        one raising must not keep the other from hearing of the checkpoint)."""
+    def _durable_hook(self) -> DurableHook | None:
+        """What the flusher tells of each checkpoint durable in its blob, and the admin ops
+        of a reset's (with why: a deliberate rewind, which lowers their positions on
+        purpose): the Kafka committer and the Event Hubs checkpointer, those configured (each
+        contains its own failures; one raising must not keep the other from hearing of the
+        checkpoint)."""
         hooks = [c.durable for c in (self.committer, self.eventhubs) if c is not None]
-        if len(hooks) <= 1:
-            return hooks[0] if hooks else None
+        if not hooks:
+            return None
 
-        def durable(checkpoint: ckpt.Checkpoint) -> None:
+        def durable(checkpoint: ckpt.Checkpoint, rewind: str | None = None) -> None:
             for hook in hooks:
                 try:
-                    hook(checkpoint)
+                    hook(checkpoint, rewind=rewind)
                 except Exception:
                     log.exception(
-                        "after flushing query=%s batch=%d: durable hook %s failed",
+                        "after %s query=%s batch=%d: durable hook %s failed",
+                        "flushing" if rewind is None else "resetting",
                         checkpoint.label,
                         checkpoint.batch_id,
                         getattr(hook, "__qualname__", hook),

@@ -8,10 +8,21 @@ SDKs' ``BlobCheckpointStore`` uses (``sidecar.eventhubs.plan``).
 
 Invariants (those of the Kafka committer, ``sidecar.kafka.committer``):
 - only positions that are **durable in the blob** are written (the flusher calls
-  :meth:`EventHubsCheckpointer.durable` after a write, never before);
-- a partition's checkpoint **never goes backwards**: the store's checkpoints of a group are
-  read before its first write (and again after any failure), and a write that would lower a
-  partition's sequence number is skipped for that partition and counted;
+  :meth:`EventHubsCheckpointer.durable` after a write, never before; a reset by the daemon
+  after its own);
+- a partition's checkpoint **never goes backwards but on purpose**: the store's checkpoints
+  of a group are read before its first write (and again after any failure), and a write that
+  would lower a partition's sequence number is skipped for that partition and counted; only a
+  deliberate rewind (``durable(checkpoint, rewind=why)``: a reset by the daemon) lowers it,
+  logged at WARNING and counted (``rewound``). Every write names the blob's version it read
+  (``If-Match``): a version conflict lists the hub again, never overwrites blind;
+- a rewind is never undone by what preceded it: a group's writes run one at a time, so a
+  write of older positions in flight when the rewind arrives ends before the rewind's is
+  planned (it lists again first, and lowers what that write raised); the rewind stays pending
+  until a write made with it has landed, whatever newer checkpoint of the query came since;
+  and a partition another writer lowered since this one last listed it (a rewind by another
+  daemon) is not raised again by the positions that were current then
+  (``sidecar.model.positions``);
 - the store never blocks flushing: writes are retried with backoff, 0.5 s doubling to 30 s,
   an error that is not ``retriable`` (a missing container, a refused credential) waiting the
   30 s cap at once; anything unexpected is contained, logged once with its traceback.
@@ -34,6 +45,7 @@ from sidecar.backoff import Retries
 from sidecar.config import Config
 from sidecar.errors import VersionConflict
 from sidecar.eventhubs import plan as eh
+from sidecar.model import positions
 from sidecar.model.checkpoint import Checkpoint
 from sidecar.model.offsets import eventhubs_offsets
 from sidecar.telemetry.metrics import Metrics
@@ -81,6 +93,12 @@ class _Group:
     versions: dict[tuple[str, int], str] = field(default_factory=dict)
     #: Event hubs whose stored checkpoints were read since the last failure.
     fetched: set[str] = field(default_factory=set)
+    #: The checkpoint's partitions with nothing processed (a rewind names their checkpoints).
+    unset: set[tuple[str, int]] = field(default_factory=set)
+    #: A deliberate rewind not yet written (it lowers what the store holds).
+    rewind: positions.Rewind | None = None
+    #: Partitions another writer lowered since we knew them: not raised again by ``wanted``.
+    held: set[tuple[str, int]] = field(default_factory=set)
 
 
 class EventHubsCheckpointer:
@@ -105,19 +123,29 @@ class EventHubsCheckpointer:
         self.passes = 0
         self._loop_done = anyio.Event()
 
-    def durable(self, checkpoint: Checkpoint) -> None:
-        """A checkpoint is now in the blob: write its Event Hubs positions (non-blocking)."""
-        wanted = eh.processed(eventhubs_offsets(checkpoint))
-        if not wanted:
+    def durable(self, checkpoint: Checkpoint, *, rewind: str | None = None) -> None:
+        """A checkpoint is now in the blob: write its Event Hubs positions (non-blocking).
+        ``rewind``: why the query was moved back on purpose (a reset by the daemon, whose
+        document is now in the blob): its positions are written even where lower."""
+        ends = eventhubs_offsets(checkpoint)
+        wanted, unset = eh.processed(ends), eh.unprocessed(ends)
+        if not wanted and not (rewind is not None and unset):
             return
         name = eh.consumer_group(
             self._config.eventhubs_consumer_group_template, checkpoint, self._config.namespace
         )
         group = self._groups.get(name)
         if group is None:
-            self._groups[name] = _Group(name, checkpoint, wanted)
+            group = self._groups[name] = _Group(name, checkpoint, wanted)
         else:
+            if group.checkpoint.query_id != checkpoint.query_id:
+                group.rewind = None  # another query under the same name: not its rewind
             group.checkpoint, group.wanted, group.dirty = checkpoint, wanted, True
+        group.unset = unset
+        group.held.clear()  # a newer durable checkpoint moves what another writer lowered
+        if rewind is not None:
+            group.rewind = positions.Rewind(rewind)
+            group.fetched.clear()  # lower from what the store holds now, at its versions
         self._retiring.discard(checkpoint.query_id)
         self._wake.set()
 
@@ -180,15 +208,39 @@ class EventHubsCheckpointer:
 
     async def _write(self, group: _Group) -> None:
         m = self._metrics
-        label = group.checkpoint.label
-        wanted = group.wanted  # replaced, never changed, by a newer durable checkpoint
+        checkpoint = group.checkpoint
+        label = checkpoint.label
+        # Replaced, never changed, by a newer durable checkpoint (or rewind) meanwhile.
+        wanted, rewind = group.wanted, group.rewind
+        done: list[tuple[str, int]] = []
+        todo = eh.Plan({})
         try:
-            for eventhub in sorted({key[0] for key in wanted} - group.fetched):
+            hubs = {key[0] for key in wanted}
+            if rewind is not None:  # it names the checkpoints it cannot lower
+                hubs |= {key[0] for key in group.unset}
+            for eventhub in sorted(hubs - group.fetched):
                 prefix = eh.prefix(self._namespace, eventhub, group.name)
                 listed = await self._store.eventhubs_checkpoints(self._container, prefix)
                 self._learn(group, eventhub, listed)
                 group.fetched.add(eventhub)
-            todo = eh.plan(wanted, group.stored)
+            todo = eh.plan(
+                wanted,
+                group.stored,
+                rewind=rewind is not None,
+                held=group.held,
+                unset=group.unset,
+            )
+            if todo.held:
+                log.info(
+                    "eventhubs group=%s query=%s batch=%d: %d partition(s) lowered by another "
+                    "writer since they were listed (a reset elsewhere?), left as it set them "
+                    "until this query's next durable batch: %s",
+                    group.name,
+                    label,
+                    checkpoint.batch_id,
+                    len(todo.held),
+                    positions.described(todo.held),
+                )
             if todo.lowered:
                 m.eventhubs_checkpoints.labels("regressed").inc()
                 m.eventhubs_partitions_skipped.inc(len(todo.lowered))
@@ -199,17 +251,21 @@ class EventHubsCheckpointer:
                     label,
                     group.checkpoint.batch_id,
                     len(todo.lowered),
-                    ", ".join(todo.lowered[:5]),
+                    positions.described(todo.lowered),
                 )
-            await self._write_all(group, todo.write)
+            await self._write_all(group, todo.write, done)
         except Exception as exc:  # translated by the store, or a bug: never fatal
             group.fetched.clear()  # read the store's view again before the next write
             m.eventhubs_checkpoints.labels("error").inc()
             m.eventhubs_up.set(0)
             self._failed(group.name, f"eventhubs group={group.name} query={label} write", exc)
+            self._rewound(group, checkpoint, rewind, todo, done)  # what did land, said
             return
         if group.wanted is wanted:
             group.dirty = False
+        if rewind is not None and group.rewind is rewind:
+            group.rewind = None  # written; a newer rewind given meanwhile stays
+        self._rewound(group, checkpoint, rewind, todo, done)
         self._backoff.succeeded(group.name)
         m.eventhubs_up.set(1)
         if todo.write:
@@ -222,12 +278,50 @@ class EventHubsCheckpointer:
                 len(todo.write),
             )
 
+    def _rewound(
+        self,
+        group: _Group,
+        checkpoint: Checkpoint,
+        rewind: positions.Rewind | None,
+        todo: eh.Plan,
+        done: list[tuple[str, int]],
+    ) -> None:
+        """Say what a rewind's write lowered on purpose (one WARNING line, counted), and what
+        it could not (partitions with nothing processed keep their checkpoint)."""
+        if rewind is None:
+            return
+        lowered = [move for move in todo.rewound if move.key in set(done)]
+        if not lowered and not todo.kept:
+            return
+        if lowered:
+            self._metrics.eventhubs_checkpoints.labels("rewound").inc()
+        kept = (
+            f"; {len(todo.kept)} partition(s) not lowered, nothing processed at the target (no "
+            f"checkpoint can say so: delete those blobs to start a processor over): "
+            f"{', '.join(todo.kept[:5])}"
+            if todo.kept
+            else ""
+        )
+        log.warning(
+            "eventhubs group=%s query=%s batch=%d: %d partition(s) lowered on purpose, a "
+            "deliberate rewind (%s): %s%s",
+            group.name,
+            checkpoint.label,
+            checkpoint.batch_id,
+            len(lowered),
+            rewind.why,
+            positions.described(lowered) or "none",
+            kept,
+        )
+
     def _learn(
         self, group: _Group, eventhub: str, listed: Mapping[str, tuple[str | None, str]]
     ) -> None:
         """Take the store's checkpoints of one event hub as what it holds now, with their
-        versions (a partition's number unreadable: written over, as a new consumer would)."""
-        for key in [k for k in group.stored if k[0] == eventhub]:
+        versions (a partition's number unreadable: written over, as a new consumer would);
+        partitions another writer lowered since we knew them are held."""
+        before = {k: n for k, n in group.stored.items() if k[0] == eventhub}
+        for key in before:
             del group.stored[key]
         for key in [k for k in group.versions if k[0] == eventhub]:
             del group.versions[key]
@@ -239,10 +333,14 @@ class EventHubsCheckpointer:
             number = eh.parse_stored(text)
             if number is not None:
                 group.stored[key] = number
+        group.held |= positions.moved_since(before, group.stored)
 
-    async def _write_all(self, group: _Group, write: eh.Positions) -> None:
+    async def _write_all(
+        self, group: _Group, write: eh.Positions, done: list[tuple[str, int]]
+    ) -> None:
         """Write each partition's checkpoint, concurrently (bounded); what succeeded is
-        remembered even when another partition failed, whose error is then raised."""
+        remembered (and added to ``done``) even when another partition failed, whose error is
+        then raised."""
         errors: list[Exception] = []
 
         async def one(key: tuple[str, int], number: int) -> None:
@@ -263,6 +361,8 @@ class EventHubsCheckpointer:
                     errors.append(exc)
                     return
             group.stored[key], group.versions[key] = number, version
+            group.held.discard(key)  # ours now
+            done.append(key)
 
         async with anyio.create_task_group() as tg:
             for key, number in write.items():
@@ -272,3 +372,17 @@ class EventHubsCheckpointer:
 
     def _failed(self, key: str, what: str, exc: Exception) -> None:
         self._backoff.log_failure(key, what, exc, log)
+
+
+async def rewind_once(
+    config: Config, store: CheckpointBlobs, checkpoint: Checkpoint, why: str
+) -> dict[str, bool]:
+    """A deliberate rewind written now, without a daemon (the CLI's reset under a lease of
+    its own): ``checkpoint``'s Event Hubs checkpoints set to its positions, lowered on purpose
+    where lower and logged as the daemon does. Each consumer group → whether it was written
+    (a failure is logged, never raised)."""
+    checkpointer = EventHubsCheckpointer(config, Metrics(), store)
+    checkpointer.durable(checkpoint, rewind=why)
+    await checkpointer.final_commit()
+    behind = set(checkpointer.behind())
+    return {name: name not in behind for name in checkpointer._groups}

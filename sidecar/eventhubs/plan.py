@@ -18,15 +18,21 @@ requires the key, and empty, so that the .NET and Java processors, which fall ba
 sequence number when the offset does not parse, resume exactly after it. docs/eventhubs.md
 has what each SDK and KEDA do with it, with the sources.
 
-Never backwards: a partition whose stored sequence number is higher than the new one keeps
-it (a query reset under the same name), as the Kafka committer skips such partitions.
+Never backwards, except on purpose: a partition whose stored sequence number is higher than
+the new one keeps it (a query reset under the same name), as the Kafka committer skips such
+partitions; a deliberate rewind (a reset through the daemon) writes its lower numbers, and a
+partition another writer lowered is not raised again by the checkpoint current when that was
+seen (``sidecar.model.positions``, the rules shared with Kafka). A rewind to a position where a
+partition has processed nothing cannot say so (no checkpoint is written for it): its stored
+checkpoint is kept, and named (``kept``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Set
+from dataclasses import dataclass, field
 
+from sidecar.model import positions
 from sidecar.model.checkpoint import Checkpoint
 from sidecar.model.offsets import Offsets, group_name
 
@@ -63,6 +69,11 @@ def processed(ends: Offsets) -> Positions:
     return {key: end - 1 for key, end in ends.items() if end > 0}
 
 
+def unprocessed(ends: Offsets) -> set[tuple[str, int]]:
+    """The partitions of Spark's end offsets with nothing processed (no checkpoint says so)."""
+    return {key for key, end in ends.items() if end <= 0}
+
+
 def parse_stored(text: str | None) -> int | None:
     """A stored ``sequencenumber`` (decimal int64); None when absent or unreadable (then it
     is simply overwritten, as a consumer that never checkpointed would be)."""
@@ -77,24 +88,34 @@ def parse_stored(text: str | None) -> int | None:
 
 @dataclass(frozen=True)
 class Plan:
-    """One write pass of a group: the partitions to write, and those refused."""
+    """One write pass of a group: the partitions to write, and those not written (each
+    ``str()`` for the log: ``"eh-0: 41 -> 7"``)."""
 
     #: (event hub, partition) → the sequence number to write.
     write: Positions
-    #: Partitions that would move backwards, described for the log ("eh-0: 41 -> 7").
-    lowered: list[str]
+    #: Partitions that would move backwards, refused (not a rewind).
+    lowered: list[positions.Move] = field(default_factory=list)
+    #: Partitions moved backwards on purpose (a rewind): in ``write`` too.
+    rewound: list[positions.Move] = field(default_factory=list)
+    #: Partitions another writer lowered since, left as it set them.
+    held: list[positions.Move] = field(default_factory=list)
+    #: A rewind's partitions with nothing processed whose stored checkpoint stays ("eh-3: 41").
+    kept: list[str] = field(default_factory=list)
 
 
-def plan(wanted: Positions, stored: Mapping[tuple[str, int], int]) -> Plan:
+def plan(
+    wanted: Positions,
+    stored: Mapping[tuple[str, int], int],
+    *,
+    rewind: bool = False,
+    held: Set[tuple[str, int]] = frozenset(),
+    unset: Set[tuple[str, int]] = frozenset(),
+) -> Plan:
     """What to write for ``wanted`` given what the store holds (as far as we know): every
     partition whose stored number is lower or unknown; equal ones are already there, higher
-    ones are never lowered."""
-    write: Positions = {}
-    lowered = []
-    for key, number in sorted(wanted.items()):
-        have = stored.get(key)
-        if have is None or number > have:
-            write[key] = number
-        elif number < have:
-            lowered.append(f"{key[0]}-{key[1]}: {have} -> {number}")
-    return Plan(write, lowered)
+    ones are lowered only by a ``rewind``; partitions in ``held`` (another writer lowered
+    them) are left, unless for a rewind. ``unset``: the checkpoint's partitions with nothing
+    processed, which a rewind names when a checkpoint is stored for them."""
+    moves = positions.decide(wanted, stored, rewind=rewind, held=held)
+    kept = [f"{k[0]}-{k[1]}: {stored[k]}" for k in sorted(unset) if rewind and k in stored]
+    return Plan(moves.write, moves.regressed, moves.rewound, moves.held, kept)

@@ -6,12 +6,38 @@ source's offsets; after each successful blob write it commits them.
 
 Invariants:
 - only offsets that are **durable in the blob** are committed (the flusher calls
-  :meth:`KafkaCommitter.durable` after a write, never before);
-- a partition's committed offset **never goes backwards**: a commit that would lower it
-  (e.g. after a query reset under the same name) is skipped for that partition and counted;
+  :meth:`KafkaCommitter.durable` after a write, never before; a reset by the daemon after its
+  own);
+- a partition's committed offset **never goes backwards but on purpose**: a commit that would
+  lower it (e.g. after a query reset under the same name) is skipped for that partition and
+  counted; only a deliberate rewind (``durable(checkpoint, rewind=why)``: a reset by the
+  daemon — ``reset``, ``import-spark-checkpoint``, ``restore``) lowers it, logged at WARNING
+  with why and counted (``rewound``);
 - groups stay alive: the current offsets are re-committed every
   ``kafka_recommit_interval_s`` when idle, so offset retention does not expire them and lag
-  tools do not report the consumer as stopped.
+  tools do not report the consumer as stopped. A re-commit reads the group's offsets first
+  and leaves a partition another writer moved since (a new owner of the query, another
+  daemon's rewind, an operator's tool): a daemon that lost the query never moves its group.
+
+Ordering of a rewind (Kafka has no conditional commit, so it is made by order):
+- a group's commits run one at a time (a pass waits for them all; the final commit runs
+  after the loop stopped), and ``durable`` only replaces what the next one commits. A commit
+  of older offsets in flight when the rewind arrives is answered before the rewind's is sent;
+  the rewind's commit re-reads the broker and lowers whatever that one raised;
+- the rewind stays pending until a commit made with it has succeeded: a commit that began
+  before it never clears it, and a newer durable checkpoint of the same query given before
+  that commit keeps it (that checkpoint's offsets are committed, lowering where they are
+  lower); a checkpoint of another query under the same name drops it;
+- within the daemon no older checkpoint of the query follows the rewind: its flushes and the
+  reset hold the same per-query lock, and a Redis row read before the reset is never flushed
+  after it (``sidecar.flush.blob_state``); so a checkpoint given after the rewind is newer;
+- a commit that timed out before the rewind may still reach the broker after the rewind's (a
+  request left on a closed connection): the group is then raised again, and the next
+  re-commit, which reads the group first, takes it for another writer's move and leaves it
+  until the query's next durable batch. That window is a broker holding a request longer
+  than ``kafka_timeout_s`` plus the backoff. Likewise a former owner's first commit of a
+  group (it never read the group before) retried across the reset: it cannot tell the
+  reset's offsets from older ones. Run the reset again if ``kafka-consumer-groups`` shows it.
 
 Commits are made without joining the group (manual assignment, generation -1), so nothing
 rebalances and no Spark executor is disturbed. Commit metadata carries query id, run id and
@@ -43,6 +69,7 @@ from sidecar.backoff import Retries
 from sidecar.config import Config
 from sidecar.errors import KafkaRefused, SidecarError
 from sidecar.kafka import client
+from sidecar.model import positions
 from sidecar.model.checkpoint import Checkpoint
 from sidecar.model.offsets import Offsets, commit_metadata, group_name, kafka_offsets
 from sidecar.telemetry.metrics import Metrics
@@ -68,6 +95,10 @@ class _Group:
     fetched: set[tuple[str, int]] = field(default_factory=set)
     last_commit: float = 0.0
     consumer: Any = None
+    #: A deliberate rewind not yet committed (it lowers what the group holds).
+    rewind: positions.Rewind | None = None
+    #: Partitions another writer moved since we knew them: not moved again by ``offsets``.
+    held: set[tuple[str, int]] = field(default_factory=set)
 
 
 class KafkaCommitter:
@@ -104,17 +135,25 @@ class KafkaCommitter:
         self.passes = 0
         self._loop_done = anyio.Event()
 
-    def durable(self, checkpoint: Checkpoint) -> None:
-        """A checkpoint is now in the blob: commit its Kafka offsets (non-blocking)."""
+    def durable(self, checkpoint: Checkpoint, *, rewind: str | None = None) -> None:
+        """A checkpoint is now in the blob: commit its Kafka offsets (non-blocking).
+        ``rewind``: why the query was moved back on purpose (a reset by the daemon, whose
+        document is now in the blob): its offsets are committed even where lower."""
         offsets = kafka_offsets(checkpoint, self._extra)
         if not offsets:
             return
         name = group_name(self._config.kafka_group_template, checkpoint, self._config.namespace)
         group = self._groups.get(name)
         if group is None:
-            self._groups[name] = _Group(name, checkpoint, offsets)
+            group = self._groups[name] = _Group(name, checkpoint, offsets)
         else:
+            if group.checkpoint.query_id != checkpoint.query_id:
+                group.rewind = None  # another query under the same name: not its rewind
             group.checkpoint, group.offsets, group.dirty = checkpoint, offsets, True
+        group.held.clear()  # a newer durable checkpoint moves what another writer moved
+        if rewind is not None:
+            group.rewind = positions.Rewind(rewind)
+            group.fetched.clear()  # lower from what the brokers hold now (and say it)
         self._retiring.discard(checkpoint.query_id)  # active again
         if self._on_committable is not None:
             self._on_committable(checkpoint.label, offsets)
@@ -199,10 +238,16 @@ class KafkaCommitter:
 
     async def _commit(self, group: _Group) -> None:
         m = self._metrics
-        # What this commit writes: durable() may replace both meanwhile (a newer flush),
-        # and then the group stays dirty for the next pass (and the final commit).
-        checkpoint, offsets = group.checkpoint, group.offsets
+        # What this commit writes: durable() may replace them meanwhile (a newer flush, a
+        # rewind), and then the group stays dirty for the next pass (and the final commit).
+        checkpoint, offsets, rewind = group.checkpoint, group.offsets, group.rewind
         label = checkpoint.label
+        # The idle re-commit of what was committed: read the group first, so that nothing
+        # another writer committed since is overwritten.
+        recommit = not group.dirty
+        if recommit:
+            group.fetched.clear()
+        moves = positions.Moves({})
         try:
             async with self._call(f"commit of group {group.name}"):
                 consumer = await self._consumer(group)
@@ -214,28 +259,41 @@ class KafkaCommitter:
                 for key, tp in tps.items():
                     if key in group.fetched:
                         continue
-                    offset = await consumer.committed(tp)  # e.g. a partition seen first now
-                    if offset is not None:
-                        group.committed[key] = max(offset, group.committed.get(key, -1))
+                    # e.g. a partition seen first now, a re-commit, after a failure, a rewind
+                    self._learn(group, key, await consumer.committed(tp), recommit=recommit)
                     group.fetched.add(key)
                 metadata = commit_metadata(checkpoint)
-                commit, lowered = {}, []
-                for key, offset in offsets.items():
-                    if offset < group.committed.get(key, -1):
-                        lowered.append(f"{key[0]}-{key[1]}: {group.committed[key]} -> {offset}")
-                    else:
-                        commit[tps[key]] = OffsetAndMetadata(offset, metadata)
-                if lowered:
+                moves = positions.decide(
+                    offsets,
+                    group.committed,
+                    rewind=rewind is not None,
+                    held=group.held,
+                    rewrite_equal=True,  # re-committed: keeps the group alive
+                )
+                commit = {tps[k]: OffsetAndMetadata(o, metadata) for k, o in moves.write.items()}
+                if moves.regressed:
                     m.kafka_commits.labels("regressed").inc()
-                    m.kafka_partitions_skipped.inc(len(lowered))
+                    m.kafka_partitions_skipped.inc(len(moves.regressed))
                     log.warning(
                         "kafka group=%s query=%s batch=%d: not committing %d partition(s) "
                         "backwards (query reset?): %s",
                         group.name,
                         label,
                         checkpoint.batch_id,
-                        len(lowered),
-                        ", ".join(lowered[:5]),
+                        len(moves.regressed),
+                        positions.described(moves.regressed),
+                    )
+                if moves.held:
+                    log.log(
+                        logging.DEBUG if recommit else logging.INFO,
+                        "kafka group=%s query=%s batch=%d: %d partition(s) moved by another "
+                        "writer since (another owner, a reset elsewhere, an operator's tool?), "
+                        "left as it set them until this query's next durable batch: %s",
+                        group.name,
+                        label,
+                        checkpoint.batch_id,
+                        len(moves.held),
+                        positions.described(moves.held),
                     )
                 if commit:
                     await consumer.commit(commit)
@@ -246,13 +304,28 @@ class KafkaCommitter:
             self._failed(group.name, f"kafka group={group.name} query={label} commit", exc)
             await self._drop_consumer(group)
             return
-        for tp, oam in commit.items():
-            group.committed[(tp.topic, tp.partition)] = oam.offset
+        for key, offset in moves.write.items():
+            group.committed[key] = offset
+            group.held.discard(key)  # ours now
         if group.offsets is offsets:
             group.dirty = False
+        if rewind is not None and group.rewind is rewind:
+            group.rewind = None  # committed; a newer rewind given meanwhile stays
         self._backoff.succeeded(group.name)
         group.last_commit = time.monotonic()
         m.kafka_up.set(1)
+        if moves.rewound and rewind is not None:
+            m.kafka_commits.labels("rewound").inc()
+            log.warning(
+                "kafka group=%s query=%s batch=%d: %d partition(s) lowered on purpose, a "
+                "deliberate rewind (%s): %s",
+                group.name,
+                label,
+                checkpoint.batch_id,
+                len(moves.rewound),
+                rewind.why,
+                positions.described(moves.rewound),
+            )
         if commit:
             m.kafka_commits.labels("ok").inc()
             log.debug(
@@ -262,6 +335,21 @@ class KafkaCommitter:
                 checkpoint.batch_id,
                 len(commit),
             )
+
+    @staticmethod
+    def _learn(group: _Group, key: tuple[str, int], offset: int | None, *, recommit: bool) -> None:
+        """Take the broker's committed offset of a partition as what the group holds now. One
+        another writer lowered since we knew it (or, read for a re-commit, moved either way)
+        is held: the current offsets do not move it again."""
+        known = group.committed.get(key)
+        if offset is None:  # nothing committed (never, expired, deleted): committed again
+            group.committed.pop(key, None)
+            return
+        if positions.moved_since(
+            {key: known} if known is not None else {}, {key: offset}, raised_too=recommit
+        ):
+            group.held.add(key)
+        group.committed[key] = offset
 
     def _failed(self, key: object, what: str, exc: Exception) -> None:
         self._backoff.log_failure(key, what, exc, log)
@@ -317,3 +405,19 @@ class KafkaCommitter:
         self._backoff.succeeded(_END_OFFSETS)
         if self._on_end_offsets is not None:
             self._on_end_offsets({(tp.topic, tp.partition): off for tp, off in ends.items()})
+
+
+async def rewind_once(config: Config, checkpoint: Checkpoint, why: str) -> dict[str, bool]:
+    """A deliberate rewind committed now, without a daemon (the CLI's reset under a lease of
+    its own, where no committer runs): ``checkpoint``'s groups set to its offsets, lowered on
+    purpose where lower and logged as the daemon does. Each group's name → whether it was
+    committed (a failure is logged, never raised)."""
+    committer = KafkaCommitter(config, Metrics())
+    committer.durable(checkpoint, rewind=why)
+    try:
+        await committer.final_commit()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await committer.aclose()
+    behind = set(committer.behind())
+    return {name: name not in behind for name in committer._groups}

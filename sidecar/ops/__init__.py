@@ -8,6 +8,8 @@ under a lease of its own) and ``import-spark-checkpoint``'s reading side
 (``spark_import``).
 
 May import: ``sidecar.wire``, ``sidecar.model``, ``sidecar.buffer``, ``sidecar.store``,
-``sidecar.kafka`` (doctor's consumer-group check), ``sidecar.config``, ``sidecar.errors``.
+``sidecar.kafka`` (doctor's consumer-group check; a reset's groups set without a daemon),
+``sidecar.eventhubs`` (a reset's checkpoints set without a daemon), ``sidecar.config``,
+``sidecar.errors``.
 Never the daemon's components: the daemon imports these, not the other way round.
 """

@@ -13,6 +13,8 @@ Reset, in this order (each step refuses before anything changed, until the Redis
     ─▶ the target (a retained batch, or explicit offsets) ─▶ Redis: the record becomes the
     target, as flushed (atomic with the quiet check; pending updates are dropped)
     ─▶ blob: the reset document (reset_from / reset_at / reset_reason) ─▶ floor = target
+    ─▶ the Kafka groups and Event Hubs checkpoints set to it, lowered on purpose (a rewind:
+    the daemon's hooks, or the CLI itself before it releases its lease)
 
 Redis is written first: if the blob write then fails, the blob still holds the replaced batch
 (the floor is not lowered, and the flusher has nothing pending to write) and the op reports the
@@ -60,6 +62,9 @@ class AdminResult(msgspec.Struct, frozen=True, omit_defaults=True):
     #: retire: Redis keys and entries removed; where the blob went (None: kept in place).
     removed: int = 0
     archived_to: str | None = None
+    #: reset: what became of the positions kept for other tools (Kafka groups, Event Hubs
+    #: checkpoints), a phrase for the summary; None: the query has none to move.
+    positions: str | None = None
 
     def summary(self) -> str:
         """One line saying what happened."""
@@ -67,10 +72,11 @@ class AdminResult(msgspec.Struct, frozen=True, omit_defaults=True):
         via = "by the daemon" if self.via == "daemon" else "under the tool's own lease"
         if self.op == "reset":
             dropped = f", {self.dropped} unflushed update(s) dropped" if self.dropped else ""
+            positions = f"; {self.positions}" if self.positions else ""
             return (
                 f"reset {query} from batch {_batch(self.reset_from)} to batch {self.batch_id} "
                 f"{via}: {self.blob} written, Redis set{dropped}; later batches must exceed "
-                f"{self.batch_id}"
+                f"{self.batch_id}{positions}"
             )
         blob = f"blob moved to {self.archived_to}" if self.archived_to else f"blob {self.blob} kept"
         return f"retired {query} {via}: {self.removed} Redis key(s)/entries removed, {blob}"
@@ -78,6 +84,14 @@ class AdminResult(msgspec.Struct, frozen=True, omit_defaults=True):
 
 def _batch(batch_id: int | None) -> str:
     return "none" if batch_id is None else str(batch_id)
+
+
+def rewind_reason(reset_from: int | None, batch_id: int, request: Reset) -> str:
+    """Why a reset moves the Kafka groups and Event Hubs checkpoints back on purpose, for
+    their log lines: from and to which batch, who, and the reset's reason."""
+    by = request.by or "a client that did not say"
+    why = request.reason or "no reason given"
+    return f"reset from batch {_batch(reset_from)} to batch {batch_id} by {by}; reason: {why}"
 
 
 def quiet_ms(config: Config, force: bool) -> int | None:

@@ -5,7 +5,11 @@ lease owner performs the op, ``sidecar.daemon.admin_ops.DaemonAdmin``). When no 
 answers there (the socket file does not exist, or nobody listens on it), they do it
 themselves, in the same steps (``sidecar.ops.admin_steps``), under a lease of their own on
 the query's blob: acquired for the op (refused, changing nothing, while another owner holds
-it), released at the end. Any other failure to connect (e.g. permission denied: a daemon
+it), released at the end. A reset then also does what the daemon's hooks would: the query's
+Kafka consumer groups and Event Hubs checkpoints are set to the new position, lowered on
+purpose where lower, before the lease is released (a daemon that takes the blob after it may
+commit newer positions, which this must not land after); the summary says what was and was
+not set. Any other failure to connect (e.g. permission denied: a daemon
 runs, but not for this user) is an error, never a reason to go around a running daemon.
 
 :func:`apply_reset` is the entry point for tools that hold a whole checkpoint (``import-spark-
@@ -18,6 +22,7 @@ import errno
 import getpass
 import os
 import socket
+import time
 import uuid
 
 import anyio
@@ -36,6 +41,7 @@ from sidecar.errors import (
 )
 from sidecar.model.checkpoint import Checkpoint, SourceOffsets, offset_value
 from sidecar.model.document import Writer
+from sidecar.model.offsets import eventhubs_offsets, kafka_offsets
 from sidecar.model.stateful import State, state_of
 from sidecar.ops.admin_steps import (
     AdminResult,
@@ -44,6 +50,7 @@ from sidecar.ops.admin_steps import (
     reset_under_lease,
     resolve,
     retire_in_redis,
+    rewind_reason,
     target_of,
 )
 from sidecar.ops.client import SidecarClient
@@ -59,6 +66,9 @@ _ERRORS: dict[str, type[SidecarError]] = {
 }
 #: Connecting failed this way: no daemon listens on the socket.
 _NO_DAEMON = (errno.ENOENT, errno.ECONNREFUSED)
+#: A reset's positions for other tools are set this long before the tool's lease ends, or
+#: not at all: a daemon that takes the blob after it may commit newer ones (seconds).
+LEASE_MARGIN_S = 5.0
 
 
 async def apply_reset(
@@ -215,6 +225,7 @@ async def _reset(
 ) -> AdminResult:
     await store.ensure_container()
     lease_id = await _lease(store, config, query_id)
+    lease_ends = time.monotonic() + config.lease_duration_s
     try:
         stored = await store.read_stored(query_id)
         target = target_of(request, query_id, name, stored.document)
@@ -230,6 +241,10 @@ async def _reset(
             version=_version(stored.version, store, query_id),
             writer=writer,
         )
+        why = rewind_reason(doc.reset_from, doc.batch_id, request)
+        positions = await _rewind_positions(
+            config, store, doc.checkpoint(), why, lease_ends - LEASE_MARGIN_S
+        )
     finally:
         await _release(store, query_id, lease_id)
     return AdminResult(
@@ -241,7 +256,59 @@ async def _reset(
         batch_id=doc.batch_id,
         reset_from=doc.reset_from,
         dropped=dropped,
+        positions=positions,
     )
+
+
+async def _rewind_positions(
+    config: Config, store: BlobStore, checkpoint: Checkpoint, why: str, until: float
+) -> str | None:
+    """What the daemon's rewind hooks do, done here (no daemon runs): the reset's Kafka groups
+    and Event Hubs checkpoints set to ``checkpoint``, lowered on purpose where lower (logged
+    as the daemon logs it), by ``until`` (monotonic) at the latest. The summary's phrase;
+    None when the query has no such source. Failures are said, never raised: the reset is
+    done."""
+    kafka = bool(kafka_offsets(checkpoint, config.kafka_query_set))
+    hubs = bool(eventhubs_offsets(checkpoint))
+    if not kafka and not hubs:
+        return None
+    said: list[str] = []
+    with anyio.move_on_after(max(0.0, until - time.monotonic())) as scope:
+        if kafka and not config.kafka_bootstrap_servers:
+            said.append(_not_set("Kafka groups", "SIDECAR_KAFKA_BOOTSTRAP_SERVERS"))
+        elif kafka:
+            from sidecar.kafka.committer import rewind_once as kafka_rewind
+
+            said.append(_set("Kafka group", await kafka_rewind(config, checkpoint, why)))
+        if hubs and not config.eventhubs_namespace:
+            said.append(_not_set("Event Hubs checkpoints", "SIDECAR_EVENTHUBS_NAMESPACE"))
+        elif hubs:
+            from sidecar.eventhubs.checkpointer import rewind_once as hubs_rewind
+
+            done = await hubs_rewind(config, store, checkpoint, why)
+            said.append(_set("Event Hubs checkpoints of group", done))
+    if scope.cancelled_caught:
+        said.append(
+            "the rest NOT set to it (cut 5 s before the tool's lease would end; no daemon "
+            "sets it later: run the reset again)"
+        )
+    return "; ".join(said)
+
+
+def _set(what: str, done: dict[str, bool]) -> str:
+    ok = [name for name, committed in done.items() if committed]
+    failed = [name for name, committed in done.items() if not committed]
+    parts = [f"{what} {', '.join(ok)} set to it (lowered on purpose where lower)"] if ok else []
+    if failed:
+        parts.append(
+            f"{what} {', '.join(failed)} NOT set to it (see the log; no daemon sets it later: "
+            "run the reset again)"
+        )
+    return "; ".join(parts)
+
+
+def _not_set(what: str, setting: str) -> str:
+    return f"{what} untouched ({setting} not set here; no daemon sets them later)"
 
 
 async def _retire(

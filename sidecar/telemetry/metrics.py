@@ -209,7 +209,8 @@ class Metrics:
         self.kafka_commits = Counter(
             "checkpoint_sidecar_kafka_commits",
             "Consumer-group commits, by result (regressed: some partitions skipped because "
-            "the commit would have lowered their committed offset)",
+            "the commit would have lowered their committed offset; rewound: some partitions "
+            "lowered on purpose, a reset by the daemon)",
             ["result"],
             registry=r,
         )
@@ -228,7 +229,8 @@ class Metrics:
         self.eventhubs_checkpoints = Counter(
             "checkpoint_sidecar_eventhubs_checkpoints",
             "Event Hubs checkpoint writes of one consumer group, by result (regressed: some "
-            "partitions skipped because the write would have lowered their sequence number)",
+            "partitions skipped because the write would have lowered their sequence number; "
+            "rewound: some partitions lowered on purpose, a reset by the daemon)",
             ["result"],
             registry=r,
         )
@@ -333,7 +335,7 @@ class Metrics:
             self.bad_records.labels(where)
         for result in RENEWAL_RESULTS:
             self.lease_renewals.labels(result)
-        for result in ("ok", "regressed", "error"):
+        for result in ("ok", "regressed", "rewound", "error"):
             self.kafka_commits.labels(result)
             self.eventhubs_checkpoints.labels(result)
         for what in WRITE_CONFLICT_WHAT:

@@ -15,7 +15,9 @@ from azure.eventhub.extensions.checkpointstoreblobaio import BlobCheckpointStore
 from azure.storage.blob.aio import BlobServiceClient
 
 from sidecar.eventhubs import checkpointer as checkpointer_module
+from sidecar.ops import admin_tool
 from sidecar.ops.client import SidecarClient
+from sidecar.wire.protocol import Reset
 from tests.helpers import (
     ConfigFactory,
     blob_reader,
@@ -174,3 +176,61 @@ async def test_a_missing_container_is_an_error_retried_until_it_exists(
         got = await read_checkpoints(azurite.connection_string, container)
         assert sequence_numbers(got) == processed(0)
         assert daemon.eventhubs.behind() == []
+
+
+async def test_a_reset_through_the_daemon_lowers_the_checkpoints_on_purpose(
+    make_config: ConfigFactory, azurite: Azurite, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make_config(
+        eventhubs_namespace=EH_NAMESPACE, count_threshold=1, admin_ops="true", history_size=5
+    )
+    cs, container = azurite.connection_string, config.container
+
+    async def checkpointed(want: dict[str, int]) -> None:
+        with anyio.fail_after(20):
+            while sequence_numbers(await read_checkpoints(cs, container)) != want:  # noqa: ASYNC110 - polls the store
+                await anyio.sleep(0.05)
+
+    async with running_daemon(config) as daemon:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            for batch in range(4):  # each flushed alone: the blob retains each
+                assert (await c.progress(progress(QID, batch))).applied
+                await wait_blob_batch(daemon.store, QID, batch)
+            await checkpointed(processed(3))
+            reply = await c.request(
+                "reset", name=NAME, to_batch=1, reason="bad deploy", force=True, by="t"
+            )
+            assert reply.ok, reply.error
+            # Event Hubs' own store reads them back lowered to batch 1's: a processor taking
+            # the group over resumes right after what the reset's position processed.
+            await checkpointed(processed(1))
+            assert sample(daemon, CHECKPOINTS, result="rewound") == 1
+            said = [
+                r.getMessage()
+                for r in caplog.records
+                if r.name == "sidecar.eventhubs.checkpointer" and "on purpose" in r.getMessage()
+            ]
+            assert said == [
+                f"eventhubs group={GROUP} query={NAME} batch=1: 4 partition(s) lowered on "
+                "purpose, a deliberate rewind (reset from batch 3 to batch 1 by t; reason: bad "
+                f"deploy): {EVENTHUB}-0: 199 -> 99, {EVENTHUB}-1: 200 -> 100, {EVENTHUB}-2: 201 "
+                f"-> 101, {EVENTHUB}-3: 202 -> 102"
+            ]
+            # Nothing else lowers them: an older batch of a query under the same name (a new
+            # id) is flushed, and refused, as before.
+            assert (await c.progress(progress(RESET_QID, 0))).applied
+            await wait_blob_batch(daemon.store, RESET_QID, 0)
+            await eventually(lambda: sample(daemon, CHECKPOINTS, result="regressed") >= 1)
+            assert sequence_numbers(await read_checkpoints(cs, container)) == processed(1)
+            # The query's next batch after the reset moves them forward.
+            assert (await c.progress(progress(QID, 2))).applied
+            await checkpointed(processed(2))
+        assert sample(daemon, CHECKPOINTS, result="rewound") == 1
+    # The daemon stopped: the CLI's reset, under a lease of its own, lowers them itself.
+    request = Reset(reason="replay", query_id=QID, to_batch=0, force=True, by="t")
+    result = await admin_tool.reset(config, request)
+    assert result.via == "lease"
+    assert result.summary().endswith(
+        f"; Event Hubs checkpoints of group {GROUP} set to it (lowered on purpose where lower)"
+    )
+    assert sequence_numbers(await read_checkpoints(cs, container)) == processed(0)

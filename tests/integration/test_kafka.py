@@ -10,13 +10,16 @@ import anyio
 import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import OffsetAndMetadata
 
 from sidecar.config import Config
 from sidecar.errors import ConfigError
 from sidecar.kafka.committer import TICK_S as COMMIT_TICK_S
 from sidecar.model.checkpoint import NULL, Checkpoint, SourceOffsets
 from sidecar.model.offsets import group_name, kafka_offsets
+from sidecar.ops import admin_tool
 from sidecar.ops.client import SidecarClient
+from sidecar.wire.protocol import Reset
 from tests.helpers import (
     ConfigFactory,
     checkpoint_from,
@@ -266,6 +269,126 @@ async def test_idle_groups_are_recommitted(make_config: ConfigFactory, broker: K
         first = sample(daemon, COMMITS, result="ok")
         await eventually(lambda: sample(daemon, COMMITS, result="ok") >= first + 2)  # no update
         assert await committed(reader) == end_offsets_of(3)
+
+
+# --- deliberate rewinds (resets) lower the group on purpose; nothing else does ---------------
+
+NAME = "orders-to-delta"
+RENAMED = "4b1d0c2e-0000-4000-8000-0000000000aa"  # same name, new id
+
+
+async def flushed_one_by_one(daemon: Any, c: SidecarClient, batches: range) -> None:
+    """Each batch flushed in its own write, so the blob retains each (history)."""
+    for batch in batches:
+        assert (await c.progress(progress(batch))).applied
+        await wait_blob_batch(daemon.store, QID, batch)
+
+
+async def test_a_reset_through_the_daemon_lowers_the_group_on_purpose_and_nothing_else_does(
+    make_config: ConfigFactory, broker: KafkaBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    await create_topic_with_records(broker.bootstrap)
+    config = make_config(
+        kafka_bootstrap_servers=broker.bootstrap,
+        count_threshold=1,
+        admin_ops="true",
+        history_size=5,
+    )
+    async with running_daemon(config) as daemon, group_reader(broker.bootstrap) as reader:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            await flushed_one_by_one(daemon, c, range(5))
+            await wait_committed(reader, end_offsets_of(4))
+            reply = await c.request(
+                "reset", name=NAME, to_batch=2, reason="bad deploy", force=True, by="t"
+            )
+            assert reply.ok and reply.result is not None, reply.error
+            assert (
+                "Kafka group commits and Event Hubs checkpoints follow it"
+                in (reply.result["positions"])
+            )
+            await wait_committed(reader, end_offsets_of(2))  # lowered, on purpose
+            assert sample(daemon, COMMITS, result="rewound") == 1
+            assert sample(daemon, COMMITS, result="regressed") == 0
+            said = [r.getMessage() for r in caplog.records if r.name == "sidecar.kafka.committer"]
+            said = [line for line in said if "on purpose" in line]
+            assert said == [
+                "kafka group=spark-orders-to-delta query=orders-to-delta batch=2: 3 partition(s) "
+                "lowered on purpose, a deliberate rewind (reset from batch 4 to batch 2 by t; "
+                "reason: bad deploy): events-0: 50 -> 30, events-1: 51 -> 31, events-2: 52 -> 32"
+            ]
+
+            # Nothing else lowers it: an older batch of a query under the same name (a new id)
+            # is flushed, and refused by the group, as before.
+            assert (await c.progress(progress(0, query_id=RENAMED))).applied
+            await wait_blob_batch(daemon.store, RENAMED, 0)
+            await eventually(lambda: sample(daemon, COMMITS, result="regressed") >= 1)
+            assert await committed(reader) == end_offsets_of(2)
+            # The query's next batch after the reset moves it forward again.
+            assert (await c.progress(progress(3))).applied
+            await wait_committed(reader, end_offsets_of(3))
+    assert sample(daemon, COMMITS, result="rewound") == 1
+
+
+async def test_an_idle_recommit_never_moves_what_another_writer_committed(
+    make_config: ConfigFactory, broker: KafkaBroker
+) -> None:
+    await create_topic_with_records(broker.bootstrap)
+    config = make_config(
+        kafka_bootstrap_servers=broker.bootstrap, count_threshold=1, kafka_recommit_interval_s=1
+    )
+    async with running_daemon(config) as daemon, group_reader(broker.bootstrap) as reader:
+        committer = daemon.committer
+        assert committer is not None
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(progress(3))).applied
+            await wait_committed(reader, end_offsets_of(3))
+            # Another writer moves the group back: the query's new owner after a reset to
+            # batch 1, or an operator's `kafka-consumer-groups --reset-offsets`.
+            back = dict(zip(TPS, end_offsets_of(1), strict=True))
+            await reader.commit({tp: OffsetAndMetadata(o, "") for tp, o in back.items()})
+            # Idle re-commits fall due every second: let two passes' worth go by.
+            passes = committer.passes
+            await eventually(lambda: committer.passes >= passes + 3)
+            assert await committed(reader) == end_offsets_of(1)  # left as that writer set it
+            assert sample(daemon, COMMITS, result="regressed") == 0
+            # This query's next durable batch moves it again.
+            assert (await c.progress(progress(4))).applied
+            await wait_committed(reader, end_offsets_of(4))
+
+
+async def test_without_a_daemon_a_reset_sets_the_group_itself_under_the_tools_lease(
+    make_config: ConfigFactory, broker: KafkaBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    await create_topic_with_records(broker.bootstrap)
+    config = make_config(
+        kafka_bootstrap_servers=broker.bootstrap, count_threshold=1, history_size=5
+    )
+    async with running_daemon(config) as daemon, group_reader(broker.bootstrap) as reader:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            await flushed_one_by_one(daemon, c, range(4))
+        await wait_committed(reader, end_offsets_of(3))
+    # The daemon has stopped: the CLI does it under a lease of its own, Kafka included.
+    request = Reset(reason="replay", name=NAME, to_batch=1, force=True, by="t")
+    result = await admin_tool.reset(config, request)
+    assert result.via == "lease"
+    assert result.summary().endswith(
+        "; Kafka group spark-orders-to-delta set to it (lowered on purpose where lower)"
+    )
+    async with group_reader(broker.bootstrap) as reader:
+        assert await committed(reader) == end_offsets_of(1)
+    assert any(
+        "events-0: 40 -> 20" in r.getMessage() and "reason: replay" in r.getMessage()
+        for r in caplog.records
+    )
+    # Without the Kafka settings, it says what it did not set.
+    bare = make_config(history_size=5)
+    again = await admin_tool.reset(bare, Reset(reason="r", name=NAME, to_batch=0, force=True))
+    assert again.summary().endswith(
+        "; Kafka groups untouched (SIDECAR_KAFKA_BOOTSTRAP_SERVERS not set here; no daemon sets "
+        "them later)"
+    )
+    async with group_reader(broker.bootstrap) as reader:
+        assert await committed(reader) == end_offsets_of(1)
 
 
 # --- pure logic -----------------------------------------------------------------------------

@@ -296,7 +296,10 @@ async def test_with_no_daemon_the_cli_resets_and_retires_under_its_own_lease(
     assert done.returncode == 0, done.stderr
     assert done.stdout == (
         f"reset {NAME} ({QID}) from batch 5 to batch 3 under the tool's own lease: "
-        f"{config.namespace}/{QID}.json written, Redis set; later batches must exceed 3\n"
+        f"{config.namespace}/{QID}.json written, Redis set; later batches must exceed 3; "
+        # a Kafka source, and no Kafka settings here: said (docs/kafka.md)
+        "Kafka groups untouched (SIDECAR_KAFKA_BOOTSTRAP_SERVERS not set here; no daemon sets "
+        "them later)\n"
     )
     assert "WARNING sidecar.ops.admin_steps: admin reset (forced) by " in done.stderr
     async with blob_reader(config) as store:

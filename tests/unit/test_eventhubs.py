@@ -19,6 +19,7 @@ from sidecar.eventhubs import plan as eh
 from sidecar.eventhubs.checkpointer import EventHubsCheckpointer
 from sidecar.kafka.lag import EVENTHUBS, KAFKA, LagTracker
 from sidecar.model import checkpoint as ckpt
+from sidecar.model import positions
 from sidecar.model.offsets import (
     ResumeError,
     eventhubs_offsets,
@@ -197,7 +198,47 @@ def test_the_plan_never_moves_a_partition_backwards_and_skips_equal_ones() -> No
     stored = {("eh", 0): 9, ("eh", 1): 8, ("eh", 2): 7}
     got = eh.plan(wanted, stored)
     assert got.write == {("eh", 0): 10, ("eh", 3): 1}  # higher, and unknown
-    assert got.lowered == ["eh-1: 8 -> 5"]
+    assert [str(m) for m in got.lowered] == ["eh-1: 8 -> 5"]
+    assert got.rewound == got.held == [] and got.kept == []
+
+
+def test_a_rewind_lowers_on_purpose_and_names_what_it_cannot() -> None:
+    wanted = {("eh", 0): 10, ("eh", 1): 5, ("eh", 2): 7}
+    stored = {("eh", 0): 9, ("eh", 1): 8, ("eh", 2): 7, ("eh", 3): 41, ("eh", 4): 3}
+    got = eh.plan(wanted, stored, rewind=True, held={("eh", 1)}, unset={("eh", 3), ("eh", 5)})
+    # lower ones written too; an equal one is there already; a rewind ignores held
+    assert got.write == {("eh", 0): 10, ("eh", 1): 5}
+    assert [str(m) for m in got.rewound] == ["eh-1: 8 -> 5"] and got.lowered == []
+    # partition 3 processed nothing at the target: no checkpoint can say so; 5 has none stored
+    assert got.kept == ["eh-3: 41"]
+    # partition 4 is not in the checkpoint at all: a rewind leaves it (and does not name it)
+
+
+def test_a_partition_another_writer_lowered_is_not_raised_by_the_same_positions() -> None:
+    wanted = {("eh", 0): 10, ("eh", 1): 10}
+    stored = {("eh", 0): 4, ("eh", 1): 4}  # both lowered by another daemon's reset
+    got = eh.plan(wanted, stored, held={("eh", 1)}, unset={("eh", 3)})
+    assert got.write == {("eh", 0): 10}
+    assert [str(m) for m in got.held] == ["eh-1: 4 -> 10"]
+    assert got.kept == []  # only a rewind names them
+
+
+def test_moved_since_tells_another_writers_moves_from_ours() -> None:
+    known = {("t", 0): 10, ("t", 1): 10, ("t", 2): 10}
+    now = {("t", 0): 7, ("t", 1): 12, ("t", 2): 10, ("t", 3): 1}
+    assert positions.moved_since(known, now) == {("t", 0)}
+    assert positions.moved_since(known, now, raised_too=True) == {("t", 0), ("t", 1)}
+
+
+def test_decide_rewrites_equal_positions_only_when_asked() -> None:
+    wanted, stored = {("t", 0): 5, ("t", 1): 6}, {("t", 0): 5, ("t", 1): 9}
+    assert positions.decide(wanted, stored).write == {}
+    kafka = positions.decide(wanted, stored, rewrite_equal=True)
+    assert kafka.write == {("t", 0): 5} and [str(m) for m in kafka.regressed] == ["t-1: 9 -> 6"]
+    rewound = positions.decide(wanted, stored, rewind=True, rewrite_equal=True)
+    assert rewound.write == wanted and [str(m) for m in rewound.rewound] == ["t-1: 9 -> 6"]
+    many = [positions.Move(("t", p), 9, 1) for p in range(7)]
+    assert positions.described(many, 2) == "t-0: 9 -> 1, t-1: 9 -> 1 (and 5 more)"
 
 
 # --- the checkpointer, against an in-memory store ----------------------------------------
@@ -205,7 +246,8 @@ def test_the_plan_never_moves_a_partition_backwards_and_skips_equal_ones() -> No
 
 class MemoryBlobs:
     """The store's two Event Hubs calls over a dict; ``fail`` raises that error once per call
-    until cleared."""
+    until cleared; while ``gate`` is set, each write waits for it to be opened (a write in
+    flight), after reading the version it is to match."""
 
     def __init__(self) -> None:
         self.blobs: dict[tuple[str, str], dict[str, str]] = {}
@@ -213,6 +255,8 @@ class MemoryBlobs:
         self.fail: Exception | None = None
         self.writes = 0
         self.changes = 0
+        self.gate: anyio.Event | None = None
+        self.waiting = 0
 
     async def eventhubs_checkpoints(
         self, container: str, prefix: str
@@ -230,6 +274,9 @@ class MemoryBlobs:
     ) -> str:
         if self.fail is not None:
             raise self.fail
+        if self.gate is not None:
+            self.waiting += 1
+            await self.gate.wait()
         if self.versions.get((container, name)) != version:
             raise VersionConflict(f"memory: {name} changed since it was listed")
         self.writes += 1
@@ -298,6 +345,107 @@ async def test_checkpointer_writes_durable_positions_and_never_lowers_them() -> 
     assert blobs.numbers() == {f"{group}/0": 39, f"{group}/1": 500, f"{group}/2": 41}
     # partition 1 (behind the stored 500) is counted at each of the 3 passes, then 3 more
     assert value(metrics, "checkpoint_sidecar_eventhubs_partitions_skipped_total") == 6
+
+
+REWOUND_BY = "reset from batch 3 to batch 1 by t; reason: bad deploy"
+CHECKPOINTS = "checkpoint_sidecar_eventhubs_checkpoints_total"
+
+
+async def test_a_rewind_lowers_the_checkpoints_on_purpose_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    blobs, metrics = MemoryBlobs(), Metrics()
+    writer = EventHubsCheckpointer(config(), metrics, blobs)
+    group = f"{STORED_AS}/telemetry/spark-telemetry-to-delta/checkpoint"
+    writer.durable(durable(QID, 3, partitions=2, per_partition=10))  # ends 40, 41
+    await writer.final_commit()
+    assert blobs.numbers() == {f"{group}/0": 39, f"{group}/1": 40}
+
+    writer.durable(durable(QID, 1, partitions=2, per_partition=10), rewind=REWOUND_BY)
+    await writer.final_commit()
+    assert blobs.numbers() == {f"{group}/0": 19, f"{group}/1": 20}  # lowered
+    assert value(metrics, CHECKPOINTS, result="rewound") == 1
+    assert value(metrics, CHECKPOINTS, result="regressed") == 0
+    (line,) = [r.getMessage() for r in caplog.records if "on purpose" in r.getMessage()]
+    assert line == (
+        "eventhubs group=spark-telemetry-to-delta query=telemetry-to-delta batch=1: "
+        "2 partition(s) lowered on purpose, a deliberate rewind (reset from batch 3 to batch 1 "
+        "by t; reason: bad deploy): telemetry-0: 39 -> 19, telemetry-1: 40 -> 20"
+    )
+    assert writer.behind() == []
+
+    # Afterwards, never backwards again but on purpose: an older batch is refused.
+    writer.durable(durable(QID, 0, partitions=2, per_partition=10))
+    await writer.final_commit()
+    assert blobs.numbers() == {f"{group}/0": 19, f"{group}/1": 20}
+    assert value(metrics, CHECKPOINTS, result="regressed") == 1
+    assert value(metrics, CHECKPOINTS, result="rewound") == 1
+
+
+async def test_a_rewind_to_nothing_processed_keeps_that_checkpoint_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    blobs, metrics = MemoryBlobs(), Metrics()
+    writer = EventHubsCheckpointer(config(), metrics, blobs)
+    group = f"{STORED_AS}/telemetry/spark-telemetry-to-delta/checkpoint"
+    writer.durable(durable(QID, 3, partitions=1, per_partition=10))
+    await writer.final_commit()
+    at_zero = durable(QID, 0, partitions=1, per_partition=0)  # end 0: nothing processed
+    writer.durable(at_zero, rewind=REWOUND_BY)
+    await writer.final_commit()
+    assert blobs.numbers() == {f"{group}/0": 39}
+    assert value(metrics, CHECKPOINTS, result="rewound") == 0  # nothing was lowered
+    (line,) = [r.getMessage() for r in caplog.records if "on purpose" in r.getMessage()]
+    assert "0 partition(s) lowered on purpose" in line
+    assert "1 partition(s) not lowered, nothing processed at the target" in line
+    assert line.endswith("telemetry-0: 39")
+
+
+async def test_a_rewind_is_not_undone_by_a_write_in_flight_before_it() -> None:
+    blobs, metrics = MemoryBlobs(), Metrics()
+    writer = EventHubsCheckpointer(config(), metrics, blobs)
+    group = f"{STORED_AS}/telemetry/spark-telemetry-to-delta/checkpoint"
+    writer.durable(durable(QID, 1, partitions=1, per_partition=10))
+    await writer.final_commit()
+    blobs.gate = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        await tg.start(writer.run)
+        writer.durable(durable(QID, 5, partitions=1, per_partition=10))
+        await eventually(lambda: blobs.waiting == 1)  # batch 5's write is in flight
+        # The reset lands meanwhile (to batch 3), and the query's next batch after it (4).
+        writer.durable(durable(QID, 3, partitions=1, per_partition=10), rewind=REWOUND_BY)
+        writer.durable(durable(QID, 4, partitions=1, per_partition=10))
+        gate, blobs.gate = blobs.gate, None
+        gate.set()  # batch 5 lands (its version still matches) ...
+        # ... and the rewind, carried by batch 4's positions, lowers it again.
+        await eventually(lambda: blobs.numbers() == {f"{group}/0": 49} and not writer.behind())
+        assert value(metrics, CHECKPOINTS, result="rewound") == 1
+        await writer.stop_loop()
+        tg.cancel_scope.cancel()
+    assert blobs.numbers() == {f"{group}/0": 49}
+
+
+async def test_positions_another_writer_lowered_are_not_raised_again_by_the_same_batch() -> None:
+    blobs, metrics = MemoryBlobs(), Metrics()
+    writer = EventHubsCheckpointer(config(), metrics, blobs)
+    group = f"{STORED_AS}/telemetry/spark-telemetry-to-delta/checkpoint"
+    writer.durable(durable(QID, 3, partitions=2, per_partition=10))
+    await writer.final_commit()
+    # This daemon lost the query; its new owner reset it to batch 1 (lowered both) while a
+    # write of this one's batch 5 was failing: retried, it lists again and finds them lower.
+    blobs.fail = StoreUnavailable("store down", reason="503 ServerBusy")
+    writer.durable(durable(QID, 5, partitions=2, per_partition=10))
+    await writer.final_commit()
+    for p in (0, 1):
+        blobs.put("checkpoints", f"{group}/{p}", {"sequencenumber": "19", "offset": ""})
+    blobs.fail = None
+    await writer.final_commit()
+    assert blobs.numbers() == {f"{group}/0": 19, f"{group}/1": 19}  # not raised back to 59
+    assert writer.behind() == []
+    # A batch made durable after that (this daemon holds the query again) moves them.
+    writer.durable(durable(QID, 6, partitions=2, per_partition=10))
+    await writer.final_commit()
+    assert blobs.numbers() == {f"{group}/0": 69, f"{group}/1": 70}
 
 
 async def test_checkpointer_failures_are_counted_backed_off_and_retried(

@@ -30,7 +30,7 @@ PACKAGES: dict[str, set[str]] = {
     "kafka": {"model", "telemetry"},
     "eventhubs": {"model", "telemetry"},  # the store through a protocol only
     "snapshot": {"model"},  # the store through a protocol only
-    "ops": {"wire", "model", "buffer", "store", "kafka", "snapshot"},
+    "ops": {"wire", "model", "buffer", "store", "kafka", "eventhubs", "snapshot"},
     "daemon": {"ingest", "flush", "kafka", "eventhubs", "ops", "buffer", "store", "telemetry"}
     | {"wire", "model", "snapshot"},
     "cli": {"daemon", "ops", "kafka", "eventhubs", "flush", "ingest", "store", "buffer"}
