@@ -961,6 +961,19 @@ def analyse(
         if (c := phases[n].client) is not None:
             for at, ms in zip(c["scheduled_at"], c["latencies_ms"], strict=True):
                 (during if overlapping(spans, at, at + ms / 1000) else between).append(ms / 1000)
+    # Snapshots run right after Spark's batches, when the cores are busiest: acks while a Spark
+    # batch runs and while none does, with snapshots on and off, tell the two apart.
+    busy = [(p["start"], p["start"] + p["trigger_ms"] / 1000) for p in progress
+            if p["trigger_ms"] is not None]  # fmt: skip
+    by_spark: dict[str, dict[str, list[float]]] = {}
+    for kind, names in (("on", on_windows), ("off", off_windows)):
+        split: dict[str, list[float]] = {"spark_running": [], "spark_idle": []}
+        for n in names:
+            if (c := phases[n].client) is not None:
+                for at, ms in zip(c["scheduled_at"], c["latencies_ms"], strict=True):
+                    running = overlapping(busy, at, at + ms / 1000)
+                    split["spark_running" if running else "spark_idle"].append(ms / 1000)
+        by_spark[kind] = split
     cores_on = [phases[n].cores.get("daemon") for n in on_windows]
     cores_off = [phases[n].cores.get("daemon") for n in off_windows]
     snaps_on = on_off["sidecar_in_on_windows"]["snapshots"]
@@ -970,6 +983,8 @@ def analyse(
     on_off["why"] = {
         "acks_during_a_snapshot": latency_summary_ms(during),
         "acks_between_snapshots": latency_summary_ms(between),
+        "acks_by_spark": {f"{kind}_{k}": latency_summary_ms(v)
+                          for kind, split in by_spark.items() for k, v in split.items()},
         "share_of_time_in_snapshots": round(
             sum(min(b, phases[n].end) - max(a, phases[n].start) for n in on_windows
                 for a, b in spans if a < phases[n].end and b > phases[n].start) / secs_on, 3),
@@ -1134,6 +1149,8 @@ def show(report: Report) -> None:
           f"{why['acks_between_snapshots']}; {why['share_of_time_in_snapshots']} of the time in "
           f"snapshots; daemon cores on/off {why['daemon_cores_on_off']}, "
           f"~{why['daemon_cpu_ms_per_snapshot']} ms CPU per snapshot")  # fmt: skip
+    for key, lat in why["acks_by_spark"].items():
+        print(f"    acks {key}: {lat}")
     b = report["bytes"]
     print(f"  bytes uploaded / new: {b['uploaded_per_new_byte']} over {b['after_first']} "
           f"snapshots; index bytes {b['index_bytes']}; duplicates {b['duplicate_bytes']} B; "
