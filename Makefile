@@ -56,6 +56,7 @@ bench: setup
 	$(PY) bench/restart.py
 	$(PY) bench/fleet.py
 	$(PY) bench/footprint.py
+	$(PY) bench/snapshots.py
 
 ## The container image checkpoint-sidecar:<version>: docker when its daemon answers, else
 ## podman (installed from apt when missing); local Debian bases when no registry answers.

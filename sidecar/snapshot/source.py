@@ -194,6 +194,13 @@ class LocalSource:
         self.max_depth = max_depth
         self.chunk_bytes = chunk_bytes
 
+    def __str__(self) -> str:
+        """The root's path: what the daemon's log lines name (``root %s``, ``under %s``)."""
+        return str(self.root)
+
+    def __repr__(self) -> str:
+        return f"LocalSource({str(self.root)!r})"
+
     def _dir(self, location: str) -> Path:
         return self.root / _relative(location) if location else self.root
 

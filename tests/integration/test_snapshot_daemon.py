@@ -74,6 +74,8 @@ def test_each_committed_batch_is_snapshotted_restored_and_the_checkpoint_moves_w
         "SIDECAR_ADMIN_QUIET_S": "0",
     }
     daemon = started(env, tmp_path / "daemon.log", procs)
+    wait_for(lambda: "checkpoint snapshots on" in daemon.log(), 30, "the snapshot loop's start")
+    assert f"checkpoint snapshots on: root {root}, keeping 10 per query" in daemon.log()
     for _ in range(4):
         commit(daemon, ck)
         last = ck.next_batch - 1

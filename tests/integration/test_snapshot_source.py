@@ -61,6 +61,13 @@ def same_bytes(a: Path, b: Path) -> bool:
     return a.read_bytes() == b.read_bytes()
 
 
+def test_a_source_is_shown_as_its_root(tmp_path: Path) -> None:
+    # What the daemon's log lines name ("checkpoint snapshots on: root <path>"), not an object.
+    source = LocalSource(tmp_path)
+    assert str(source) == str(tmp_path) and f"{source}" == str(tmp_path)
+    assert repr(source) == f"LocalSource({str(tmp_path)!r})"
+
+
 async def test_locations_are_found_by_their_metadata_within_the_depth(tmp_path: Path) -> None:
     checkpoint(tmp_path / "app1" / "orders", QUERY_A)
     checkpoint(tmp_path / "app2" / "team" / "payments", QUERY_B)
