@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from sidecar.backoff import spread
@@ -365,5 +366,32 @@ def snapshot_traffic(
             "requests_per_snapshot": growth.dir_files,
             "requests_per_s": round(snapshots * growth.dir_files, 2),
             "bytes_per_s": round(snapshots * growth.dir_bytes),
+        },
+    }
+
+
+def snapshot_fleet(
+    growth: CheckpointGrowth, queries: int, batches_per_s: float, drivers: int
+) -> dict[str, Any]:
+    """:func:`snapshot_traffic` of one sidecar, and of ``drivers`` sidecars sharing one storage
+    account: each way of copying against the account's request rate and its ingress."""
+    traffic = snapshot_traffic(growth, queries, batches_per_s)
+    return {
+        "growth": asdict(growth),
+        "queries_per_sidecar": queries,
+        "batches_per_s_per_query": batches_per_s,
+        "per_sidecar": traffic,
+        "drivers": drivers,
+        "requests": {
+            how: extrapolate(t["requests_per_s"], drivers, STORAGE_ACCOUNT)
+            for how, t in traffic.items()
+        },
+        "ingress": {
+            how: extrapolate(t["bytes_per_s"], drivers, ACCOUNT_INGRESS)
+            for how, t in traffic.items()
+        },
+        "limits": {
+            "requests": asdict(STORAGE_ACCOUNT),
+            "ingress_bytes": asdict(ACCOUNT_INGRESS),
         },
     }

@@ -96,6 +96,7 @@ import anyio.to_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
 from bench.common import BenchError, Report, bench_main, cpu_seconds, environment
+from bench.fleetmodel import CheckpointGrowth, snapshot_fleet
 from bench.snapshot_store import CONTAINER, restores, sdk_download
 from bench.snapshotstats import (
     IndexFacts,
@@ -882,6 +883,20 @@ def analyse(
                             if info["snapshots"]},
     }  # fmt: skip
 
+    # The fleet model (bench/fleetmodel.py) with this run's growth per batch: one sidecar's
+    # queries and 1,000 sidecars against one storage account, each way of copying.
+    full_copy = per_phase.get("side-by-side", {}).get("full_copy")
+    growth = CheckpointGrowth(
+        label=f"{plan.keys:,} keys, {plan.rows:,} rows per batch, {plan.partitions} partitions, "
+        "RocksDB with changelogs (measured by bench/snapshots.py)",
+        new_files=median([r["new_files"] for r in later] or [0]),
+        new_bytes=median([r["new_bytes"] for r in later] or [0]),
+        dir_files=int(full_copy["requests_per_copy"]["p50"] or 0) if full_copy else 0,
+        dir_bytes=float(full_copy["bytes_per_copy"]["p50"] or 0) if full_copy else 0.0,
+        index_bytes=median([r["index_bytes"] for r in later if r["index_bytes"]] or [0]),
+    )
+    fleet = snapshot_fleet(growth, plan.queries, 1 / plan.trigger_s, drivers=1000)
+
     # Restarts: every process after the first with snapshots started over what an earlier one
     # stored; the last one is the explicit on → on restart.
     on_processes = [label for label, info in bench.processes.items() if info["snapshots"]]
@@ -1052,6 +1067,7 @@ def analyse(
         "on_over_off": on_off,
         "phases": per_phase,
         "bytes": bytes_report,
+        "fleet": fleet,
         "restart": restart,
         "restore": restore,
         "snapshots": [{k: v for k, v in r.items() if k != "snapshot"} for r in rows],
@@ -1160,6 +1176,13 @@ def show(report: Report) -> None:
         print(f"  restart ({kind}): {r['snapshots']} snapshots, uploaded {r['uploaded_bytes']:,} "
               f"B for {r['new_file_bytes']:,} B new ({r['uploaded_per_new_byte']}), "
               f"duplicates {r['duplicate_bytes']} B")  # fmt: skip
+    f = report["fleet"]
+    for how, t in f["per_sidecar"].items():
+        req, ing = f["requests"][how], f["ingress"][how]
+        print(f"  fleet ({how}): {t['requests_per_s']:,} requests/s and "
+              f"{t['bytes_per_s'] / 1e6:,.2f} MB/s per sidecar; one account carries "
+              f"{req['sidecars_per_unit']:,} sidecars by requests, {ing['sidecars_per_unit']:,} "
+              f"by ingress")  # fmt: skip
     for kind, res in report["restore"].items():
         print(f"  restore ({kind}): {res['bytes'] / MiB:.0f} MiB in {res['files']} files: "
               f"{res['restore_mib_s']} vs SDK {res['sdk_download_mib_s']} MiB/s "

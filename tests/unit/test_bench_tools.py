@@ -168,6 +168,7 @@ from bench.fleetmodel import (  # noqa: E402
     per_second,
     script_shas,
     sent_key,
+    snapshot_fleet,
     snapshot_traffic,
 )
 
@@ -314,3 +315,18 @@ def test_snapshot_traffic_against_a_file_by_file_and_a_full_copy() -> None:
     assert sidecar["bytes_per_s"] == 10 * (2e6 + 10_000)
     assert files == {"requests_per_snapshot": 81, "requests_per_s": 810, "bytes_per_s": 20e6}
     assert full == {"requests_per_snapshot": 3000, "requests_per_s": 30_000, "bytes_per_s": 800e6}
+
+
+def test_snapshot_fleet_puts_each_way_of_copying_against_one_account() -> None:
+    growth = CheckpointGrowth("test", new_files=80, new_bytes=2e6, dir_files=3000,
+                              dir_bytes=80e6, index_bytes=10_000)  # fmt: skip
+    out = snapshot_fleet(growth, queries=10, batches_per_s=1, drivers=1000)
+    # requests: 40.1/s per sidecar, 40,100/s for 1,000 against 20,000/s: 3 accounts
+    assert out["requests"]["sidecar"]["fleet_per_s"] == 40_100
+    assert out["requests"]["sidecar"]["units_needed"] == 3
+    assert out["requests"]["sidecar"]["sidecars_per_unit"] == 498
+    # a full copy per batch: 30,000 Put Blob/s per sidecar, 24 Gbit/s each
+    assert out["requests"]["full copy"]["sidecars_per_unit"] == 0
+    assert out["ingress"]["full copy"]["sidecars_per_unit"] == 3  # 800 MB/s of 3.125 GB/s
+    assert out["ingress"]["sidecar"]["sidecars_per_unit"] == 155  # 20.1 MB/s each
+    assert out["per_sidecar"]["file by file"]["requests_per_s"] == 810
