@@ -1,8 +1,5 @@
 # The README's commands. Each target installs what it needs first (scripts/setup.sh).
 PY := .venv/bin/python
-# PySpark 3.5: the second environment the Spark tests run in (scripts/setup.sh).
-PY35 := .venv-spark35/bin/python
-SUBSET := $(if $(strip $(PYTEST_ARGS)),yes,no)
 
 .PHONY: setup jar test simulate run demo bench lint image quickstart-test dist lock docs clean
 
@@ -13,17 +10,10 @@ setup:
 jar: setup
 
 ## Run the test suite against real redis-server and Azurite (started by the tests), with
-## PySpark 4; then the Spark tests that are not PySpark-4-only again with PySpark 3.5.
-## pytest's exit code 5 (no test collected) fails the 3.5 run: the markers would be wrong.
-## Only when PYTEST_ARGS picks a subset may that subset hold no test for PySpark 3.5.
+## PySpark 4; then the Spark tests that are not PySpark-4-only again with PySpark 3.5; beside
+## them, the flush simulation's deep pass (1,500 examples, time-limited): scripts/test.sh.
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
-	$(PY35) -m pytest -m "spark and not spark4" $(PYTEST_ARGS) || { rc=$$?; \
-	    if [ $$rc -eq 5 ] && [ "$(SUBSET)" = yes ]; then \
-	        echo "[test] PYTEST_ARGS selects no Spark test that runs on PySpark 3.5"; exit 0; \
-	    elif [ $$rc -eq 5 ]; then \
-	        echo "[test] no test ran on PySpark 3.5 (exit 5): check the spark/spark4 markers" >&2; \
-	    fi; exit $$rc; }
+	@bash scripts/test.sh
 
 ## The flush simulation (tests/unit/test_flush_simulation.py) far deeper than `make test` runs
 ## it: SIMULATION_EXAMPLES examples (default 5000; `make test` runs 150).
