@@ -5,18 +5,24 @@
 - **Refuses** a ``dest`` that holds anything unless ``force`` (its content is then replaced,
   only once the snapshot is written and verified), and an index whose paths would leave
   ``dest`` (absolute, ``..``).
-- **Checks first** that every pack the index names is stored and large enough (one listing):
-  a missing one fails at once, naming the pack and a file in it, before anything is written.
+- **Checks** that every pack the index names is stored and large enough (one listing, run
+  beside the first downloads): a missing or short one fails the restore, naming the pack and a
+  file in it; a read that finds a pack gone waits for the listing, so the error says the same
+  whichever answers first.
 - **Downloads in parallel** (``concurrency`` ranged reads at once): the contents of one pack
   that lie close together (at most :data:`RANGE_GAP_BYTES` apart) are read in one request of
-  up to :data:`RANGE_MAX_BYTES`; a larger content is streamed in slices of that size. Ranges
-  are hashed and written in worker threads while the next ones download; memory stays about
+  up to :data:`RANGE_MAX_BYTES`; a larger content in slices of that size that any worker may
+  take, each written at its offset as it lands and hashed in order (a slice that lands ahead
+  of its turn is read back from the file when its turn comes). Ranges are hashed and written
+  in worker threads while the next ones download; memory stays about
   ``2 * concurrency * RANGE_MAX_BYTES`` whatever the checkpoint's size. A content several
   files share is read once.
 - **Verifies** every file's size and SHA-256 against the index as it is written; a mismatch
   fails the restore (``RestoreError``, reason ``checksum``, naming the file and the pack).
 - **Never leaves a half-written checkpoint in place**: files go to a temporary directory
-  beside ``dest`` (``.<name>.restore-<id>``), renamed into place once all are verified. When
+  beside ``dest`` (``.<name>.restore-<id>``), renamed into place once all are verified and
+  durable (each file's data synced as it is written, every directory of the tree before the
+  move, the parent after it: a power loss never leaves a checkpoint of empty files). When
   ``dest`` is a mount point (an init container's volume), the temporary directory is inside it
   and its entries are moved into place at the end, ``metadata`` last: until then ``dest`` is
   no query's checkpoint location. A failure removes the temporary directory; one a killed
@@ -28,15 +34,17 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Literal
 
 import anyio
 import anyio.abc
@@ -115,12 +123,14 @@ class _Content(msgspec.Struct):
 
 
 class _Read(msgspec.Struct):
-    """One ranged request (or, for a content larger than a range, one content in slices)."""
+    """One ranged request: whole contents of one pack, or (``sliced``) one slice of a content
+    larger than a range (``contents`` is that content alone)."""
 
     pack: str
     start: int
     length: int
     contents: list[_Content]
+    sliced: bool = False
 
 
 def plan_reads(
@@ -129,7 +139,9 @@ def plan_reads(
     max_bytes: int = RANGE_MAX_BYTES,
     gap_bytes: int = RANGE_GAP_BYTES,
 ) -> list[_Read]:
-    """The ranged reads that fetch every non-empty file of ``index``, largest first. Pure."""
+    """The ranged reads that fetch every non-empty file of ``index``, largest first: a content
+    larger than ``max_bytes`` in slices of that size, in order (any worker may take one); the
+    others, together when they lie close in a pack. Pure."""
     by_pack: dict[str, dict[int, _Content]] = {}
     for f in index.files:
         if not f.size:
@@ -144,6 +156,12 @@ def plan_reads(
         current: _Read | None = None
         for offset in sorted(contents):
             content = contents[offset]
+            if content.size > max_bytes:
+                for part in range(0, content.size, max_bytes):
+                    length = min(max_bytes, content.size - part)
+                    reads.append(_Read(pack, offset + part, length, [content], sliced=True))
+                current = None
+                continue
             if current is not None:
                 end = current.start + current.length
                 joined = offset + content.size - current.start
@@ -153,7 +171,8 @@ def plan_reads(
                     continue
             current = _Read(pack, offset, content.size, [content])
             reads.append(current)
-    reads.sort(key=lambda r: -r.length)
+    # Stable: a content's slices stay in order, one after the other.
+    reads.sort(key=lambda r: -(r.contents[0].size if r.sliced else r.length))
     return reads
 
 
@@ -197,14 +216,56 @@ def _make_dirs(temp: Path, paths: list[str]) -> None:
         (temp / directory).mkdir(parents=True, exist_ok=True)
 
 
-def _write_whole(targets: list[Path], data: bytes | memoryview) -> None:
+#: ``fdatasync`` where there is one (not on macOS): a new file's data and size on disk.
+_sync_data: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
+
+
+def _write_all(fd: int, data: bytes | memoryview, at: int) -> None:
+    view = memoryview(data)
+    while view:
+        done = os.pwrite(fd, view, at)
+        view, at = view[done:], at + done
+
+
+def _write_durably(target: Path, data: bytes | memoryview) -> None:
+    """``data`` as the new file ``target``, on disk when this returns."""
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        _write_all(fd, data, 0)
+        _sync_data(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_empty(targets: list[Path]) -> None:
     for target in targets:
-        with open(target, "wb") as out:
-            out.write(data)
+        _write_durably(target, b"")
+
+
+def _sync_dir(directory: Path) -> None:
+    """Make ``directory``'s entries durable (the files and directories made or renamed in it)."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        # Some network and FUSE file systems refuse fsync on a directory; their entries are
+        # written through by the server.
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(top: Path) -> None:
+    """Make every directory's entries under ``top`` (and its own) durable: ~0.05 s for the
+    ~330 directories of a 1 GiB checkpoint here, once the files are synced."""
+    for directory, _, _ in os.walk(top):
+        _sync_dir(Path(directory))
 
 
 def _place(temp: Path, dest: Path, mount: bool, token: str) -> None:
-    """Move the restored tree into place (see the module docstring)."""
+    """Move the restored tree, durable already, into place (see the module docstring)."""
+    _sync_tree(temp)
     if mount:
         for entry in list(dest.iterdir()):
             if entry != temp:
@@ -214,16 +275,21 @@ def _place(temp: Path, dest: Path, mount: bool, token: str) -> None:
                     entry.unlink()
         names = sorted(os.listdir(temp), key=lambda n: n == LAST_FILE)
         for name in names:
+            if name == LAST_FILE:
+                _sync_dir(dest)  # everything else is in place before metadata is
             os.rename(temp / name, dest / name)
         temp.rmdir()
+        _sync_dir(dest)
         return
     if dest.exists():
         aside = dest.parent / f".{dest.name}.restore-{token}-old"
         os.rename(dest, aside)
         os.rename(temp, dest)
+        _sync_dir(dest.parent)
         shutil.rmtree(aside, ignore_errors=True)
     else:
         os.rename(temp, dest)
+        _sync_dir(dest.parent)
 
 
 async def restore(
@@ -234,9 +300,10 @@ async def restore(
     *,
     force: bool = False,
     concurrency: int = DEFAULT_CONCURRENCY,
+    range_bytes: int = RANGE_MAX_BYTES,
 ) -> RestoreResult:
     """Write the snapshot ``index`` as a checkpoint directory at ``dest`` (see the module
-    docstring).
+    docstring); ``range_bytes``: one ranged read's bytes at most.
 
     Raises:
         RestoreError: ``not_empty`` (``dest`` holds something and ``force`` is not given),
@@ -255,32 +322,50 @@ async def restore(
                 reason="unsafe_path",
                 path=f.path,
             )
-    await _check_packs(index, counted, namespace)
 
     token = new_id()
     temp, mount = await anyio.to_thread.run_sync(_prepare, dest, force, token)
     downloaded = 0
+    sliced: dict[tuple[str, int], _Sliced] = {}
     try:
-        paths = [f.path for f in index.files]
-        await anyio.to_thread.run_sync(_make_dirs, temp, paths)
-        empty = [temp / f.path for f in index.files if not f.size]
-        await anyio.to_thread.run_sync(_write_whole, empty, b"")
-        reads = plan_reads(index)
+        reads = plan_reads(index, max_bytes=range_bytes)
         queue: Iterator[_Read] = iter(reads)
+        checked = anyio.Event()
+        try:
+            with first_error():
+                async with anyio.create_task_group() as tg:
+                    # The listing runs beside the first downloads (it is a serial second
+                    # before them otherwise, at 1 GiB here); a missing or short pack fails
+                    # the restore when it answers, and a read that finds one waits for it.
+                    tg.start_soon(_check_packs, index, counted, namespace, checked)
+                    paths = [f.path for f in index.files]
+                    await anyio.to_thread.run_sync(_make_dirs, temp, paths)
+                    empty = [temp / f.path for f in index.files if not f.size]
+                    await anyio.to_thread.run_sync(_write_empty, empty)
+                    writer = _Writer(tg, concurrency)
 
-        with first_error():
-            async with anyio.create_task_group() as tg:
-                writer = _Writer(tg, concurrency)
+                    async def worker() -> None:
+                        nonlocal downloaded
+                        for read in queue:
+                            name = pack_name(namespace, index.query_id, read.pack)
+                            data = await _ranged(counted, name, read.start, read.length, checked)
+                            downloaded += read.length
+                            if read.sliced:
+                                content = read.contents[0]
+                                key = (read.pack, content.offset)
+                                if key not in sliced:
+                                    sliced[key] = _Sliced(content, temp / content.paths[0])
+                                at = read.start - content.offset
+                                job = partial(_land, sliced[key], at, data, name, temp)
+                            else:
+                                job = partial(_verify_and_write, read, data, name, temp)
+                            await writer.submit(job)
 
-                async def worker() -> None:
-                    nonlocal downloaded
-                    for read in queue:
-                        downloaded += await _fetch(
-                            read, counted, namespace, index.query_id, temp, writer
-                        )
-
-                for _ in range(max(1, min(concurrency, len(reads)))):
-                    tg.start_soon(worker)
+                    for _ in range(max(1, min(concurrency, len(reads)))):
+                        tg.start_soon(worker)
+        finally:
+            for state in sliced.values():
+                state.close()
         await anyio.to_thread.run_sync(_place, temp, dest, mount, token)
     except BaseException:
         with anyio.CancelScope(shield=True):
@@ -312,86 +397,64 @@ async def restore(
     return result
 
 
-async def _check_packs(index: SnapshotIndex, blobs: SnapshotStore, namespace: str) -> None:
-    """Every pack the index uses is listed, at least as long as its contents need."""
+async def _check_packs(
+    index: SnapshotIndex, blobs: SnapshotStore, namespace: str, checked: anyio.Event
+) -> None:
+    """Every pack the index uses is listed, at least as long as its contents need; then
+    ``checked`` is set."""
     needed: dict[str, tuple[int, str]] = {}
     for f in index.files:
         if f.size:
             end = f.offset + f.size
             if end > needed.get(f.pack, (0, ""))[0]:
                 needed[f.pack] = (end, f.path)
-    if not needed:
-        return
-    base = f"{prefix(namespace, index.query_id)}packs/"
-    listed = await retried("list packs", lambda: blobs.list(base))
-    sizes = {blob.name: blob.size for blob in listed}
-    for pack, (end, path) in sorted(needed.items()):
-        name = pack_name(namespace, index.query_id, pack)
-        size = sizes.get(name)
-        if size is None or size < end:
-            found = "is not stored" if size is None else f"holds {size} bytes, not {end}"
-            raise RestoreError(
-                f"pack {name} {found}: snapshot {index.id} of batch {index.batch} cannot be "
-                f"restored ({path} and others are in it). It was deleted or damaged; restore "
-                "another snapshot (--batch)",
-                reason="missing_blob",
-                blob=name,
-                path=path,
-            )
+    if needed:
+        base = f"{prefix(namespace, index.query_id)}packs/"
+        listed = await retried("list packs", lambda: blobs.list(base))
+        sizes = {blob.name: blob.size for blob in listed}
+        for pack, (end, path) in sorted(needed.items()):
+            name = pack_name(namespace, index.query_id, pack)
+            size = sizes.get(name)
+            if size is None or size < end:
+                found = "is not stored" if size is None else f"holds {size} bytes, not {end}"
+                raise RestoreError(
+                    f"pack {name} {found}: snapshot {index.id} of batch {index.batch} cannot "
+                    f"be restored ({path} and others are in it). It was deleted or damaged; "
+                    "restore another snapshot (--batch)",
+                    reason="missing_blob",
+                    blob=name,
+                    path=path,
+                )
+    checked.set()
 
 
-async def _fetch(
-    read: _Read,
-    blobs: SnapshotStore,
-    namespace: str,
-    query_id: str,
-    temp: Path,
-    writer: _Writer,
-) -> int:
-    """Download one read, verify and write its files; the bytes downloaded."""
-    name = pack_name(namespace, query_id, read.pack)
-
-    async def ranged(start: int, length: int) -> bytes:
-        try:
-            data = await retried(f"read {name}", partial(blobs.read_range, name, start, length))
-        except SidecarError as exc:
-            if exc.retriable:
-                raise
-            raise RestoreError(
-                f"pack {name} could not be read ({exc}): it was deleted since the restore "
-                "began, or the store refuses it",
-                reason="store",
-                blob=name,
-            ) from exc
-        if len(data) != length:
-            raise RestoreError(
-                f"pack {name} returned {len(data)} bytes at {start}, not {length}: it is "
-                "shorter than the snapshot says (damaged)",
-                reason="missing_blob",
-                blob=name,
-            )
-        return data
-
-    if len(read.contents) == 1 and read.length > RANGE_MAX_BYTES:
-        content = read.contents[0]
-        target = temp / content.paths[0]
-        out: BinaryIO = await anyio.to_thread.run_sync(target.open, "wb")
-        try:
-            digest = hashlib.sha256()
-            for at in range(0, read.length, RANGE_MAX_BYTES):
-                piece = await ranged(read.start + at, min(RANGE_MAX_BYTES, read.length - at))
-                await anyio.to_thread.run_sync(digest.update, piece)
-                await anyio.to_thread.run_sync(out.write, piece)
-        finally:
-            await anyio.to_thread.run_sync(out.close)
-        _verify(content, digest.digest(), name)
-        for other in content.paths[1:]:
-            await anyio.to_thread.run_sync(shutil.copyfile, target, temp / other)
-        return read.length
-
-    data = await ranged(read.start, read.length)
-    await writer.submit(partial(_verify_and_write, read, data, name, temp))
-    return read.length
+async def _ranged(
+    blobs: SnapshotStore, name: str, start: int, length: int, checked: anyio.Event
+) -> bytes:
+    """``length`` bytes of the pack ``name`` from ``start``, retried. A pack that cannot be
+    read, or is short, fails the restore as the listing says when it says so (missing or
+    short: ``missing_blob``), else ``store`` or ``missing_blob`` here."""
+    try:
+        data = await retried(f"read {name}", partial(blobs.read_range, name, start, length))
+    except SidecarError as exc:
+        if exc.retriable:
+            raise
+        await checked.wait()
+        raise RestoreError(
+            f"pack {name} could not be read ({exc}): it was deleted since the restore "
+            "began, or the store refuses it",
+            reason="store",
+            blob=name,
+        ) from exc
+    if len(data) != length:
+        await checked.wait()
+        raise RestoreError(
+            f"pack {name} returned {len(data)} bytes at {start}, not {length}: it is "
+            "shorter than the snapshot says (damaged)",
+            reason="missing_blob",
+            blob=name,
+        )
+    return data
 
 
 class _Writer:
@@ -427,11 +490,87 @@ def _verify(content: _Content, sha: bytes, blob: str) -> None:
 
 
 def _verify_and_write(read: _Read, data: bytes, blob: str, temp: Path) -> None:
+    """A worker thread's job: each content of ``read`` checked, then written (each of its
+    files, durably)."""
     view = memoryview(data)
     for content in read.contents:
         piece = view[content.offset - read.start : content.offset - read.start + content.size]
         _verify(content, hashlib.sha256(piece).digest(), blob)
-        _write_whole([temp / p for p in content.paths], piece)
+        for path in content.paths:
+            _write_durably(temp / path, piece)
+
+
+class _Sliced:
+    """A content larger than a range, restored from slices that any worker downloads: each
+    written at its offset as it lands (``pwrite``, in worker threads), the hash fed in order.
+    A slice that lands before those ahead of it is read back from the file when its turn
+    comes, so none is held in memory for long whatever the file's size."""
+
+    def __init__(self, content: _Content, target: Path) -> None:
+        self.content = content
+        self.target = target
+        self.lock = threading.Lock()
+        self.fd: int | None = None
+        self.digest = hashlib.sha256()
+        #: Bytes hashed from the content's start; slices landed beyond them, by offset.
+        self.hashed = 0
+        self.landed: dict[int, int] = {}
+        self.written = 0
+
+    def land(self, at: int, data: bytes) -> bool:
+        """Write ``data`` at ``at`` of the content and hash what is in order; whether the
+        whole content is written and hashed."""
+        with self.lock:
+            if self.fd is None:
+                self.fd = os.open(self.target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
+            fd = self.fd
+        _write_all(fd, data, at)
+        with self.lock:
+            self.written += len(data)
+            if at != self.hashed:
+                self.landed[at] = len(data)
+            else:
+                self.digest.update(data)
+                self.hashed += len(data)
+                while self.hashed in self.landed:
+                    self.hashed = self._hash_back(fd, self.hashed, self.landed.pop(self.hashed))
+            return self.written == self.content.size
+
+    def _hash_back(self, fd: int, at: int, length: int) -> int:
+        end = at + length
+        while at < end:
+            piece = os.pread(fd, min(end - at, 1024 * 1024), at)
+            if not piece:
+                raise OSError(errno.EIO, f"{self.target} is shorter than what was written to it")
+            self.digest.update(piece)
+            at += len(piece)
+        return at
+
+    def finish(self, blob: str, temp: Path) -> None:
+        """The whole content is written: on disk, checked, copied to its other paths."""
+        assert self.fd is not None and self.hashed == self.content.size
+        _sync_data(self.fd)
+        self.close()
+        _verify(self.content, self.digest.digest(), blob)
+        for other in self.content.paths[1:]:
+            shutil.copyfile(self.target, temp / other)
+            fd = os.open(temp / other, os.O_RDONLY)
+            try:
+                _sync_data(fd)
+            finally:
+                os.close(fd)
+
+    def close(self) -> None:
+        with self.lock:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+
+
+def _land(state: _Sliced, at: int, data: bytes, blob: str, temp: Path) -> None:
+    """A worker thread's job: one slice of a large content."""
+    if state.land(at, data):
+        state.finish(blob, temp)
 
 
 async def list_snapshots(

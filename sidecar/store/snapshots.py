@@ -159,7 +159,8 @@ class SnapshotBlobs:
                 return None
 
     async def read_range(self, name: str, offset: int, length: int) -> bytes:
-        """``length`` bytes of ``name`` from ``offset`` (one ranged Get Blob).
+        """``length`` bytes of ``name`` from ``offset`` (one ranged Get Blob up to 32 MiB, the
+        SDK's single-request size; up to 4 MiB, its chunk size, the bytes come back uncopied).
 
         Raises:
             SidecarError: the store's errors; a missing blob is a ``StoreError`` naming it.
@@ -167,8 +168,10 @@ class SnapshotBlobs:
         self._count("read")
         async with self._store._call("read snapshot pack"):
             stream = await self._client(name).download_blob(offset=offset, length=length)
-            data: bytes = await stream.readall()
-        return data
+            # The response body as the SDK holds it: readall() would copy it into a BytesIO
+            # (a copy and fresh pages per byte: ~0.15 CPU-s per GiB here, 4 MiB ranges).
+            parts: list[bytes] = [part async for part in stream.chunks()]
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def delete(self, name: str, version: str | None = None) -> bool:
         """Delete ``name`` (if still at ``version``, when given); False when it was gone:

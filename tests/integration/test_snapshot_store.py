@@ -26,16 +26,18 @@ import pytest
 from sidecar.config import Config
 from sidecar.errors import SidecarError, StoreError, StoreUnavailable, VersionConflict
 from sidecar.model.document import SnapshotRef
+from sidecar.snapshot import restore as restore_module
 from sidecar.snapshot import stored
 from sidecar.snapshot.contents import Contents
 from sidecar.snapshot.cut import ListedFile
-from sidecar.snapshot.index import SnapshotIndex, pack_name, parse_pack_name, prefix
+from sidecar.snapshot.index import FileEntry, SnapshotIndex, pack_name, parse_pack_name, prefix
 from sidecar.snapshot.prune import prune
 from sidecar.snapshot.restore import (
     RestoreError,
     SnapshotNotFound,
     find_snapshot,
     list_snapshots,
+    plan_reads,
     restore,
 )
 from sidecar.snapshot.retention import ListedLike, classify, marks_name
@@ -451,6 +453,177 @@ async def test_restore_names_a_missing_or_damaged_pack_and_leaves_dest_as_it_was
     assert "is not stored" in str(caught.value)
     assert not (tmp_path / "new").exists()
     assert leftovers(tmp_path) == []
+
+
+@dataclass
+class HeldBack:
+    """The blob edge holding back the first slice of each large content until the content's
+    other slices have landed in the restore's file (its size is whole), so that they land
+    first and are read back to be hashed; and the listing, when ``list_after`` is given,
+    until a read has failed."""
+
+    inner: SnapshotStore
+    firsts: dict[tuple[str, int], Callable[[], bool]] = field(default_factory=dict)
+    list_after: anyio.Event | None = None
+
+    @property
+    def block_bytes(self) -> int:
+        return self.inner.block_bytes
+
+    @property
+    def requests(self) -> dict[str, int]:
+        return self.inner.requests
+
+    def counted(self) -> HeldBack:
+        return HeldBack(self.inner.counted(), self.firsts, self.list_after)
+
+    async def put(self, name: str, chunks: AsyncIterable[bytes]) -> tuple[int, str]:
+        return await self.inner.put(name, chunks)
+
+    async def replace(self, name: str, body: bytes, version: str) -> str:
+        return await self.inner.replace(name, body, version)
+
+    async def list(self, prefix: str) -> Sequence[ListedLike]:
+        if self.list_after is not None:
+            await self.list_after.wait()
+        return await self.inner.list(prefix)
+
+    async def read(self, name: str) -> tuple[bytes, str] | None:
+        return await self.inner.read(name)
+
+    async def read_range(self, name: str, offset: int, length: int) -> bytes:
+        landed = self.firsts.get((name, offset))
+        if landed is not None:
+            with anyio.fail_after(10):
+                while not await anyio.to_thread.run_sync(landed):  # noqa: ASYNC110 - polls files
+                    await anyio.sleep(0.01)
+        try:
+            return await self.inner.read_range(name, offset, length)
+        except SidecarError:
+            if self.list_after is not None:
+                self.list_after.set()
+            raise
+
+    async def delete(self, name: str, version: str | None = None) -> bool:
+        return await self.inner.delete(name, version)
+
+
+async def test_large_files_come_back_in_slices_that_every_worker_takes(
+    blobs: SnapshotBlobs, namespace: str, tmp_path: Path
+) -> None:
+    # Deltas of 300 KB restored in ranges of 64 KB: five slices each, downloaded by any of
+    # the workers, written where they belong as they land, hashed in order.
+    ck = HdfsCheckpoint(tmp_path / "ck", partitions=4, delta_bytes=300_000, idle_every=0)
+    for _ in range(2):
+        ck.batch()
+    # One content in two files: read once, copied.
+    put(ck.root / "state/0/1/2.delta", (ck.root / "state/0/0/2.delta").read_bytes())
+    index = (await snapshot(ck, blobs, namespace, Contents())).index
+    ref = await reference(ck, 1, tmp_path / "ref")
+    piece = 64 * 1024
+    large: dict[tuple[str, int], FileEntry] = {}
+    for f in index.files:
+        if f.size > piece:
+            large.setdefault((f.pack, f.offset), f)  # the first of its files: written first
+    assert len(large) == 7  # eight deltas, one content twice
+    dest = tmp_path / "restored"
+
+    def whole(f: FileEntry) -> Callable[[], bool]:
+        def landed() -> bool:  # the content's last slice is in its file
+            return any(p.stat().st_size == f.size for p in tmp_path.glob(f".*.restore-*/{f.path}"))
+
+        return landed
+
+    held = HeldBack(
+        blobs,
+        {(pack_name(namespace, QUERY_ID, f.pack), f.offset): whole(f) for f in large.values()},
+    )
+    done = await restore(index, held, namespace, dest, range_bytes=piece, concurrency=8)
+    assert tree(dest) == ref
+    # A request per slice (and per range of the small files), each content once.
+    reads = plan_reads(index, max_bytes=piece)
+    assert sum(r.sliced for r in reads) == sum(-(-f.size // piece) for f in large.values())
+    assert done.requests["read"] == len(reads)
+    assert done.downloaded_bytes >= sum(f.size for f in large.values())
+    assert leftovers(tmp_path) == []
+
+    # A damaged slice in the middle of a file (it lands before the first and is read back
+    # to be hashed): that file's checksum fails, nothing is put in place.
+    f = max(large.values(), key=lambda f: f.offset)
+    name = pack_name(namespace, QUERY_ID, f.pack)
+    body, version = await blobs.read(name) or (b"", "")
+    at = f.offset + 2 * piece + 5
+    await blobs.replace(name, body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1 :], version)
+    with pytest.raises(RestoreError) as caught:
+        await restore(index, held, namespace, tmp_path / "again", range_bytes=piece)
+    assert (caught.value.reason, caught.value.blob) == ("checksum", name)
+    assert caught.value.path in {e.path for e in index.files if e.offset == f.offset}
+    assert not (tmp_path / "again").exists() and leftovers(tmp_path) == []
+
+
+async def test_a_read_that_finds_a_pack_gone_before_the_listing_fails_as_the_listing_says(
+    blobs: SnapshotBlobs, namespace: str, tmp_path: Path
+) -> None:
+    # The listing runs beside the downloads: here it answers only after a read of the
+    # missing pack has failed, which waits for it, so the error names the pack as missing.
+    ck = HdfsCheckpoint(tmp_path / "ck", partitions=4)
+    ck.batch()
+    index = (await snapshot(ck, blobs, namespace, Contents(), pack_target_bytes=50_000)).index
+    gone = pack_name(namespace, QUERY_ID, sorted(index.packs)[0])
+    await blobs.delete(gone)
+    held = HeldBack(blobs, list_after=anyio.Event())
+    with pytest.raises(RestoreError) as caught:
+        await restore(index, held, namespace, tmp_path / "new")
+    assert held.list_after is not None and held.list_after.is_set()
+    assert (caught.value.reason, caught.value.blob) == ("missing_blob", gone)
+    assert "is not stored" in str(caught.value)
+    assert not (tmp_path / "new").exists() and leftovers(tmp_path) == []
+
+
+async def test_restored_files_and_directories_are_on_disk_before_they_are_moved_into_place(
+    blobs: SnapshotBlobs, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A crash (power lost) after the move must not leave a checkpoint of empty files: every
+    # file's data and every directory's entries are synced first, the move itself after.
+    ck = HdfsCheckpoint(tmp_path / "ck", partitions=3, delta_bytes=300_000)
+    for _ in range(2):
+        ck.batch()
+    index = (await snapshot(ck, blobs, namespace, Contents())).index
+    events: list[tuple[str, str]] = []
+    real_sync, real_fsync, real_rename = restore_module._sync_data, os.fsync, os.rename
+
+    def path_of(fd: int) -> str:
+        return os.readlink(f"/proc/self/fd/{fd}")
+
+    def sync_data(fd: int) -> None:
+        events.append(("data", path_of(fd)))
+        real_sync(fd)
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", path_of(fd)))
+        real_fsync(fd)
+
+    def rename(src: str | Path, dst: str | Path) -> None:
+        events.append(("rename", str(dst)))
+        real_rename(src, dst)
+
+    monkeypatch.setattr(restore_module, "_sync_data", sync_data)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    dest = tmp_path / "dest"
+    await restore(index, blobs, namespace, dest, range_bytes=64 * 1024)
+    monkeypatch.undo()
+    assert tree(dest) == await reference(ck, 1, tmp_path / "ref")
+
+    moved = events.index(("rename", str(dest)))
+    before = {(kind, Path(p).relative_to(dest.parent)) for kind, p in events[:moved]}
+    temp = Path(events[0][1]).relative_to(dest.parent).parts[0]  # .dest.restore-<id>
+    files = [p.relative_to(dest) for p in dest.rglob("*") if p.is_file()]
+    dirs = [p.relative_to(dest) for p in dest.rglob("*") if p.is_dir()]
+    assert len(files) == len(index.files)
+    assert all(("data", Path(temp, f)) in before for f in files)
+    assert all(("fsync", Path(temp, d)) in before for d in [Path(), *dirs])
+    assert ("fsync", str(dest.parent)) in events[moved:]
 
 
 # -- failures ------------------------------------------------------------------------------

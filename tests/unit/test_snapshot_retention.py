@@ -268,18 +268,26 @@ def test_restore_reads_close_contents_of_a_pack_together_and_shared_ones_once() 
             FileEntry("b", 100, sha(2), "p", 100),
             FileEntry("b2", 100, sha(2), "p", 100),  # the same content: read once
             FileEntry("c", 100, sha(3), "p", 100_000),  # 99,800 bytes further: another read
-            FileEntry("d", big, sha(4), "p", 200_000),  # larger than a range: alone
+            FileEntry("d", big, sha(4), "p", 200_000),  # larger than a range: in slices
             FileEntry("e", 50, sha(5), "q", 0),
             FileEntry("empty", 0, sha(6), "", 0),  # no read
         ),
         packs={"p": 200_000 + big, "q": 50},
     )
     reads = plan_reads(index)
-    shape = [(r.pack, r.start, r.length, [c.paths for c in r.contents]) for r in reads]
+    shape = [(r.pack, r.start, r.length, [c.paths for c in r.contents], r.sliced) for r in reads]
+    mib = 1024 * 1024
     assert shape == [
-        ("p", 200_000, big, [["d"]]),
-        ("p", 0, 200, [["a"], ["b", "b2"]]),
-        ("p", 100_000, 100, [["c"]]),
-        ("q", 0, 50, [["e"]]),
+        # The largest first; a large content's slices in order, each a read of its own that
+        # any worker may take.
+        ("p", 200_000, 4 * mib, [["d"]], True),
+        ("p", 200_000 + 4 * mib, 4 * mib, [["d"]], True),
+        ("p", 200_000 + 8 * mib, mib, [["d"]], True),
+        ("p", 0, 200, [["a"], ["b", "b2"]], False),
+        ("p", 100_000, 100, [["c"]], False),
+        ("q", 0, 50, [["e"]], False),
     ]
-    assert [r.length for r in plan_reads(index, gap_bytes=100_000)][:2] == [big, 100_100]
+    assert [r.length for r in plan_reads(index, gap_bytes=100_000)][3] == 100_100
+    # A content of exactly a range is one read, not sliced.
+    first = plan_reads(index, max_bytes=big)[0]
+    assert (first.length, first.sliced) == (big, False)
