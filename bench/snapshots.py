@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import itertools
 import json
 import os
 import shutil
@@ -795,18 +796,23 @@ def analyse(
     # per file written since the previous commit, a full copy one per file there at the commit.
     by_file: dict[tuple[str, int], int] = {}
     full: dict[tuple[str, int], int] = {}
+    full_bytes: dict[tuple[str, int], int] = {}
     for q in bench.names:
-        mtimes = sorted(m / 1e9 for _, m in walk(bench.locations[q]).values())
+        files = sorted((m / 1e9, size) for size, m in walk(bench.locations[q]).values())
+        mtimes = [t for t, _ in files]
+        upto = list(itertools.accumulate((size for _, size in files), initial=0))
         for batch, count in files_per_batch(commits[q], mtimes).items():
             by_file[q, batch] = count
         for batch, t in commits[q].items():
             full[q, batch] = bisect.bisect_right(mtimes, t)
+            full_bytes[q, batch] = upto[full[q, batch]]
 
     def copies_per_batch(names: list[str]) -> dict[str, Any]:
         keys = [(q, b) for q in bench.names for b, t in commits[q].items()
                 if any(phases[n].holds(t) for n in names) and (q, b) in by_file]  # fmt: skip
         return {"file_by_file": spread([by_file[k] for k in keys], 0),
-                "full_copy": spread([full[k] for k in keys], 0)}  # fmt: skip
+                "full_copy": spread([full[k] for k in keys], 0),
+                "full_copy_bytes": spread([full_bytes[k] for k in keys], 0)}  # fmt: skip
 
     def sidecar(names: list[str]) -> dict[str, Any]:
         snaps = [r for r in rows if any(phases[n].holds(r["written_at"]) for n in names)]
@@ -882,20 +888,6 @@ def analyse(
         "metrics_at_stop": {label: info.get("metrics") for label, info in bench.processes.items()
                             if info["snapshots"]},
     }  # fmt: skip
-
-    # The fleet model (bench/fleetmodel.py) with this run's growth per batch: one sidecar's
-    # queries and 1,000 sidecars against one storage account, each way of copying.
-    full_copy = per_phase.get("side-by-side", {}).get("full_copy")
-    growth = CheckpointGrowth(
-        label=f"{plan.keys:,} keys, {plan.rows:,} rows per batch, {plan.partitions} partitions, "
-        "RocksDB with changelogs (measured by bench/snapshots.py)",
-        new_files=median([r["new_files"] for r in later] or [0]),
-        new_bytes=median([r["new_bytes"] for r in later] or [0]),
-        dir_files=int(full_copy["requests_per_copy"]["p50"] or 0) if full_copy else 0,
-        dir_bytes=float(full_copy["bytes_per_copy"]["p50"] or 0) if full_copy else 0.0,
-        index_bytes=median([r["index_bytes"] for r in later if r["index_bytes"]] or [0]),
-    )
-    fleet = snapshot_fleet(growth, plan.queries, 1 / plan.trigger_s, drivers=1000)
 
     # Restarts: every process after the first with snapshots started over what an earlier one
     # stored; the last one is the explicit on → on restart.
@@ -1007,6 +999,22 @@ def analyse(
         "daemon_cpu_ms_per_snapshot": round(extra * secs_on / snaps_on * 1000, 1)
         if snaps_on else None,
     }  # fmt: skip
+
+    # The fleet model (bench/fleetmodel.py) with this run's growth per batch: one sidecar's
+    # queries and 1,000 sidecars against one storage account, each way of copying.
+    # Per batch, in the windows with snapshots on: the files a file-by-file copy sends, the
+    # directory a full copy sends, and the sidecar's new bytes and index.
+    would_send = on_off["sidecar_in_on_windows"]["a_copy_per_batch_would_send"]
+    growth = CheckpointGrowth(
+        label=f"{plan.keys:,} keys, {plan.rows:,} rows per batch, {plan.partitions} partitions, "
+        "RocksDB with changelogs (measured by bench/snapshots.py)",
+        new_files=would_send["file_by_file"]["p50"] or 0,
+        new_bytes=median([r["new_bytes"] for r in later] or [0]),
+        dir_files=int(would_send["full_copy"]["p50"] or 0),
+        dir_bytes=would_send["full_copy_bytes"]["p50"] or 0,
+        index_bytes=median([r["index_bytes"] for r in later if r["index_bytes"]] or [0]),
+    )
+    fleet = snapshot_fleet(growth, plan.queries, 1 / plan.trigger_s, drivers=1000)
 
     lag_on = on_off["sidecar_in_on_windows"]["backup_lag"]
     ack_ratio = on_off["paired"]["ack_p99_ms"]["ratio_median"]
