@@ -29,7 +29,8 @@ listing of the namespace (no downloads), refreshed at most every :data:`LISTING_
 when needed: a client inventing query ids costs one listing, not a read each. When the
 floor alone refuses an update that Redis would take, the blob may have been rewound by
 another owner (a reset through a standby's peer): the floor is read again, at most every
-:data:`RECHECK_EVERY_S` per query, and replaced by what the blob holds.
+:data:`RECHECK_EVERY_S` per query (each time in ack_mode=blob, whose ack would otherwise be
+answered from the blob as last read), and replaced by what the blob holds.
 """
 
 from __future__ import annotations
@@ -183,14 +184,17 @@ class BlobStates:
             return NO_BLOB
         return await self._read_floor(query_id, again=False)
 
-    async def recheck(self, query_id: str) -> int | None:
+    async def recheck(self, query_id: str, *, always: bool = False) -> int | None:
         """The floor alone refused an update Redis would take: read the blob again and use
-        what it holds (lower after a rewind elsewhere). None: read too recently to read again.
+        what it holds (lower after a rewind elsewhere). None: read too recently to read again
+        (unless ``always``: an ack waits on the answer, which must not come from a blob
+        rewound since the last read).
 
         Raises:
             SidecarError: the blob store cannot be read now.
         """
-        if not self._core.recheck_due(query_id, RECHECK_EVERY_S):
+        due = self._core.recheck_due(query_id, RECHECK_EVERY_S)
+        if not (due or always):
             return None
         return await self._read_floor(query_id, again=True)
 

@@ -102,9 +102,9 @@ class Floors(Protocol):
     async def load(self, query_id: str) -> int:
         """The floor, read from the blob unless known (raises the store's errors)."""
 
-    async def recheck(self, query_id: str) -> int | None:
+    async def recheck(self, query_id: str, *, always: bool = False) -> int | None:
         """The floor alone refused an update: the floor read from the blob again, or None
-        when it was read too recently (raises the store's errors)."""
+        when it was read too recently and not ``always`` (raises the store's errors)."""
 
 
 class RequestHandler:
@@ -210,8 +210,12 @@ class RequestHandler:
                 outcome = await (await self._coalescer.submit(c, floor))
             if outcome is Outcome.BELOW_FLOOR and self._floors is not None:
                 # Redis would take it, the floor alone refused it: the blob may have been
-                # rewound elsewhere (a reset through another daemon). Read it again, rarely.
-                again = await self._floors.recheck(c.query_id)
+                # rewound elsewhere (a reset through another daemon). Read it again, rarely;
+                # always when an ack waits for the blob (it would be answered from the blob
+                # as last read, which may be higher than the blob now).
+                again = await self._floors.recheck(
+                    c.query_id, always=self._wait_durable is not None
+                )
                 if again is not None:
                     outcome = await (await self._coalescer.submit(c, again))
             applied = outcome is Outcome.APPLIED

@@ -159,6 +159,11 @@ async def test_a_floor_refusal_reads_a_rewound_blob_again_at_most_every_few_seco
     assert await states.recheck(QID) is None  # read a moment ago: the refusal stands
     clock.now += RECHECK_EVERY_S
     assert await states.recheck(QID) == 2
+    # An ack waits on the answer (ack_mode=blob): read again however recently it was read,
+    # or the ack would be answered from the blob as last read.
+    store.put(QID, 1)
+    assert await states.recheck(QID) is None
+    assert await states.recheck(QID, always=True) == 1
 
 
 async def test_an_ack_deferred_while_its_query_is_in_a_pass_wakes_the_loop_once_released() -> None:
