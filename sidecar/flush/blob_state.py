@@ -614,7 +614,12 @@ class BlobStates:
 
     def forget(self, query_id: str) -> None:
         """Drop everything known of the query (retired): its record, with its lease, row,
-        acks and retries, in one removal; read again if it returns."""
+        acks and retries, in one removal; read again if it returns (its blob stays: a
+        listing made before this daemon created it must not say "no blob" then)."""
+        q = self._core.get(query_id)
+        had_blob = q is not None and (q.lease.term > 0 or q.floor not in (None, NO_BLOB))
+        if had_blob and self._with_blob is not None:
+            self._with_blob.add(query_id)
         self._core.forget(query_id)
         self._owned(query_id)
 
