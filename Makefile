@@ -10,8 +10,8 @@ setup:
 jar: setup
 
 ## Run the test suite against real redis-server and Azurite (started by the tests), with
-## PySpark 4; then the Spark tests that are not PySpark-4-only again with PySpark 3.5; beside
-## them, the flush simulation's deep pass (1,500 examples, time-limited): scripts/test.sh.
+## PySpark 4; then the Spark tests that are not PySpark-4-only again with PySpark 3.5; then
+## the flush simulation's deep pass (1,500 examples, at most 10 minutes): scripts/test.sh.
 test: setup
 	@bash scripts/test.sh
 
