@@ -26,20 +26,11 @@ learns nothing from a pack that is not listed, so a broken index never spreads.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Collection, Iterable, Mapping
 
-import anyio
-
-from sidecar.errors import CorruptRecord
 from sidecar.snapshot.index import SnapshotIndex, prefix
 from sidecar.snapshot.retention import classify
-from sidecar.snapshot.stored import SnapshotStore, first_error, read_index, retried
-
-log = logging.getLogger(__name__)
-
-#: Index blobs read at once by :meth:`Contents.load`.
-LOAD_CONCURRENCY = 8
+from sidecar.snapshot.stored import SnapshotStore, read_indexes, retried
 
 
 class Contents:
@@ -63,23 +54,7 @@ class Contents:
         contents = cls()
         listed = await retried("list snapshots", lambda: blobs.list(prefix(namespace, query_id)))
         listing = classify(listed, namespace, query_id)
-        found: dict[str, tuple[SnapshotIndex, str]] = {}
-        limiter = anyio.CapacityLimiter(LOAD_CONCURRENCY)
-
-        async def read(name: str) -> None:
-            async with limiter:
-                try:
-                    got = await read_index(blobs, name)
-                except CorruptRecord as exc:
-                    log.warning("snapshot index skipped: blob=%s problem=%s", name, exc.problem)
-                    return
-            if got is not None:
-                found[name] = got
-
-        with first_error():
-            async with anyio.create_task_group() as tg:
-                for stored in listing.indexes:
-                    tg.start_soon(read, stored.name)
+        found = await read_indexes(blobs, [stored.name for stored in listing.indexes])
         for stored in reversed(listing.indexes):  # oldest first: the newest place wins
             if stored.name in found:
                 index, version = found[stored.name]

@@ -51,10 +51,10 @@ import anyio.abc
 import anyio.to_thread
 import msgspec
 
-from sidecar.errors import CorruptRecord, SidecarError
+from sidecar.errors import SidecarError
 from sidecar.snapshot.index import SnapshotIndex, new_id, pack_name, prefix
 from sidecar.snapshot.retention import StoredIndex, classify
-from sidecar.snapshot.stored import SnapshotStore, first_error, read_index, retried
+from sidecar.snapshot.stored import SnapshotStore, first_error, read_index, read_indexes, retried
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,6 @@ RANGE_MAX_BYTES = 4 * MiB
 #: between them cost less than another request).
 RANGE_GAP_BYTES = 64 * 1024
 DEFAULT_CONCURRENCY = 8
-#: Index blobs read at once by :func:`list_snapshots`.
-LIST_CONCURRENCY = 8
 #: Written into place last, when ``dest`` is a mount point: Spark knows a checkpoint location
 #: by it.
 LAST_FILE = "metadata"
@@ -583,24 +581,8 @@ async def list_snapshots(
         SidecarError: the store's errors after retries.
     """
     stored = await _indexes(blobs, namespace, query_id)
-    found: dict[str, SnapshotIndex] = {}
-    limiter = anyio.CapacityLimiter(LIST_CONCURRENCY)
-
-    async def read(name: str) -> None:
-        async with limiter:
-            try:
-                got = await read_index(blobs, name)
-            except CorruptRecord as exc:
-                log.warning("snapshot index skipped: blob=%s problem=%s", name, exc.problem)
-                return
-        if got is not None:
-            found[name] = got[0]
-
-    with first_error():
-        async with anyio.create_task_group() as tg:
-            for s in stored:
-                tg.start_soon(read, s.name)
-    return [found[s.name] for s in stored if s.name in found]
+    found = await read_indexes(blobs, [s.name for s in stored])
+    return [found[s.name][0] for s in stored if s.name in found]
 
 
 async def find_snapshot(

@@ -18,14 +18,22 @@ counts as written (:func:`create`).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterator, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from contextlib import aclosing, contextmanager
 from typing import Protocol, TypeVar
 
 import anyio
 
 from sidecar.backoff import Backoff
-from sidecar.errors import StoreUnavailable, VersionConflict
+from sidecar.errors import CorruptRecord, StoreUnavailable, VersionConflict
 from sidecar.snapshot.index import SnapshotIndex, decode_index
 from sidecar.snapshot.retention import ListedLike
 
@@ -155,6 +163,40 @@ async def read_index(blobs: SnapshotStore, name: str) -> tuple[SnapshotIndex, st
         return None
     body, version = found
     return decode_index(body, name), version
+
+
+#: Index blobs read at once when many are (a restarted process's contents, a listing).
+READ_CONCURRENCY = 8
+
+
+async def read_indexes(
+    blobs: SnapshotStore, names: Iterable[str]
+) -> dict[str, tuple[SnapshotIndex, str]]:
+    """Each index blob of ``names`` that can be read, with its version, :data:`READ_CONCURRENCY`
+    at a time, retried; one that is gone is left out, one this version cannot read skipped
+    (logged).
+
+    Raises:
+        SidecarError: the store's errors after retries.
+    """
+    found: dict[str, tuple[SnapshotIndex, str]] = {}
+    limiter = anyio.CapacityLimiter(READ_CONCURRENCY)
+
+    async def read(name: str) -> None:
+        async with limiter:
+            try:
+                got = await read_index(blobs, name)
+            except CorruptRecord as exc:
+                log.warning("snapshot index skipped: blob=%s problem=%s", name, exc.problem)
+                return
+        if got is not None:
+            found[name] = got
+
+    with first_error():
+        async with anyio.create_task_group() as tg:
+            for name in names:
+                tg.start_soon(read, name)
+    return found
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
