@@ -129,18 +129,7 @@ async def restore_query(
         seconds = time.perf_counter() - started
     finally:
         await store.aclose()
-    summary = await _move_checkpoint(config, dest, name or query_id, index, seconds)
-    return Restored(
-        query_id,
-        name,
-        index.batch,
-        index.id,
-        str(dest),
-        len(index.files),
-        index.total_bytes,
-        round(seconds, 3),
-        checkpoint=summary,
-    )
+    return await _moved(config, query_id, name, index, dest, seconds)
 
 
 async def restore_all(config: Config, root: Path) -> list[Restored]:
@@ -179,20 +168,7 @@ async def restore_all(config: Config, root: Path) -> list[Restored]:
             started = time.perf_counter()
             await restore(index, blobs, config.namespace, dest, force=held is not None)
             seconds = time.perf_counter() - started
-            summary = await _move_checkpoint(config, dest, name or query_id, index, seconds)
-            out.append(
-                Restored(
-                    query_id,
-                    name,
-                    index.batch,
-                    index.id,
-                    str(dest),
-                    len(index.files),
-                    index.total_bytes,
-                    round(seconds, 3),
-                    checkpoint=summary,
-                )
-            )
+            out.append(await _moved(config, query_id, name, index, dest, seconds))
     finally:
         await store.aclose()
     return out
@@ -206,6 +182,30 @@ def _committed(directory: Path) -> int | None:
     except OSError:
         return None
     return max(batches, default=None)
+
+
+async def _moved(
+    config: Config,
+    query_id: str,
+    name: str | None,
+    index: SnapshotIndex,
+    dest: Path,
+    seconds: float,
+) -> Restored:
+    """A restore written into ``dest`` in ``seconds``: the sidecar's checkpoint moved with it
+    (:func:`_move_checkpoint`), and what was done."""
+    summary = await _move_checkpoint(config, dest, name or query_id, index, seconds)
+    return Restored(
+        query_id,
+        name,
+        index.batch,
+        index.id,
+        str(dest),
+        len(index.files),
+        index.total_bytes,
+        round(seconds, 3),
+        checkpoint=summary,
+    )
 
 
 async def _move_checkpoint(
