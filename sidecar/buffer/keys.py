@@ -16,7 +16,7 @@ Spark application (one sidecar), so a slot per namespace spreads well across a c
     cps:{<ns>}:pending        zset   query ids with pending updates, scored by first_pending_ms
     cps:{<ns>}:queries        set    every query id ever seen in the namespace
     cps:{<ns>}:names          hash   query name -> id of the newest query with that name
-    cps:{<ns>}:marker         string token of the running daemon (sidecar.daemon.durability)
+    cps:{<ns>}:marker         string set once, shared by its daemons (sidecar.daemon.durability)
     cps:{<ns>}:probe          string written by readiness checks and before WAIT (expires)
 """
 

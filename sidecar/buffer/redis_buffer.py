@@ -357,10 +357,14 @@ class RedisBuffer:
             value = await self._redis.get(self.keys.marker)
         return _text(value) if value is not None else None
 
-    async def set_marker(self, token: str) -> None:
-        """Mark the namespace's data: if the marker vanishes, Redis lost the namespace."""
+    async def claim_marker(self, token: str) -> str:
+        """The namespace's marker, set to ``token`` if Redis has none: if it vanishes or
+        changes, Redis lost the namespace. Daemons that share a namespace share its marker
+        (each writing its own would read as a loss to the others)."""
         with self._translate("marker write"):
-            await self._redis.set(self.keys.marker, token)
+            await self._redis.set(self.keys.marker, token, nx=True)
+            value = await self._redis.get(self.keys.marker)
+        return _text(value) if value is not None else token
 
     async def stored_batch(self, query_id: str) -> int | None:
         """The batch id Redis holds for ``query_id`` (None: unknown to Redis)."""

@@ -8,8 +8,9 @@ cannot prevent that, but it must not be silent about it:
   ``checkpoint_sidecar_redis_aof_enabled`` (absent when CONFIG is refused, as on some managed
   services) and a WARNING when it is off. ``SIDECAR_REDIS_REQUIRE_AOF=true`` refuses to start
   (exit 2) when it is known to be off.
-- It writes a marker key into the namespace at start. When the marker has vanished (checked
-  every second), Redis lost the namespace's data while the daemon ran:
+- It marks the namespace at start (a key set once, kept by every daemon that shares the
+  namespace). When the marker has vanished or changed (checked every second), Redis lost the
+  namespace's data while the daemon ran:
   ``checkpoint_sidecar_redis_resets_total`` counts it, and an ERROR names each query whose
   last acknowledged batch (remembered here, O(1) per ack) is above what Redis and the blob
   hold now — the size of the loss, so an operator knows what to replay.
@@ -48,6 +49,10 @@ class DurabilityWatch:
         self._buffer = buffer
         self._metrics = metrics
         self._token = token
+        #: The namespace's marker as this daemon last saw it (its own token, or the one
+        #: another daemon of the namespace set first).
+        self._marker = token
+        self._claims = 0
         self._require_aof = require_aof
         self._blob_batch = blob_batch
         #: Last acknowledged batch per query id, with the query's label for the log.
@@ -79,7 +84,7 @@ class DurabilityWatch:
                 "updates would not survive a Redis restart. Turn AOF on (appendonly yes) or "
                 "unset SIDECAR_REDIS_REQUIRE_AOF"
             )
-        await self._buffer.set_marker(self._token)
+        self._marker = await self._buffer.claim_marker(self._token)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -101,9 +106,12 @@ class DurabilityWatch:
         if self._down:
             self._down = False
             await self._check_aof()
-        if marker != self._token:
+        if marker != self._marker:
             self._metrics.redis_resets.inc()
-            await self._buffer.set_marker(self._token)
+            # A new value each time: a daemon of the namespace that still holds the old one
+            # must see the loss too.
+            self._claims += 1
+            self._marker = await self._buffer.claim_marker(f"{self._token}/{self._claims}")
             await self._report_loss()
         self.checks += 1
 

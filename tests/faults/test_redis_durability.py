@@ -103,6 +103,48 @@ async def test_redis_emptied_while_running_is_counted_and_names_what_was_lost(
     assert "(acked batch 5, now none)" in lost[0].getMessage()
 
 
+async def test_two_daemons_of_one_namespace_share_its_marker_and_both_see_a_loss(
+    make_config: ConfigFactory,
+    own_redis: RedisServer,
+    short_tmp: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A standby beside its owner (one Redis, one namespace): neither reads the other's start
+    # as a loss. A FLUSHALL is a loss to both, counted once by each.
+    first = make_config(redis_url=own_redis.url, count_threshold=1000, time_threshold_s=3600)
+    second = make_config(
+        redis_url=own_redis.url,
+        socket_path=str(short_tmp / "second.sock"),
+        count_threshold=1000,
+        time_threshold_s=3600,
+    )
+    async with running_daemon(first) as one, running_daemon(second) as two:
+        checks = one.durability.checks, two.durability.checks
+        await eventually(
+            lambda: (
+                one.durability.checks >= checks[0] + 3 and two.durability.checks >= checks[1] + 3
+            ),
+            timeout_s=15,
+        )
+        assert [sample(d, "checkpoint_sidecar_redis_resets_total") for d in (one, two)] == [0, 0]
+        assert not [r for r in caplog.records if "Redis lost" in r.getMessage()]
+        await flushall(own_redis.url)
+        await eventually(
+            lambda: (
+                [sample(d, "checkpoint_sidecar_redis_resets_total") for d in (one, two)] == [1, 1]
+            ),
+            timeout_s=5,
+        )
+        checks = one.durability.checks, two.durability.checks
+        await eventually(
+            lambda: (
+                one.durability.checks >= checks[0] + 3 and two.durability.checks >= checks[1] + 3
+            ),
+            timeout_s=15,
+        )
+        assert [sample(d, "checkpoint_sidecar_redis_resets_total") for d in (one, two)] == [1, 1]
+
+
 @pytest.mark.parametrize(("redis_fixture", "resets"), [("volatile_redis", 1), ("own_redis", 0)])
 async def test_a_restart_without_aof_is_detected_and_one_with_aof_is_not(
     make_config: ConfigFactory, request: pytest.FixtureRequest, redis_fixture: str, resets: int
