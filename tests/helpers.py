@@ -13,8 +13,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import anyio
@@ -274,3 +274,21 @@ def as_json(offset: Any) -> Any:
     the listener always posts Spark's own JSON, so the daemon stores parsed values.
     """
     return json.loads(offset) if isinstance(offset, str) else offset
+
+
+@contextmanager
+def spark_conf(spark: Any, conf: Mapping[str, str]) -> Iterator[None]:
+    """SQL settings of a SparkSession for the queries started inside; each put back after as
+    it was (unset only if it was: an unset falls back to Spark's default, not the session's
+    builder value, e.g. 200 shuffle partitions for the next test's queries)."""
+    before = {key: spark.conf.get(key, None) for key in conf}
+    for key, value in conf.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)

@@ -27,8 +27,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 import spark_bridge
-from tests.helpers import read_blob, wait_blob, wait_for
-from tests.integration.test_snapshot_restore import COMMON, STORES, Run, expected, feed, spark_conf
+from tests.helpers import read_blob, spark_conf, wait_blob, wait_for
+from tests.integration.test_snapshot_restore import COMMON, STORES, Run, expected, feed
 from tests.services import REPO_ROOT, DaemonProcess
 
 pytestmark = pytest.mark.spark

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +34,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from sidecar.snapshot.cut import Cut, CutError, Role
 from sidecar.snapshot.source import FileChanged, LocalSource, take_cut
-from tests.helpers import wait_for
+from tests.helpers import spark_conf, wait_for
 from tests.snapshots import copy_cut, snapshot_to
 
 pytestmark = pytest.mark.spark
@@ -64,18 +62,6 @@ STORES: dict[str, dict[str, str]] = {
 V2 = pytest.mark.spark4  # checkpoint format v2: Spark 4
 
 Rows = list[tuple[Any, ...]]
-
-
-@contextmanager
-def spark_conf(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
-    """SQL settings for the queries started inside, unset after."""
-    for key, value in conf.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key in conf:
-            spark.conf.unset(key)
 
 
 # -- the queries and what they must output ------------------------------------------------

@@ -16,8 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 import spark_bridge
-from tests.helpers import as_json, wait_blob, wait_for
+from tests.helpers import as_json, spark_conf, wait_blob, wait_for
 from tests.services import REPO_ROOT, DaemonProcess
 
 pytestmark = pytest.mark.spark
@@ -101,19 +100,6 @@ def sparks_log(ck: Path, version: str = "v1") -> tuple[int, list[Any]]:
         by_id = dict(line.split(":", 1) for line in lines[2:])
         lines = lines[:2] + [by_id[k] for k in sorted(by_id, key=int)]
     return committed, [None if line == "-" else json.loads(line) for line in lines[2:]]
-
-
-@contextmanager
-def spark_conf(spark: SparkSession, **conf: str) -> Iterator[None]:
-    """SQL settings (dots written as ``__``) for the queries started inside, unset after."""
-    keys = {k.replace("__", "."): v for k, v in conf.items()}
-    for key, value in keys.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key in keys:
-            spark.conf.unset(key)
 
 
 def first_new_batch(spark: SparkSession, source: Source, name: str, ck: Path, batch: int) -> Any:
@@ -268,7 +254,7 @@ def start_update(spark: SparkSession, source: Source, name: str, ck: Path) -> St
     )
 
 
-V2 = {"spark__sql__streaming__offsetLog__formatVersion": "2"}
+V2 = {"spark.sql.streaming.offsetLog.formatVersion": "2"}
 
 
 @pytest.mark.spark4
@@ -278,7 +264,7 @@ def test_offsets_log_v2_two_sources(
     """v2 lines are ``<ordinal>:<offset>`` in no fixed order (Spark 4.3 wrote ``1:`` first
     here); the import puts them in source order, as Spark's restart reads them."""
     ck = short_tmp / "ck"
-    with spark_conf(spark, **V2):
+    with spark_conf(spark, V2):
         shown = import_and_check(spark, daemon_env, two_rates, "import_v2", ck, "v2")
     batch = shown["batch_id"]
     assert [s["end_offset"]["offset"] for s in shown["sources"]] == [
@@ -299,12 +285,12 @@ def test_stateful_query_with_state_store_checkpoint_v2_is_imported_as_stateful(
     ck = short_tmp / "ck"
     conf = {
         **V2,
-        "spark__sql__streaming__stateStore__providerClass": (
+        "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),
-        "spark__sql__streaming__stateStore__checkpointFormatVersion": "2",
+        "spark.sql.streaming.stateStore.checkpointFormatVersion": "2",
     }
-    with spark_conf(spark, **conf):
+    with spark_conf(spark, conf):
         q = start_update(spark, counts, "import_stateful", ck)
         run_batches(q, 3)
     committed, ends = sparks_log(ck, "v2")
@@ -362,8 +348,8 @@ def test_named_sources_of_source_evolution(
             .union(beta.name("beta").load().selectExpr("value"))
         )
 
-    conf = {"spark__sql__streaming__queryEvolution__enableSourceEvolution": "true"}
-    with spark_conf(spark, **conf):
+    conf = {"spark.sql.streaming.queryEvolution.enableSourceEvolution": "true"}
+    with spark_conf(spark, conf):
         q = start(spark, named, "import_named", ck)
         run_batches(q, 3)
         committed = max(int(p.name) for p in (ck / "commits").iterdir() if p.name.isdigit())
