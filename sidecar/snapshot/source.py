@@ -1,6 +1,6 @@
 """Where a checkpoint's files are read from: the reading side's I/O edge.
 
-A :class:`CheckpointSource` is one root holding query checkpoint locations. It answers five
+A :class:`CheckpointSource` is one root holding query checkpoint locations. It answers these
 questions, and nothing above it touches the files another way:
 
 - :meth:`~CheckpointSource.locations`: each query's checkpoint location under the root — a
@@ -13,7 +13,13 @@ questions, and nothing above it touches the files another way:
   subdirectories are walked: RocksDB uploads a snapshot's SST files before its ``.zip``, so a
   ``.zip`` in the listing finds its SSTs listed after it (unless Spark deleted them since).
 - :meth:`~CheckpointSource.read`: one small file, whole (the few the cut parses); raises
-  ``FileNotFoundError`` when it is gone.
+  ``FileNotFoundError`` when it is gone. :meth:`~CheckpointSource.reader` is the same read
+  for a worker thread: the cut runs in one and reads through it, each read one blocking
+  call where the source has one (a local volume), not a hop back to the event loop and out
+  to another thread.
+- :meth:`~CheckpointSource.read_listed`: one small file whole, checked against its listing as
+  :meth:`~CheckpointSource.open` checks it, in one go: the many small files a snapshot
+  uploads cost one worker-thread call each, not one per step (open, read, check, close).
 - :meth:`~CheckpointSource.open`: a file for streaming, checked against its listing: opened
   only if it still has the listed size and stamp, and checked again when its last byte was
   read — a file Spark deleted, rewrote or replaced meanwhile raises :class:`FileChanged`, so
@@ -26,8 +32,9 @@ questions, and nothing above it touches the files another way:
 **Where the checkpoint is, next.** A checkpoint already on Azure storage (``abfss://``,
 ``wasbs://``) is a source of the same shape: ``locations`` lists blob prefixes holding a
 ``metadata`` blob, ``listing`` is a flat blob listing (path, size, the ETag as stamp),
-``read`` a blob download, ``open`` a ranged download with ``If-Match`` on the listed ETag
-(a rewritten blob answers 412: :class:`FileChanged`), and ``server_copy`` answers a
+``read`` a blob download (``reader``: the same through ``anyio.from_thread``), ``open`` and
+``read_listed`` a ranged download with ``If-Match`` on the listed ETag (a rewritten blob
+answers 412: :class:`FileChanged`), and ``server_copy`` answers a
 :class:`ServerCopy` (the blob's URL and ETag) so the uploader copies it server-side (Put Block
 From URL with a source ``If-Match``) instead of streaming it. The cut, the uploader and the
 index do not change.
@@ -45,14 +52,13 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
 import msgspec
 
 from sidecar.config import Config
 from sidecar.errors import SidecarError
 from sidecar.model.spark_dir import SparkCheckpointError, parse_query_metadata
-from sidecar.snapshot.cut import Cut, ListedFile, cut_of
+from sidecar.snapshot.cut import Cut, ListedFile, Reader, cut_of
 
 #: How deep under the root checkpoint locations are looked for (the root itself is depth 0):
 #: ``<root>/<app>/<query>`` is depth 2.
@@ -133,11 +139,24 @@ class CheckpointSource(Protocol):
         """
         ...
 
+    def reader(self, location: str) -> Reader:
+        """:meth:`read` of ``location`` as a blocking call, for a worker thread (the cut's)."""
+        ...
+
     def open(self, location: str, file: ListedFile) -> AbstractAsyncContextManager[FileStream]:
         """``file`` of ``location`` to stream, checked against its listing.
 
         Raises:
             FileChanged: when opened or after its last byte: it is gone or not as listed.
+        """
+        ...
+
+    async def read_listed(self, location: str, file: ListedFile) -> bytes:
+        """``file`` of ``location`` whole (a small one: the caller bounds its size), checked
+        against its listing as :meth:`open` checks it.
+
+        Raises:
+            FileChanged: it is gone or not as listed.
         """
         ...
 
@@ -161,11 +180,7 @@ async def take_cut(source: CheckpointSource, location: str, batch: int) -> Cut:
         SourceError: the location cannot be listed, or a file the cut parses is too large.
     """
     listing = await source.listing(location)
-
-    def read(path: str) -> bytes:
-        return anyio.from_thread.run(source.read, location, path)
-
-    return await anyio.to_thread.run_sync(cut_of, listing, read, batch)
+    return await anyio.to_thread.run_sync(cut_of, listing, source.reader(location), batch)
 
 
 def _relative(path: str) -> str:
@@ -291,7 +306,11 @@ class LocalSource:
         return out
 
     async def read(self, location: str, path: str) -> bytes:
-        return await anyio.to_thread.run_sync(self._read, self._dir(location) / _relative(path))
+        return await anyio.to_thread.run_sync(self.reader(location), path)
+
+    def reader(self, location: str) -> Reader:
+        top = self._dir(location)
+        return lambda path: self._read(top / _relative(path))
 
     @staticmethod
     def _read(full: Path) -> bytes:
@@ -316,8 +335,51 @@ class LocalSource:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(os.close, fd)
 
+    async def read_listed(self, location: str, file: ListedFile) -> bytes:
+        full = self._dir(location) / _relative(file.path)
+        return await anyio.to_thread.run_sync(_read_checked, full, file)
+
     def server_copy(self, location: str, file: ListedFile) -> ServerCopy | None:
         return None
+
+
+def _read_checked(full: Path, file: ListedFile) -> bytes:
+    """A worker thread's job: ``file`` whole, checked when opened and after its last byte."""
+    fd = _open_checked(full, file)
+    try:
+        parts: list[bytes] = []
+        got = 0
+        while got < file.size:
+            chunk = os.pread(fd, file.size - got, got)
+            if not chunk:
+                raise _ended(file, got)
+            parts.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    _check_after(full, file)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _ended(file: ListedFile, offset: int) -> FileChanged:
+    return FileChanged(
+        f"{file.path} ended after {offset} of its {file.size} listed bytes: Spark rewrote it; "
+        "this copy fails, the next snapshot lists it again",
+        reason="changed",
+    )
+
+
+def _check_after(full: Path, file: ListedFile) -> None:
+    """``file`` is still at ``full`` as listed, after its last byte was read."""
+    try:
+        st = os.stat(full)
+    except FileNotFoundError as exc:
+        raise FileChanged(
+            f"{file.path} was deleted while it was copied (Spark's retention or a rewrite): "
+            "this copy fails; the next snapshot lists the checkpoint again",
+            reason="gone",
+        ) from exc
+    _check(st, file, "after it was read")
 
 
 def _open_checked(full: Path, file: ListedFile) -> int:
@@ -363,27 +425,12 @@ class _LocalStream:
     async def __anext__(self) -> bytes:
         if self.offset >= self.file.size:
             if not self.checked:
-                await anyio.to_thread.run_sync(self._check_after)
+                await anyio.to_thread.run_sync(_check_after, self.full, self.file)
                 self.checked = True
             raise StopAsyncIteration
         want = min(self.chunk_bytes, self.file.size - self.offset)
         chunk = await anyio.to_thread.run_sync(os.pread, self.fd, want, self.offset)
         if not chunk:
-            raise FileChanged(
-                f"{self.file.path} ended after {self.offset} of its {self.file.size} listed "
-                "bytes: Spark rewrote it; this copy fails, the next snapshot lists it again",
-                reason="changed",
-            )
+            raise _ended(self.file, self.offset)
         self.offset += len(chunk)
         return chunk
-
-    def _check_after(self) -> None:
-        try:
-            st = os.stat(self.full)
-        except FileNotFoundError as exc:
-            raise FileChanged(
-                f"{self.file.path} was deleted while it was copied (Spark's retention or a "
-                "rewrite): this copy fails; the next snapshot lists the checkpoint again",
-                reason="gone",
-            ) from exc
-        _check(st, self.file, "after it was read")

@@ -5,8 +5,9 @@ file's content (SHA-256):
 
 1. a file whose (path, size, stamp) the previous snapshot had is not read: its content is
    known (:class:`~sidecar.snapshot.contents.Contents`);
-2. any other file is read through ``source.open`` (checked against its listing: a file gone
-   or changed meanwhile raises ``FileChanged``) and hashed;
+2. any other file is read (``source.read_listed``, a large one streamed through
+   ``source.open``; checked against its listing: a file gone or changed meanwhile raises
+   ``FileChanged``) and hashed;
 3. a content already stored — by an earlier snapshot, or earlier in this one — is referenced
    where it is; only a new content's bytes are uploaded, once.
 
@@ -272,9 +273,7 @@ class _Upload:
         self.new_packs[pack_id] = file.size
 
     async def read_whole(self, file: CutFile) -> bytes:
-        async with self.source.open(self.location, file.listed) as stream:
-            parts = [chunk async for chunk in stream]
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return await self.source.read_listed(self.location, file.listed)
 
     async def hash_stream(self, file: CutFile) -> bytes:
         digest = hashlib.sha256()

@@ -181,6 +181,43 @@ async def test_a_file_changed_or_gone_before_it_is_opened_fails_the_copy(tmp_pat
     assert caught.value.reason == "gone"
 
 
+async def test_a_small_file_is_read_whole_in_one_go_checked_against_its_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint(tmp_path / "q", QUERY_A)
+    write(tmp_path / "q" / "state" / "0" / "0" / "2.delta", b"D" * 50)
+    source = LocalSource(tmp_path)
+    read = source.reader("q")  # blocking: for a worker thread
+    assert await anyio.to_thread.run_sync(read, "commits/1") == b'v1\n{"nextBatchWatermarkMs":0}'
+    with pytest.raises(ValueError):
+        await anyio.to_thread.run_sync(read, "../q/metadata")
+    files = {f.path: f for f in await source.listing("q")}
+    delta = files["state/0/0/2.delta"]
+    assert await source.read_listed("q", delta) == b"D" * 50
+
+    target = tmp_path / "q" / delta.path
+    real_pread = os.pread
+
+    def replace_after_read(fd: int, n: int, at: int) -> bytes:  # Spark rewrites it meanwhile
+        data = real_pread(fd, n, at)
+        write(target.with_name(".2.delta.tmp"), b"E" * 50)
+        os.replace(target.with_name(".2.delta.tmp"), target)
+        return data
+
+    monkeypatch.setattr(os, "pread", replace_after_read)
+    with pytest.raises(FileChanged) as caught:
+        await source.read_listed("q", delta)
+    assert caught.value.reason == "changed" and "after it was read" in str(caught.value)
+    monkeypatch.undo()
+    with pytest.raises(FileChanged) as caught:  # listed before the rewrite: refused at open
+        await source.read_listed("q", delta)
+    assert caught.value.reason == "changed" and "when opened" in str(caught.value)
+    os.remove(target)
+    with pytest.raises(FileChanged) as caught:
+        await source.read_listed("q", delta)
+    assert caught.value.reason == "gone"
+
+
 @pytest.mark.parametrize("how", ["deleted", "replaced", "appended"])
 async def test_a_file_changed_mid_copy_fails_it_and_the_next_copy_succeeds(
     tmp_path: Path, how: str

@@ -213,12 +213,19 @@ class Meddling(LocalSource):
         self.meddle = meddle
         self.opened: dict[str, int] = {}
 
-    @asynccontextmanager
-    async def open(self, location: str, file: ListedFile) -> AsyncIterator[FileStream]:
+    async def _opening(self, file: ListedFile) -> None:
         self.opened[file.path] = self.opened.get(file.path, 0) + 1
         await anyio.to_thread.run_sync(self.meddle, file.path, self.opened[file.path])
+
+    @asynccontextmanager
+    async def open(self, location: str, file: ListedFile) -> AsyncIterator[FileStream]:
+        await self._opening(file)
         async with super().open(location, file) as stream:
             yield stream
+
+    async def read_listed(self, location: str, file: ListedFile) -> bytes:
+        await self._opening(file)
+        return await super().read_listed(location, file)
 
 
 @pytest.fixture
