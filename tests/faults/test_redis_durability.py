@@ -10,6 +10,7 @@ import anyio
 import pytest
 import redis.asyncio as aioredis
 
+from sidecar.daemon.app import Daemon
 from sidecar.ops.client import SidecarClient
 from tests.helpers import ConfigFactory, eventually, running_daemon, sample
 from tests.services import DaemonProcess, RedisServer, ServiceError
@@ -103,6 +104,20 @@ async def test_redis_emptied_while_running_is_counted_and_names_what_was_lost(
     assert "(acked batch 5, now none)" in lost[0].getMessage()
 
 
+def reset_counts(daemons: list[Daemon]) -> list[float]:
+    return [sample(d, "checkpoint_sidecar_redis_resets_total") for d in daemons]
+
+
+async def checked(daemons: list[Daemon], *, passes: int, since: list[int] | None = None) -> None:
+    """Each daemon's durability watch completed ``passes`` more checks than ``since`` (by
+    default: than now)."""
+    start = since if since is not None else [d.durability.checks for d in daemons]
+    await eventually(
+        lambda: all(d.durability.checks >= s + passes for d, s in zip(daemons, start, strict=True)),
+        timeout_s=15,
+    )
+
+
 async def test_two_daemons_of_one_namespace_share_its_marker_and_both_see_a_loss(
     make_config: ConfigFactory,
     own_redis: RedisServer,
@@ -119,30 +134,13 @@ async def test_two_daemons_of_one_namespace_share_its_marker_and_both_see_a_loss
         time_threshold_s=3600,
     )
     async with running_daemon(first) as one, running_daemon(second) as two:
-        checks = one.durability.checks, two.durability.checks
-        await eventually(
-            lambda: (
-                one.durability.checks >= checks[0] + 3 and two.durability.checks >= checks[1] + 3
-            ),
-            timeout_s=15,
-        )
-        assert [sample(d, "checkpoint_sidecar_redis_resets_total") for d in (one, two)] == [0, 0]
+        await checked([one, two], passes=3)
+        assert reset_counts([one, two]) == [0, 0]
         assert not [r for r in caplog.records if "Redis lost" in r.getMessage()]
         await flushall(own_redis.url)
-        await eventually(
-            lambda: (
-                [sample(d, "checkpoint_sidecar_redis_resets_total") for d in (one, two)] == [1, 1]
-            ),
-            timeout_s=5,
-        )
-        checks = one.durability.checks, two.durability.checks
-        await eventually(
-            lambda: (
-                one.durability.checks >= checks[0] + 3 and two.durability.checks >= checks[1] + 3
-            ),
-            timeout_s=15,
-        )
-        assert [sample(d, "checkpoint_sidecar_redis_resets_total") for d in (one, two)] == [1, 1]
+        await eventually(lambda: reset_counts([one, two]) == [1, 1], timeout_s=5)
+        await checked([one, two], passes=3)
+        assert reset_counts([one, two]) == [1, 1]
 
 
 @pytest.mark.parametrize(("redis_fixture", "resets"), [("volatile_redis", 1), ("own_redis", 0)])
@@ -154,9 +152,9 @@ async def test_a_restart_without_aof_is_detected_and_one_with_aof_is_not(
     async with running_daemon(config) as daemon:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(kafka_progress(Q2, 1))).applied
-        checks = daemon.durability.checks
+        before = daemon.durability.checks
         await anyio.to_thread.run_sync(server.stop)
         await anyio.to_thread.run_sync(server.start)
         # two completed passes after the restart: the marker was looked at
-        await eventually(lambda: daemon.durability.checks >= checks + 2, timeout_s=15)
+        await checked([daemon], passes=2, since=[before])
         assert sample(daemon, "checkpoint_sidecar_redis_resets_total") == resets
