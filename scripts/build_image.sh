@@ -177,10 +177,16 @@ if [ "$CONTEXT" = . ] && [ -n "$(git status --porcelain --untracked-files=no 2>/
     log "the work tree has uncommitted changes: they are built in, the revision label says $revision"
 fi
 
+# The labels are also given as --label: podman's layer cache (buildah, podman 4.3) reuses the
+# Dockerfile's LABEL step when only a build argument's value changed, so a commit that
+# changes nothing in the context kept the previous commit's revision label.
 build_args=(--tag "$IMAGE"
     --build-arg "PYTHON_IMAGE=$base" --build-arg "RUNTIME_IMAGE=$runtime"
     --build-arg "VERSION=$version" --build-arg "REVISION=$revision"
-    --build-arg "SOURCE=$SOURCE_URL")
+    --build-arg "SOURCE=$SOURCE_URL"
+    --label "org.opencontainers.image.version=$version"
+    --label "org.opencontainers.image.revision=$revision"
+    --label "org.opencontainers.image.source=$SOURCE_URL")
 if [ -s "$CA_BUNDLE" ]; then
     build_args+=(--secret "id=host-ca,src=$CA_BUNDLE")
 fi
