@@ -7,7 +7,7 @@ Messages say what happened and what to do next.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 #: Process exit codes: clean stop, runtime failure, bad configuration or usage, forced stop.
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FORCED = 0, 1, 2, 130
@@ -19,6 +19,20 @@ class SidecarError(Exception):
     retriable: ClassVar[bool] = False
     #: Machine-readable code used when the error reaches a client as an error reply.
     code: ClassVar[str] = "internal"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its class, message and attributes, whatever its ``__init__`` takes: an
+        error raised in a worker process (a snapshot's cut) arrives with its type, message
+        and keyword-only attributes (``reason``); its ``__cause__``, as any exception's, is
+        not pickled."""
+        return (_rebuilt, (type(self), self.args, self.__dict__), None)
+
+
+def _rebuilt(cls: type[SidecarError], args: tuple[Any, ...], attrs: dict[str, Any]) -> Any:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(attrs)
+    return error
 
 
 class ConfigError(SidecarError):

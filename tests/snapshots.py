@@ -10,7 +10,7 @@ import anyio
 import anyio.to_thread
 
 from sidecar.snapshot.cut import Cut
-from sidecar.snapshot.source import CheckpointSource, LocalSource, take_cut
+from sidecar.snapshot.source import CheckpointSource, LocalSource
 
 
 async def copy_cut(source: CheckpointSource, location: str, cut: Cut, dest: Path) -> None:
@@ -37,7 +37,7 @@ def snapshot_to(checkpoint: Path, batch: int, dest: Path) -> Cut:
 
     async def run() -> Cut:
         source = LocalSource(checkpoint)
-        cut = await take_cut(source, "", batch)
+        cut = await source.cut("", batch)
         await copy_cut(source, "", cut, dest)
         return cut
 

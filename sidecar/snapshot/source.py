@@ -7,16 +7,15 @@ questions, and nothing above it touches the files another way:
   directory with a ``metadata`` file holding the query id (Spark writes ``{"id": …}`` there
   when the query first starts). Found by a walk of bounded depth that does not descend into
   a location once found, nor into ``state/``, ``_spark_metadata/`` or hidden directories.
-- :meth:`~CheckpointSource.listing`: every file of one location, as :class:`ListedFile`
-  (relative ``/``-separated path, size, and a stamp of this version of the file), what
-  :func:`~sidecar.snapshot.cut.cut_of` takes. A directory's own files are listed before its
-  subdirectories are walked: RocksDB uploads a snapshot's SST files before its ``.zip``, so a
-  ``.zip`` in the listing finds its SSTs listed after it (unless Spark deleted them since).
-- :meth:`~CheckpointSource.read`: one small file, whole (the few the cut parses); raises
-  ``FileNotFoundError`` when it is gone. :meth:`~CheckpointSource.reader` is the same read
-  for a worker thread: the cut runs in one and reads through it, each read one blocking
-  call where the source has one (a local volume), not a hop back to the event loop and out
-  to another thread.
+- :meth:`~CheckpointSource.cut`: the cut of one batch of a location
+  (:func:`~sidecar.snapshot.cut.cut_of`): every file listed (relative ``/``-separated path,
+  size, and a stamp of this version of the file, :class:`ListedFile`), then the few files it
+  parses read. A directory's own files are listed before its subdirectories are walked:
+  RocksDB uploads a snapshot's SST files before its ``.zip``, so a ``.zip`` in the listing
+  finds its SSTs listed after it (unless Spark deleted them since). A local volume's cut runs
+  in a worker process at a lower priority (:data:`CUT_NICE`): listing thousands of files and
+  parsing the cut is the snapshot's main CPU cost, and in a thread of the daemon it would
+  hold the interpreter lock the acks need (measured: ``docs/benchmarks.md``).
 - :meth:`~CheckpointSource.read_listed`: one small file whole, checked against its listing as
   :meth:`~CheckpointSource.open` checks it, in one go: the many small files a snapshot
   uploads cost one worker-thread call each, not one per step (open, read, check, close).
@@ -31,34 +30,39 @@ questions, and nothing above it touches the files another way:
 
 **Where the checkpoint is, next.** A checkpoint already on Azure storage (``abfss://``,
 ``wasbs://``) is a source of the same shape: ``locations`` lists blob prefixes holding a
-``metadata`` blob, ``listing`` is a flat blob listing (path, size, the ETag as stamp),
-``read`` a blob download (``reader``: the same through ``anyio.from_thread``), ``open`` and
+``metadata`` blob, ``cut`` a flat blob listing (path, size, the ETag as stamp) and
+:func:`~sidecar.snapshot.cut.cut_of` in a worker thread reading blobs through
+``anyio.from_thread`` (the daemon's CPU is then a listing's, not a walk's), ``open`` and
 ``read_listed`` a ranged download with ``If-Match`` on the listed ETag (a rewritten blob
 answers 412: :class:`FileChanged`), and ``server_copy`` answers a
 :class:`ServerCopy` (the blob's URL and ETag) so the uploader copies it server-side (Put Block
 From URL with a source ``If-Match``) instead of streaming it. The cut, the uploader and the
 index do not change.
 
-Everything here runs its blocking calls in worker threads; nothing blocks the event loop.
+Everything here runs its blocking calls in worker threads or a worker process; nothing blocks
+the event loop.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import traceback
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Literal, Protocol
 
 import anyio
+import anyio.to_process
 import anyio.to_thread
 import msgspec
 
 from sidecar.config import Config
 from sidecar.errors import SidecarError
 from sidecar.model.spark_dir import SparkCheckpointError, parse_query_metadata
-from sidecar.snapshot.cut import Cut, ListedFile, Reader, cut_of
+from sidecar.snapshot.cut import Cut, ListedFile, cut_of
 
 #: How deep under the root checkpoint locations are looked for (the root itself is depth 0):
 #: ``<root>/<app>/<query>`` is depth 2.
@@ -73,6 +77,9 @@ METADATA_MAX_BYTES = 4096
 SMALL_FILE_MAX_BYTES = 64 * 1024 * 1024
 #: Bytes read per chunk when a file is streamed: the copy's memory per file in flight.
 CHUNK_BYTES = 1024 * 1024
+#: The niceness the cut's worker process adds to its own: under a busy Spark driver, the
+#: daemon's acks and Spark's tasks come first, a snapshot's listing after them.
+CUT_NICE = 5
 
 
 class Location(msgspec.Struct, frozen=True):
@@ -91,9 +98,12 @@ class ServerCopy(msgspec.Struct, frozen=True):
 
 
 class SourceError(SidecarError):
-    """The source cannot be read (its root is missing, a file is too large to read whole)."""
+    """The source cannot be read (its root is missing, a file is too large to read whole, the
+    cut's worker process died)."""
 
-    def __init__(self, message: str, *, reason: Literal["unreadable", "too_large"]) -> None:
+    def __init__(
+        self, message: str, *, reason: Literal["unreadable", "too_large", "worker"]
+    ) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -126,21 +136,16 @@ class CheckpointSource(Protocol):
         """
         ...
 
-    async def listing(self, location: str) -> list[ListedFile]:
-        """Every file of ``location`` (a :attr:`Location.path`)."""
-        ...
-
-    async def read(self, location: str, path: str) -> bytes:
-        """One file of ``location`` whole.
+    async def cut(self, location: str, batch: int) -> Cut:
+        """The cut of ``batch`` of the checkpoint at ``location`` (a :attr:`Location.path`):
+        listed, then cut.
 
         Raises:
-            FileNotFoundError: it is gone.
-            SourceError: it is larger than :data:`SMALL_FILE_MAX_BYTES`.
+            CutError: see :func:`~sidecar.snapshot.cut.cut_of` (a file gone since the listing
+                is ``missing_file``).
+            SourceError: the location cannot be listed, or a file the cut parses is too
+                large.
         """
-        ...
-
-    def reader(self, location: str) -> Reader:
-        """:meth:`read` of ``location`` as a blocking call, for a worker thread (the cut's)."""
         ...
 
     def open(self, location: str, file: ListedFile) -> AbstractAsyncContextManager[FileStream]:
@@ -170,19 +175,6 @@ def configured_source(config: Config) -> CheckpointSource | None:
     return LocalSource(Path(config.snapshot_root)) if config.snapshot_root else None
 
 
-async def take_cut(source: CheckpointSource, location: str, batch: int) -> Cut:
-    """The cut of ``batch`` of the checkpoint at ``location``: listed, then cut (in a worker
-    thread, reading the few files it parses through ``source``).
-
-    Raises:
-        CutError: see :func:`~sidecar.snapshot.cut.cut_of` (a file gone since the listing is
-            ``missing_file``).
-        SourceError: the location cannot be listed, or a file the cut parses is too large.
-    """
-    listing = await source.listing(location)
-    return await anyio.to_thread.run_sync(cut_of, listing, source.reader(location), batch)
-
-
 def _relative(path: str) -> str:
     """``path`` checked to stay below its location: relative, no ``..``, no empty part."""
     parts = path.split("/")
@@ -208,6 +200,8 @@ class LocalSource:
         self.root = root
         self.max_depth = max_depth
         self.chunk_bytes = chunk_bytes
+        #: One cut at a time in one worker process (made at the first cut, in the loop).
+        self._cutting: anyio.CapacityLimiter | None = None
 
     def __str__(self) -> str:
         """The root's path: what the daemon's log lines name (``root %s``, ``under %s``)."""
@@ -271,59 +265,21 @@ class LocalSource:
                     return None
         return None
 
-    async def listing(self, location: str) -> list[ListedFile]:
-        return await anyio.to_thread.run_sync(self._listing, self._dir(location))
-
-    @staticmethod
-    def _listing(top: Path) -> list[ListedFile]:
-        if not top.is_dir():
+    async def cut(self, location: str, batch: int) -> Cut:
+        if self._cutting is None:
+            self._cutting = anyio.CapacityLimiter(1)
+        try:
+            return await anyio.to_process.run_sync(
+                cut_here, str(self._dir(location)), batch, cancellable=True,
+                limiter=self._cutting,
+            )  # fmt: skip
+        except anyio.BrokenWorkerProcess as exc:
             raise SourceError(
-                f"{top} is not a directory: the checkpoint location is gone or not mounted",
-                reason="unreadable",
-            )
-        out: list[ListedFile] = []
-        pending: list[tuple[Path, str]] = [(top, "")]
-        while pending:
-            directory, rel = pending.pop()
-            try:
-                with os.scandir(directory) as entries:
-                    listed = list(entries)
-            except FileNotFoundError:  # Spark removed it meanwhile
-                continue
-            subdirs = []
-            # A directory's files first, then its subdirectories (see the module docstring).
-            for entry in listed:
-                path = f"{rel}/{entry.name}" if rel else entry.name
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    out.append(ListedFile(path, st.st_size, _stamp(st)))
-                elif stat.S_ISDIR(st.st_mode):
-                    subdirs.append((Path(entry.path), path))
-            pending.extend(sorted(subdirs, reverse=True))
-        return out
-
-    async def read(self, location: str, path: str) -> bytes:
-        return await anyio.to_thread.run_sync(self.reader(location), path)
-
-    def reader(self, location: str) -> Reader:
-        top = self._dir(location)
-        return lambda path: self._read(top / _relative(path))
-
-    @staticmethod
-    def _read(full: Path) -> bytes:
-        with open(full, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > SMALL_FILE_MAX_BYTES:
-                raise SourceError(
-                    f"{full} has {size} bytes, more than the {SMALL_FILE_MAX_BYTES} read whole "
-                    "for a cut: it is not a file Spark writes that small; is the checkpoint "
-                    "damaged?",
-                    reason="too_large",
-                )
-            return f.read()
+                f"the worker process cutting {self._dir(location)} died ({exc}): this "
+                "snapshot fails, the next one starts a new worker; if it keeps dying, look "
+                "for the kernel's OOM killer in the pod's events",
+                reason="worker",
+            ) from exc
 
     @asynccontextmanager
     async def open(self, location: str, file: ListedFile) -> AsyncIterator[FileStream]:
@@ -341,6 +297,87 @@ class LocalSource:
 
     def server_copy(self, location: str, file: ListedFile) -> ServerCopy | None:
         return None
+
+
+#: Whether this process lowered its priority: done once, in the cut's worker process.
+_niced = False
+
+
+def cut_here(top: str, batch: int) -> Cut:
+    """The cut of ``batch`` of the checkpoint directory ``top``, listed and cut in this process:
+    :meth:`LocalSource.cut`'s worker process (which lowers its own priority by
+    :data:`CUT_NICE` at its first cut). A failure other than the cut's own errors arrives in
+    the daemon with this process's traceback as a note."""
+    global _niced
+    if not _niced:
+        _niced = True
+        os.nice(CUT_NICE)
+    directory = Path(top)
+    try:
+        return cut_of(listing_of(directory), partial(read_small, directory), batch)
+    except SidecarError:
+        raise
+    except Exception as exc:  # a bug: its traceback travels with it
+        exc.add_note("in the cut's worker process:\n" + traceback.format_exc())
+        raise
+
+
+def listing_of(top: Path) -> list[ListedFile]:
+    """Every regular file under the directory ``top``, a directory's own files before its
+    subdirectories' (blocking: the cut's worker calls it).
+
+    Raises:
+        SourceError: ``top`` is not a directory.
+    """
+    if not top.is_dir():
+        raise SourceError(
+            f"{top} is not a directory: the checkpoint location is gone or not mounted",
+            reason="unreadable",
+        )
+    out: list[ListedFile] = []
+    pending: list[tuple[Path, str]] = [(top, "")]
+    while pending:
+        directory, rel = pending.pop()
+        try:
+            with os.scandir(directory) as entries:
+                listed = list(entries)
+        except FileNotFoundError:  # Spark removed it meanwhile
+            continue
+        subdirs = []
+        # A directory's files first, then its subdirectories (see the module docstring).
+        for entry in listed:
+            path = f"{rel}/{entry.name}" if rel else entry.name
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                out.append(ListedFile(path, st.st_size, _stamp(st)))
+            elif stat.S_ISDIR(st.st_mode):
+                subdirs.append((Path(entry.path), path))
+        pending.extend(sorted(subdirs, reverse=True))
+    return out
+
+
+def read_small(top: Path, path: str) -> bytes:
+    """The file ``path`` (relative) under ``top`` whole: one the cut parses (blocking).
+
+    Raises:
+        FileNotFoundError: it is gone.
+        ValueError: ``path`` is not relative to ``top``.
+        SourceError: it is larger than :data:`SMALL_FILE_MAX_BYTES`.
+    """
+    full = top / _relative(path)
+    with open(full, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > SMALL_FILE_MAX_BYTES:
+            raise SourceError(
+                f"{full} has {size} bytes, more than the {SMALL_FILE_MAX_BYTES} read whole "
+                "for a cut: it is not a file Spark writes that small; is the checkpoint "
+                "damaged?",
+                reason="too_large",
+            )
+        return f.read()
 
 
 def _read_checked(full: Path, file: ListedFile) -> bytes:

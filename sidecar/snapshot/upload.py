@@ -1,6 +1,6 @@
 """Take one snapshot: the cut of batch N, its new contents uploaded in packs, its index last.
 
-:func:`upload_snapshot` takes the cut (``sidecar.snapshot.source.take_cut``), then finds each
+:func:`upload_snapshot` takes the cut (``CheckpointSource.cut``), then finds each
 file's content (SHA-256):
 
 1. a file whose (path, size, stamp) the previous snapshot had is not read: its content is
@@ -53,7 +53,7 @@ from sidecar.snapshot.index import (
     now_text,
     pack_name,
 )
-from sidecar.snapshot.source import CheckpointSource, FileChanged, SourceError, take_cut
+from sidecar.snapshot.source import CheckpointSource, FileChanged, SourceError
 from sidecar.snapshot.stored import SnapshotStore, chunks_of, create, first_error
 
 __all__ = ["Contents", "UploadError", "UploadResult", "failure_reason", "upload_snapshot"]
@@ -350,7 +350,7 @@ async def upload_snapshot(
     """
     started = time.monotonic()
     counted = blobs.counted()
-    cut = await take_cut(source, location, batch)
+    cut = await source.cut(location, batch)
     if cut.query_id != query_id:
         raise UploadError(
             f"the checkpoint at {location or '.'} is query {cut.query_id}'s, not {query_id}'s "

@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from sidecar.snapshot.cut import Cut, CutError, Role
-from sidecar.snapshot.source import FileChanged, LocalSource, take_cut
+from sidecar.snapshot.source import FileChanged, LocalSource
 from tests.helpers import spark_conf, wait_for
 from tests.snapshots import copy_cut, snapshot_to
 
@@ -292,7 +292,7 @@ def files_under(root: Path) -> list[str]:
 
 
 def cut_now(checkpoint: Path, batch: int) -> Cut:
-    return anyio.run(take_cut, LocalSource(checkpoint), "", batch)
+    return anyio.run(LocalSource(checkpoint).cut, "", batch)
 
 
 def copy_now(checkpoint: Path, cut: Cut, dest: Path) -> None:

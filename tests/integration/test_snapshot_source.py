@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 from pathlib import Path
 
 import anyio
@@ -15,14 +17,15 @@ import pytest
 
 from sidecar.config import Config
 from sidecar.snapshot import source as source_module
-from sidecar.snapshot.cut import ListedFile, Role
+from sidecar.snapshot.cut import CutError, ListedFile, Role
 from sidecar.snapshot.source import (
     FileChanged,
     LocalSource,
     Location,
     SourceError,
     configured_source,
-    take_cut,
+    listing_of,
+    read_small,
 )
 from tests.snapshots import copy_cut
 
@@ -89,41 +92,42 @@ async def test_locations_are_found_by_their_metadata_within_the_depth(tmp_path: 
     assert "SIDECAR_SNAPSHOT_ROOT" in str(caught.value)
 
 
-async def test_a_listing_has_every_file_and_a_directorys_files_before_its_subdirectories(
+def test_a_listing_has_every_file_and_a_directorys_files_before_its_subdirectories(
     tmp_path: Path,
 ) -> None:
     checkpoint(tmp_path, QUERY_A)
     write(tmp_path / "state" / "0" / "0" / "3.zip")
     write(tmp_path / "state" / "0" / "0" / "SSTs" / "000008-u.sst", b"s" * 7)
-    listing = await LocalSource(tmp_path).listing("")
+    listing = listing_of(tmp_path)
     paths = [f.path for f in listing]
     assert sorted(paths) == files_of(tmp_path)
     assert paths.index("state/0/0/3.zip") < paths.index("state/0/0/SSTs/000008-u.sst")
     sst = next(f for f in listing if f.path.endswith(".sst"))
     assert (sst.size, sst.stamp) == (7, stamp_of(tmp_path / sst.path))
-    with pytest.raises(SourceError):
-        await LocalSource(tmp_path).listing("no/such/location")
+    with pytest.raises(SourceError) as caught:
+        listing_of(tmp_path / "no" / "such" / "location")
+    assert caught.value.reason == "unreadable"
 
 
-async def test_small_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_small_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     checkpoint(tmp_path / "q", QUERY_A)
-    source = LocalSource(tmp_path)
-    assert await source.read("q", "commits/1") == b'v1\n{"nextBatchWatermarkMs":0}'
+    top = tmp_path / "q"
+    assert read_small(top, "commits/1") == b'v1\n{"nextBatchWatermarkMs":0}'
     with pytest.raises(FileNotFoundError):
-        await source.read("q", "commits/9")
+        read_small(top, "commits/9")
     for bad in ("../q/metadata", "/etc/passwd", "commits//1"):
         with pytest.raises(ValueError):
-            await source.read("q", bad)
+            read_small(top, bad)
     monkeypatch.setattr(source_module, "SMALL_FILE_MAX_BYTES", 10)
     with pytest.raises(SourceError) as caught:
-        await source.read("q", "offsets/1")
+        read_small(top, "offsets/1")
     assert caught.value.reason == "too_large"
 
 
 async def test_a_cut_taken_and_copied_through_the_source(tmp_path: Path) -> None:
     checkpoint(tmp_path / "ck", QUERY_A, batches=4)
     source = LocalSource(tmp_path / "ck", chunk_bytes=3)
-    cut = await take_cut(source, "", 2)
+    cut = await source.cut("", 2)
     assert [f.path for f in cut.files if f.role == Role.DELTA] == [
         "state/0/0/1.delta",
         "state/0/0/2.delta",
@@ -133,6 +137,74 @@ async def test_a_cut_taken_and_copied_through_the_source(tmp_path: Path) -> None
     assert files_of(tmp_path / "copy") == [f.path for f in cut.files]
     for f in cut.files:
         assert same_bytes(tmp_path / "copy" / f.path, tmp_path / "ck" / f.path)
+
+
+def cut_workers() -> set[int]:
+    """The live worker processes (anyio's, the cut's) this test process started."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile
+            continue
+        state, ppid = fields[0], int(fields[1])
+        if ppid == os.getpid() and state != "Z" and b"anyio.to_process" in cmdline:
+            found.add(int(entry.name))
+    return found
+
+
+async def test_a_cut_runs_in_a_worker_process_at_a_lower_priority_and_its_errors_arrive_whole(
+    tmp_path: Path,
+) -> None:
+    checkpoint(tmp_path, QUERY_A, batches=3)
+    source = LocalSource(tmp_path)
+    before = await anyio.to_thread.run_sync(cut_workers)
+    cut = await source.cut("", 2)
+    assert cut.query_id == QUERY_A and "commits/2" in [f.path for f in cut.files]
+    (worker,) = await anyio.to_thread.run_sync(cut_workers) - before
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, worker) == min(19, own + source_module.CUT_NICE)
+
+    with pytest.raises(CutError) as caught:  # raised in the worker, arrives with its reason
+        await source.cut("", 7)
+    assert caught.value.reason == "not_committed" and "7" in str(caught.value)
+    with pytest.raises(SourceError) as unreadable:
+        await LocalSource(tmp_path / "gone").cut("", 2)
+    assert unreadable.value.reason == "unreadable"
+    assert await anyio.to_thread.run_sync(cut_workers) - before == {worker}  # reused
+    assert os.getpriority(os.PRIO_PROCESS, 0) == own  # the daemon's own is untouched
+
+
+async def test_a_cut_whose_worker_dies_fails_cleanly_and_the_next_cut_starts_a_new_one(
+    tmp_path: Path,
+) -> None:
+    checkpoint(tmp_path, QUERY_A, batches=3)
+    source = LocalSource(tmp_path)
+    before = await anyio.to_thread.run_sync(cut_workers)
+
+    def kill_the_new_worker() -> int:
+        while not (new := cut_workers() - before):
+            time.sleep(0.001)
+        (pid,) = new
+        os.kill(pid, signal.SIGKILL)  # the OOM killer, say: before it answered
+        return pid
+
+    async with anyio.create_task_group() as tg:
+        killed: list[int] = []
+
+        async def killer() -> None:
+            killed.append(await anyio.to_thread.run_sync(kill_the_new_worker))
+
+        tg.start_soon(killer)
+        with pytest.raises(SourceError) as caught:
+            await source.cut("", 2)
+    assert caught.value.reason == "worker" and "next one starts a new worker" in str(caught.value)
+    cut = await source.cut("", 2)
+    assert cut.query_id == QUERY_A
+    assert killed[0] not in await anyio.to_thread.run_sync(cut_workers)
 
 
 async def read_all(source: LocalSource, file: ListedFile, after_first: object = None) -> bytes:
@@ -147,7 +219,8 @@ async def read_all(source: LocalSource, file: ListedFile, after_first: object = 
 
 
 async def listed(source: LocalSource, path: str) -> ListedFile:
-    return next(f for f in await source.listing("") if f.path == path)
+    listing = await anyio.to_thread.run_sync(listing_of, source.root)
+    return next(f for f in listing if f.path == path)
 
 
 async def test_a_stream_gives_the_listed_bytes_in_bounded_chunks(tmp_path: Path) -> None:
@@ -187,11 +260,7 @@ async def test_a_small_file_is_read_whole_in_one_go_checked_against_its_listing(
     checkpoint(tmp_path / "q", QUERY_A)
     write(tmp_path / "q" / "state" / "0" / "0" / "2.delta", b"D" * 50)
     source = LocalSource(tmp_path)
-    read = source.reader("q")  # blocking: for a worker thread
-    assert await anyio.to_thread.run_sync(read, "commits/1") == b'v1\n{"nextBatchWatermarkMs":0}'
-    with pytest.raises(ValueError):
-        await anyio.to_thread.run_sync(read, "../q/metadata")
-    files = {f.path: f for f in await source.listing("q")}
+    files = {f.path: f for f in await anyio.to_thread.run_sync(listing_of, tmp_path / "q")}
     delta = files["state/0/0/2.delta"]
     assert await source.read_listed("q", delta) == b"D" * 50
 
@@ -227,7 +296,7 @@ async def test_a_file_changed_mid_copy_fails_it_and_the_next_copy_succeeds(
     target = ck / "state" / "0" / "0" / "2.delta"
     write(target, b"D" * 50)
     source = LocalSource(ck, chunk_bytes=8)
-    cut = await take_cut(source, "", 2)
+    cut = await source.cut("", 2)
 
     def meddle() -> None:  # what Spark's maintenance or a re-run does under the copy
         if how == "deleted":
@@ -245,7 +314,7 @@ async def test_a_file_changed_mid_copy_fails_it_and_the_next_copy_succeeds(
     assert caught.value.reason == ("gone" if how == "deleted" else "changed")
     if how == "deleted":  # the next cut sees the file is missing: refused, nothing copied
         write(target, b"D" * 50)  # (Spark would have moved on to a newer batch)
-    cut = await take_cut(source, "", 2)
+    cut = await source.cut("", 2)
     await copy_cut(source, "", cut, tmp_path / "copy")
     assert same_bytes(tmp_path / "copy" / "state/0/0/2.delta", target)
 
@@ -254,7 +323,7 @@ async def test_the_copy_of_a_cut_fails_when_a_file_is_deleted_under_it(tmp_path:
     ck = tmp_path / "ck"
     checkpoint(ck, QUERY_A, batches=4)
     source = LocalSource(ck)
-    cut = await take_cut(source, "", 3)
+    cut = await source.cut("", 3)
     os.remove(ck / "state" / "0" / "0" / "4.delta")
     with pytest.raises(FileChanged):
         await copy_cut(source, "", cut, tmp_path / "copy")

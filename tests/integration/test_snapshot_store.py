@@ -41,7 +41,7 @@ from sidecar.snapshot.restore import (
     restore,
 )
 from sidecar.snapshot.retention import ListedLike, classify, marks_name
-from sidecar.snapshot.source import FileChanged, FileStream, LocalSource, take_cut
+from sidecar.snapshot.source import FileChanged, FileStream, LocalSource
 from sidecar.snapshot.stored import SnapshotStore, chunks_of
 from sidecar.snapshot.upload import UploadResult, upload_snapshot
 from sidecar.store.blobs import BlobStore
@@ -181,7 +181,7 @@ async def snapshot(
 async def reference(ck: HdfsCheckpoint, batch: int, dest: Path) -> dict[str, bytes]:
     """The cut of ``batch`` copied to ``dest`` now (what a restore of it must equal)."""
     source = LocalSource(ck.root)
-    cut = await take_cut(source, "", batch)
+    cut = await source.cut("", batch)
     await copy_cut(source, "", cut, dest)
     return tree(dest)
 
@@ -246,7 +246,7 @@ async def test_the_first_backup_of_a_new_store(
     contents = Contents()
     result = await snapshot(ck, blobs, namespace, contents)
 
-    cut = await take_cut(LocalSource(ck.root), "", 2)
+    cut = await LocalSource(ck.root).cut("", 2)
     index = result.index
     assert (index.query_id, index.batch, index.location) == (QUERY_ID, 2, "")
     assert [f.path for f in index.files] == [f.path for f in cut.files]
@@ -347,7 +347,7 @@ async def test_a_restarted_process_uploads_no_content_twice(
         loaded = await Contents.load(second, namespace, QUERY_ID)
         assert loaded.known == contents.known
         result = await snapshot(ck, second, namespace, loaded)
-        cut = await take_cut(LocalSource(ck.root), "", 4)
+        cut = await LocalSource(ck.root).cut("", 4)
         assert result.hashed_files == len(cut.files)  # no stamps after a restart: read again
         new = {sha((ck.root / f"state/0/{p}/5.delta").read_bytes()) for p in range(6)}
         new |= {sha((ck.root / f"{d}/4").read_bytes()) for d in ("offsets", "commits")}
@@ -385,7 +385,7 @@ async def test_restore_on_a_new_host_is_the_checkpoint_byte_for_byte(
         assert (result.batch, result.files) == (11, len(newest.files))
         assert result.bytes == sum(len(b) for b in refs[11].values())
         # It is a checkpoint: its own cut of 11 is every file it holds.
-        cut = await take_cut(LocalSource(tmp_path / "host2" / "ck"), "", 11)
+        cut = await LocalSource(tmp_path / "host2" / "ck").cut("", 11)
         assert [f.path for f in cut.files] == sorted(refs[11])
 
         older = await find_snapshot(host2, namespace, QUERY_ID, 5)
