@@ -273,11 +273,14 @@ class LocalSource:
                 cut_here, str(self._dir(location)), batch, cancellable=True,
                 limiter=self._cutting,
             )  # fmt: skip
-        except anyio.BrokenWorkerProcess as exc:
+        except (anyio.BrokenWorkerProcess, ProcessLookupError) as exc:
+            # ProcessLookupError: anyio kills a worker that died while it started, and that
+            # kill finds it gone (anyio 4.16).
+            why = f"{exc!r}: {exc.__cause__!r}" if exc.__cause__ else repr(exc)
             raise SourceError(
-                f"the worker process cutting {self._dir(location)} died ({exc}): this "
-                "snapshot fails, the next one starts a new worker; if it keeps dying, look "
-                "for the kernel's OOM killer in the pod's events",
+                f"the worker process cutting {self._dir(location)} failed or died ({why}): "
+                "this snapshot fails, the next one starts a new worker; if it keeps dying, "
+                "look for the kernel's OOM killer in the pod's events",
                 reason="worker",
             ) from exc
 

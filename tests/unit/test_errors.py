@@ -34,4 +34,3 @@ def test_an_error_pickled_and_loaded_keeps_its_type_message_and_reason(
     assert getattr(loaded, "reason", None) == getattr(error, "reason", None)
     assert loaded.retriable == error.retriable
     assert loaded.__notes__ == ["in the cut's worker process"]
-
