@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 
 #: Snapshots under way at once, over all queries.
 IN_FLIGHT = 2
-#: How often the loop looks for wanted snapshots (and is woken at once by a progress).
+#: How often the loop looks for wanted snapshots (and is woken at once by a progress it can
+#: act on).
 TICK_S = 1.0
 #: A query's old snapshots are pruned at most this often (and once at start).
 PRUNE_EVERY_S = 300.0
@@ -140,7 +141,11 @@ class Snapshotter:
                     del q.reported[sorted(q.reported)[1]]
             if q.location is not None:
                 self._metrics.snapshot_lag_batches.labels(q.label).set(q.wanted - q.done)
-            self._wake.set()
+            # Woken only for a snapshot it can start now: not for a query whose checkpoint is
+            # elsewhere (looked for again by the tick), nor one in flight (its end wakes it).
+            # Every progress of every query woke it before: a pass per update.
+            if not q.elsewhere and not q.in_flight:
+                self._wake.set()
 
     def forget(self, query_id: str) -> None:
         """A retired query: nothing kept of it (a snapshot in flight finds it gone)."""
@@ -270,6 +275,8 @@ class Snapshotter:
                 )
         finally:
             q.in_flight = False
+            if q.wanted > q.done and result == "ok":
+                self._wake.set()  # Spark committed meanwhile: the newest batch at once
             if result != "no_location":
                 self._metrics.snapshot_seconds.observe(time.perf_counter() - started)
                 self._metrics.snapshots.labels(result).inc()

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import anyio
+import anyio.lowlevel
+import pytest
+
 from sidecar.daemon import snapshots
 from sidecar.daemon.snapshots import REPORTED_MAX, Snapshotter
 from sidecar.telemetry.metrics import Metrics
-from tests.helpers import checkpoint_of
+from tests.helpers import checkpoint_of, eventually
 
 QUERY = "5ea90000-0000-4000-8000-000000000001"
 
@@ -78,3 +82,32 @@ async def test_a_query_whose_checkpoint_is_elsewhere_keeps_no_times() -> None:
     assert q.reported == {} and q.wanted == 499  # still wanted: found later, snapshotted
     assert s.lag_seconds(QUERY) == 0.0
     assert snapshots.REPORTED_MAX < 500
+
+
+async def test_progress_wakes_the_loop_only_for_a_snapshot_it_can_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every progress of every query woke the loop once: with 100 updates/s of queries whose
+    checkpoints are elsewhere, a pass per update (found by bench/snapshots.py's CPU)."""
+    monkeypatch.setattr(snapshots, "TICK_S", 60.0)  # every pass below is a wake's
+    s = snapshotter(Clock())
+    other = "5ea90000-0000-4000-8000-000000000002"
+    s.committed(checkpoint_of(other, 0))
+    s._queries[other].elsewhere = True  # as a snapshot finds it: not under the root
+    async with anyio.create_task_group() as tg:
+        await tg.start(s.run)
+        await eventually(lambda: s.passes == 1)  # the pass its first progress asked for
+        for batch in range(1, 101):
+            s.committed(checkpoint_of(other, batch))
+            await anyio.lowlevel.checkpoint()
+        assert s.passes == 1  # never one per progress
+        s._queries[other].in_flight = True  # a snapshot under way: its end wakes the loop
+        s._queries[other].elsewhere = False
+        s.committed(checkpoint_of(other, 101))
+        await anyio.sleep(0.05)
+        assert s.passes == 1
+        s._queries[other].in_flight = False
+        passes = s.passes
+        s.committed(checkpoint_of(QUERY, 0))  # one it can start: at once
+        await eventually(lambda: s.passes > passes)
+        s.stop()
