@@ -46,16 +46,45 @@ class BenchError(Exception):
     """The system under test misbehaved (wrong reply, wrong stored state, exited)."""
 
 
-def cpu_seconds(pid: int | None) -> float:
+def cpu_seconds(pid: int | None, *, tree: bool = False) -> float:
     """CPU time (user + system, all threads) so far of a process, or of the whole machine
-    for None (every process: all but idle and iowait)."""
+    for None (every process: all but idle and iowait). ``tree``: with its descendants' —
+    the live ones (a worker process: the daemon's snapshot cut) and those it waited for."""
     if pid is None:
         ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
         busy = sum(ticks) - ticks[3] - ticks[4]
-    else:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        busy = int(fields[11]) + int(fields[12])
+        return busy / os.sysconf("SC_CLK_TCK")
+    stats = _proc_stats() if tree else {pid: _proc_stat(pid)}
+    if pid not in stats:
+        raise BenchError(f"no /proc/{pid}/stat: the process exited")
+    children: dict[int, list[int]] = {}
+    for child, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(child)
+    busy, pending = 0, [pid]
+    while pending:
+        node = pending.pop()
+        fields = stats[node]
+        busy += int(fields[11]) + int(fields[12])
+        if tree:
+            busy += int(fields[13]) + int(fields[14])
+            pending.extend(children.get(node, []))
     return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """``/proc/<pid>/stat``'s fields after the command (state first)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _proc_stats() -> dict[int, list[str]]:
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                out[int(entry.name)] = _proc_stat(int(entry.name))
+            except OSError:  # exited meanwhile
+                continue
+    return out
 
 
 def cpu_times(pids: Pids) -> dict[str, float]:
