@@ -269,10 +269,10 @@ class LocalSource:
         if self._cutting is None:
             self._cutting = anyio.CapacityLimiter(1)
         try:
+            top = str(self._dir(location))
             return await anyio.to_process.run_sync(
-                cut_here, str(self._dir(location)), batch, cancellable=True,
-                limiter=self._cutting,
-            )  # fmt: skip
+                cut_here, top, batch, cancellable=True, limiter=self._cutting
+            )
         except (anyio.BrokenWorkerProcess, ProcessLookupError) as exc:
             # ProcessLookupError: anyio kills a worker that died while it started, and that
             # kill finds it gone (anyio 4.16).
