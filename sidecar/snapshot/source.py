@@ -16,9 +16,11 @@ questions, and nothing above it touches the files another way:
   in a worker process at a lower priority (:data:`CUT_NICE`): listing thousands of files and
   parsing the cut is the snapshot's main CPU cost, and in a thread of the daemon it would
   hold the interpreter lock the acks need (measured: ``docs/benchmarks.md``).
-- :meth:`~CheckpointSource.read_listed`: one small file whole, checked against its listing as
-  :meth:`~CheckpointSource.open` checks it, in one go: the many small files a snapshot
-  uploads cost one worker-thread call each, not one per step (open, read, check, close).
+- :meth:`~CheckpointSource.read_small`: small files whole with their SHA-256, each checked
+  against its listing as :meth:`~CheckpointSource.open` checks it, several in one call: the
+  many small files a snapshot uploads cost the daemon one call per group, not a step per file
+  (open, read, check, close, hash). A local volume reads and hashes them in the cut's worker
+  process, so the daemon only receives their bytes.
 - :meth:`~CheckpointSource.open`: a file for streaming, checked against its listing: opened
   only if it still has the listed size and stamp, and checked again when its last byte was
   read — a file Spark deleted, rewrote or replaced meanwhile raises :class:`FileChanged`, so
@@ -33,7 +35,7 @@ questions, and nothing above it touches the files another way:
 ``metadata`` blob, ``cut`` a flat blob listing (path, size, the ETag as stamp) and
 :func:`~sidecar.snapshot.cut.cut_of` in a worker thread reading blobs through
 ``anyio.from_thread`` (the daemon's CPU is then a listing's, not a walk's), ``open`` and
-``read_listed`` a ranged download with ``If-Match`` on the listed ETag (a rewritten blob
+``read_small`` ranged downloads with ``If-Match`` on the listed ETag (a rewritten blob
 answers 412: :class:`FileChanged`), and ``server_copy`` answers a
 :class:`ServerCopy` (the blob's URL and ETag) so the uploader copies it server-side (Put Block
 From URL with a source ``If-Match``) instead of streaming it. The cut, the uploader and the
@@ -45,14 +47,15 @@ the event loop.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol, TypeVar
 
 import anyio
 import anyio.to_process
@@ -80,6 +83,9 @@ CHUNK_BYTES = 1024 * 1024
 #: The niceness the cut's worker process adds to its own: under a busy Spark driver, the
 #: daemon's acks and Spark's tasks come first, a snapshot's listing after them.
 CUT_NICE = 5
+
+A = TypeVar("A")
+R = TypeVar("R")
 
 
 class Location(msgspec.Struct, frozen=True):
@@ -119,6 +125,13 @@ class FileChanged(SidecarError):
         self.reason = reason
 
 
+class SmallFile(NamedTuple):
+    """A file read whole by :meth:`CheckpointSource.read_small`."""
+
+    sha256: bytes
+    data: bytes
+
+
 class FileStream(Protocol):
     """An open file, read in chunks; the last chunk comes only after the file was checked."""
 
@@ -156,12 +169,14 @@ class CheckpointSource(Protocol):
         """
         ...
 
-    async def read_listed(self, location: str, file: ListedFile) -> bytes:
-        """``file`` of ``location`` whole (a small one: the caller bounds its size), checked
-        against its listing as :meth:`open` checks it.
+    async def read_small(self, location: str, files: Sequence[ListedFile]) -> list[SmallFile]:
+        """Each of ``files`` of ``location`` whole with its SHA-256, in order (small ones: the
+        caller bounds their sizes), each checked against its listing as :meth:`open` checks
+        it.
 
         Raises:
-            FileChanged: it is gone or not as listed.
+            FileChanged: one is gone or not as listed.
+            SourceError: the worker reading them died (``worker``).
         """
         ...
 
@@ -200,8 +215,9 @@ class LocalSource:
         self.root = root
         self.max_depth = max_depth
         self.chunk_bytes = chunk_bytes
-        #: One cut at a time in one worker process (made at the first cut, in the loop).
-        self._cutting: anyio.CapacityLimiter | None = None
+        #: One call at a time (a cut, a group of reads) in one worker process (made at the
+        #: first call, in the loop).
+        self._worker: anyio.CapacityLimiter | None = None
 
     def __str__(self) -> str:
         """The root's path: what the daemon's log lines name (``root %s``, ``under %s``)."""
@@ -266,19 +282,23 @@ class LocalSource:
         return None
 
     async def cut(self, location: str, batch: int) -> Cut:
-        if self._cutting is None:
-            self._cutting = anyio.CapacityLimiter(1)
+        return await self._in_worker("cutting", location, cut_here, batch)
+
+    async def _in_worker(self, doing: str, location: str, job: Callable[[str, A], R], arg: A) -> R:
+        """``job(directory, arg)`` in the worker process (one call at a time)."""
+        if self._worker is None:
+            self._worker = anyio.CapacityLimiter(1)
         try:
             top = str(self._dir(location))
             return await anyio.to_process.run_sync(
-                cut_here, top, batch, cancellable=True, limiter=self._cutting
+                job, top, arg, cancellable=True, limiter=self._worker
             )
         except (anyio.BrokenWorkerProcess, ProcessLookupError) as exc:
             # ProcessLookupError: anyio kills a worker that died while it started, and that
             # kill finds it gone (anyio 4.16).
             why = f"{exc!r}: {exc.__cause__!r}" if exc.__cause__ else repr(exc)
             raise SourceError(
-                f"the worker process cutting {self._dir(location)} failed or died ({why}): "
+                f"the worker process {doing} {self._dir(location)} failed or died ({why}): "
                 "this snapshot fails, the next one starts a new worker; if it keeps dying, "
                 "look for the kernel's OOM killer in the pod's events",
                 reason="worker",
@@ -294,9 +314,8 @@ class LocalSource:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(os.close, fd)
 
-    async def read_listed(self, location: str, file: ListedFile) -> bytes:
-        full = self._dir(location) / _relative(file.path)
-        return await anyio.to_thread.run_sync(_read_checked, full, file)
+    async def read_small(self, location: str, files: Sequence[ListedFile]) -> list[SmallFile]:
+        return await self._in_worker("reading", location, read_small_here, list(files))
 
     def server_copy(self, location: str, file: ListedFile) -> ServerCopy | None:
         return None
@@ -306,23 +325,48 @@ class LocalSource:
 _niced = False
 
 
-def cut_here(top: str, batch: int) -> Cut:
-    """The cut of ``batch`` of the checkpoint directory ``top``, listed and cut in this process:
-    :meth:`LocalSource.cut`'s worker process (which lowers its own priority by
-    :data:`CUT_NICE` at its first cut). A failure other than the cut's own errors arrives in
-    the daemon with this process's traceback as a note."""
+def _in_this_worker(job: Callable[[], R]) -> R:
+    """``job()`` in :class:`LocalSource`'s worker process, which lowers its own priority by
+    :data:`CUT_NICE` at its first job. A failure other than the source's and the cut's own
+    errors arrives in the daemon with this process's traceback as a note."""
     global _niced
     if not _niced:
         _niced = True
         os.nice(CUT_NICE)
-    directory = Path(top)
     try:
-        return cut_of(listing_of(directory), partial(read_small, directory), batch)
+        return job()
     except SidecarError:
         raise
     except Exception as exc:  # a bug: its traceback travels with it
-        exc.add_note("in the cut's worker process:\n" + traceback.format_exc())
+        exc.add_note("in the snapshot's worker process:\n" + traceback.format_exc())
         raise
+
+
+def cut_here(top: str, batch: int) -> Cut:
+    """The cut of ``batch`` of the checkpoint directory ``top``, listed and cut in this process
+    (:meth:`LocalSource.cut`'s worker)."""
+    directory = Path(top)
+    return _in_this_worker(
+        lambda: cut_of(listing_of(directory), partial(read_small, directory), batch)
+    )
+
+
+def read_small_here(top: str, files: list[ListedFile]) -> list[SmallFile]:
+    """Each of ``files`` under ``top`` whole and hashed, checked against its listing, in this
+    process (:meth:`LocalSource.read_small`'s worker)."""
+    directory = Path(top)
+    return _in_this_worker(lambda: [read_hashed(directory, f) for f in files])
+
+
+def read_hashed(top: Path, file: ListedFile) -> SmallFile:
+    """``file`` under ``top`` whole with its SHA-256, checked when opened and after its last
+    byte (blocking).
+
+    Raises:
+        FileChanged: it is gone or not as listed.
+    """
+    data = _read_checked(top / _relative(file.path), file)
+    return SmallFile(hashlib.sha256(data).digest(), data)
 
 
 def listing_of(top: Path) -> list[ListedFile]:
@@ -384,7 +428,7 @@ def read_small(top: Path, path: str) -> bytes:
 
 
 def _read_checked(full: Path, file: ListedFile) -> bytes:
-    """A worker thread's job: ``file`` whole, checked when opened and after its last byte."""
+    """``file`` whole, checked when opened and after its last byte."""
     fd = _open_checked(full, file)
     try:
         parts: list[bytes] = []

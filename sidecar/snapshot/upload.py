@@ -5,9 +5,10 @@ file's content (SHA-256):
 
 1. a file whose (path, size, stamp) the previous snapshot had is not read: its content is
    known (:class:`~sidecar.snapshot.contents.Contents`);
-2. any other file is read (``source.read_listed``, a large one streamed through
-   ``source.open``; checked against its listing: a file gone or changed meanwhile raises
-   ``FileChanged``) and hashed;
+2. any other file is read and hashed, checked against its listing (a file gone or changed
+   meanwhile raises ``FileChanged``): the small ones in groups of up to
+   :data:`READ_GROUP_BYTES` by ``source.read_small`` (which hashes them too: a local volume
+   does both in its worker process), a large one streamed through ``source.open``;
 3. a content already stored — by an earlier snapshot, or earlier in this one — is referenced
    where it is; only a new content's bytes are uploaded, once.
 
@@ -19,9 +20,9 @@ second pass streams it into a pack of its own, hashed again on the way — a con
 differs from the first pass fails the snapshot (``FileChanged``) before the blob is committed.
 So a snapshot's storage requests grow with its new bytes, not its number of files, and
 memory stays bounded whatever a file's size: about ``(PACKS_IN_FLIGHT + 1) *
-(pack_target_bytes + PACKED_FILE_MAX_BYTES)`` plus a block and a chunk per large file in
-flight. Reads, hashes and uploads run under ``limiter`` (one token each; shared between
-queries when given).
+(pack_target_bytes + PACKED_FILE_MAX_BYTES)`` plus a group of reads and a block and a chunk
+per large file in flight. Reads, hashes and uploads run under ``limiter`` (one token each;
+shared between queries when given).
 
 **The index is written last, create-only.** It exists only when every pack it names is
 stored: a snapshot fails as a whole — a file changed mid-copy, a cut refused, the store
@@ -35,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 
 import anyio
 import anyio.to_thread
@@ -68,8 +69,10 @@ DEFAULT_PACK_TARGET_BYTES = 8 * MiB
 PACKED_FILE_MAX_BYTES = 1 * MiB
 #: Sealed packs held in memory while they upload, per snapshot (the next one fills meanwhile).
 PACKS_IN_FLIGHT = 2
-#: Files read at once per snapshot; and the limiter's size when none is given.
+#: Large files read at once per snapshot; and the limiter's size when none is given.
 DEFAULT_CONCURRENCY = 4
+#: Small files are read (and hashed) in groups of at most this many bytes: one call each.
+READ_GROUP_BYTES = 4 * MiB
 #: Chunks at least this large are hashed in a worker thread (hashlib releases the GIL), not
 #: on the event loop.
 HASH_IN_THREAD_BYTES = 256 * 1024
@@ -155,6 +158,20 @@ async def _update(digest: hashlib._Hash, chunk: bytes) -> None:
         digest.update(chunk)
 
 
+def _groups(files: list[CutFile], max_bytes: int) -> Iterator[list[CutFile]]:
+    """``files`` in order, in groups of at most ``max_bytes`` (one file at least)."""
+    group: list[CutFile] = []
+    size = 0
+    for file in files:
+        if group and size + file.size > max_bytes:
+            yield group
+            group, size = [], 0
+        group.append(file)
+        size += file.size
+    if group:
+        yield group
+
+
 class _OpenPack:
     def __init__(self) -> None:
         self.id = new_id()
@@ -206,7 +223,8 @@ class _Upload:
         self.uploaded_bytes += file.size
 
     async def run(self, files: list[CutFile]) -> None:
-        pending: list[CutFile] = []
+        small: list[CutFile] = []
+        large: list[CutFile] = []
         for file in files:
             if file.size == 0:
                 self.entries[file.path] = FileEntry(file.path, 0, EMPTY_SHA256, "", 0)
@@ -216,44 +234,49 @@ class _Upload:
             at = self.where(sha) if sha is not None else None
             if sha is not None and at is not None:
                 self.reuse(file, sha, at)
+            elif file.size <= self.packed_file_max_bytes:
+                small.append(file)
             else:
-                pending.append(file)
+                large.append(file)
         # The largest first: a long second pass starts early.
-        queue = iter(sorted(pending, key=lambda f: -f.size))
+        queue = iter(sorted(large, key=lambda f: -f.size))
 
         async def worker() -> None:
             for file in queue:  # shared: each file goes to one worker
-                await self.file(file)
+                await self.large_file(file)
 
         with first_error():
             async with anyio.create_task_group() as tg:
                 self.tg = tg
                 async with anyio.create_task_group() as readers:
-                    for _ in range(min(DEFAULT_CONCURRENCY, len(pending))):
+                    for _ in range(min(DEFAULT_CONCURRENCY, len(large))):
                         readers.start_soon(worker)
+                    if small:
+                        readers.start_soon(self.small_files, small)
                 await self.seal()
 
-    async def file(self, file: CutFile) -> None:
-        if file.size <= self.packed_file_max_bytes:
+    async def small_files(self, files: list[CutFile]) -> None:
+        """Read and hashed a group at a time; each new content appended to the open pack."""
+        for group in _groups(files, READ_GROUP_BYTES):
             async with self.limiter:
-                data = await self.read_whole(file)
-            digest = hashlib.sha256()
-            await _update(digest, data)
-            sha = digest.digest()
-            self.hashed_files += 1
-            self.hashed_bytes += file.size
-            at = self.where(sha)
-            if at is not None:
-                self.reuse(file, sha, at)
-                return
-            # Placed without an await in between: a same content read by another worker
-            # meanwhile finds it placed.
-            pack = self.open = self.open or _OpenPack()
-            self.placed_new(file, sha, (pack.id, len(pack.buffer)))
-            pack.buffer += data
-            if len(pack.buffer) >= self.pack_target_bytes:
-                await self.seal()
-            return
+                read = await self.source.read_small(self.location, [f.listed for f in group])
+            for file, (sha, data) in zip(group, read, strict=True):
+                self.hashed_files += 1
+                self.hashed_bytes += file.size
+                at = self.where(sha)
+                if at is not None:
+                    self.reuse(file, sha, at)
+                    continue
+                # Placed without an await in between: a same content a large file's worker
+                # hashes meanwhile finds it placed.
+                pack = self.open = self.open or _OpenPack()
+                self.placed_new(file, sha, (pack.id, len(pack.buffer)))
+                pack.buffer += data
+                if len(pack.buffer) >= self.pack_target_bytes:
+                    await self.seal()
+
+    async def large_file(self, file: CutFile) -> None:
+        """Hashed in a first pass; if its content is new, streamed into a pack of its own."""
         async with self.limiter:
             sha = await self.hash_stream(file)
         self.hashed_files += 1
@@ -271,9 +294,6 @@ class _Upload:
                 lambda: self.stream_checked(file, sha),
             )
         self.new_packs[pack_id] = file.size
-
-    async def read_whole(self, file: CutFile) -> bytes:
-        return await self.source.read_listed(self.location, file.listed)
 
     async def hash_stream(self, file: CutFile) -> bytes:
         digest = hashlib.sha256()

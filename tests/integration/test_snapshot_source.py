@@ -6,6 +6,7 @@ on the event loop fails them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -22,15 +23,18 @@ from sidecar.snapshot.source import (
     FileChanged,
     LocalSource,
     Location,
+    SmallFile,
     SourceError,
     configured_source,
     listing_of,
+    read_hashed,
     read_small,
 )
 from tests.snapshots import copy_cut
 
 QUERY_A = "11111111-1111-1111-1111-111111111111"
 QUERY_B = "22222222-2222-2222-2222-222222222222"
+COMMIT = b'v1\n{"nextBatchWatermarkMs":0}'
 
 
 def write(path: Path, data: bytes | str = b"x") -> None:
@@ -46,7 +50,7 @@ def checkpoint(path: Path, query_id: str, batches: int = 3) -> None:
         conf = {"spark.sql.streaming.stateStore.providerClass": "x.HDFSBackedStateStoreProvider"}
         offsets = f"v1\n{json.dumps({'conf': conf})}\n{json.dumps({'logOffset': b})}"
         write(path / "offsets" / str(b), offsets)
-        write(path / "commits" / str(b), 'v1\n{"nextBatchWatermarkMs":0}')
+        write(path / "commits" / str(b), COMMIT)
         write(path / "sources" / "0" / str(b), "v1\n{}")
         write(path / "state" / "0" / "0" / f"{b + 1}.delta", b"d" * (b + 10))
 
@@ -112,7 +116,7 @@ def test_a_listing_has_every_file_and_a_directorys_files_before_its_subdirectori
 def test_small_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     checkpoint(tmp_path / "q", QUERY_A)
     top = tmp_path / "q"
-    assert read_small(top, "commits/1") == b'v1\n{"nextBatchWatermarkMs":0}'
+    assert read_small(top, "commits/1") == COMMIT
     with pytest.raises(FileNotFoundError):
         read_small(top, "commits/9")
     for bad in ("../q/metadata", "/etc/passwd", "commits//1"):
@@ -254,15 +258,23 @@ async def test_a_file_changed_or_gone_before_it_is_opened_fails_the_copy(tmp_pat
     assert caught.value.reason == "gone"
 
 
-async def test_a_small_file_is_read_whole_in_one_go_checked_against_its_listing(
+async def test_small_files_are_read_whole_and_hashed_in_the_worker_process_checked_against_their_listing(  # noqa: E501
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     checkpoint(tmp_path / "q", QUERY_A)
     write(tmp_path / "q" / "state" / "0" / "0" / "2.delta", b"D" * 50)
     source = LocalSource(tmp_path)
     files = {f.path: f for f in await anyio.to_thread.run_sync(listing_of, tmp_path / "q")}
-    delta = files["state/0/0/2.delta"]
-    assert await source.read_listed("q", delta) == b"D" * 50
+    delta, commit = files["state/0/0/2.delta"], files["commits/1"]
+    before = await anyio.to_thread.run_sync(cut_workers)
+    await source.cut("q", 2)
+    (worker,) = await anyio.to_thread.run_sync(cut_workers) - before
+    got = await source.read_small("q", [delta, commit])
+    assert got == [
+        SmallFile(hashlib.sha256(b"D" * 50).digest(), b"D" * 50),
+        SmallFile(hashlib.sha256(COMMIT).digest(), COMMIT),
+    ]
+    assert await anyio.to_thread.run_sync(cut_workers) - before == {worker}  # the cut's
 
     target = tmp_path / "q" / delta.path
     real_pread = os.pread
@@ -273,18 +285,18 @@ async def test_a_small_file_is_read_whole_in_one_go_checked_against_its_listing(
         os.replace(target.with_name(".2.delta.tmp"), target)
         return data
 
-    monkeypatch.setattr(os, "pread", replace_after_read)
+    monkeypatch.setattr(os, "pread", replace_after_read)  # in this process: the worker's job
     with pytest.raises(FileChanged) as caught:
-        await source.read_listed("q", delta)
+        await anyio.to_thread.run_sync(read_hashed, tmp_path / "q", delta)
     assert caught.value.reason == "changed" and "after it was read" in str(caught.value)
     monkeypatch.undo()
     with pytest.raises(FileChanged) as caught:  # listed before the rewrite: refused at open
-        await source.read_listed("q", delta)
+        await source.read_small("q", [commit, delta])
     assert caught.value.reason == "changed" and "when opened" in str(caught.value)
     os.remove(target)
     with pytest.raises(FileChanged) as caught:
-        await source.read_listed("q", delta)
-    assert caught.value.reason == "gone"
+        await source.read_small("q", [delta])
+    assert caught.value.reason == "gone" and delta.path in str(caught.value)
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced", "appended"])

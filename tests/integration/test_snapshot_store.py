@@ -41,7 +41,7 @@ from sidecar.snapshot.restore import (
     restore,
 )
 from sidecar.snapshot.retention import ListedLike, classify, marks_name
-from sidecar.snapshot.source import FileChanged, FileStream, LocalSource
+from sidecar.snapshot.source import FileChanged, FileStream, LocalSource, SmallFile
 from sidecar.snapshot.stored import SnapshotStore, chunks_of
 from sidecar.snapshot.upload import UploadResult, upload_snapshot
 from sidecar.store.blobs import BlobStore
@@ -223,9 +223,10 @@ class Meddling(LocalSource):
         async with super().open(location, file) as stream:
             yield stream
 
-    async def read_listed(self, location: str, file: ListedFile) -> bytes:
-        await self._opening(file)
-        return await super().read_listed(location, file)
+    async def read_small(self, location: str, files: Sequence[ListedFile]) -> list[SmallFile]:
+        for file in files:
+            await self._opening(file)
+        return await super().read_small(location, files)
 
 
 @pytest.fixture
