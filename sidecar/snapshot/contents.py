@@ -8,7 +8,8 @@ A file's **content** is its SHA-256. :class:`Contents` answers two questions for
   file: inode and mtime on a volume, an ETag on blob storage). A file whose listing matches is
   not read again. Only the last cut's files are remembered: memory is bounded by one cut.
 - *where are that content's bytes?* — SHA-256 → (pack, offset), for every content of every
-  index it learned, and each pack's size. Such a content is never uploaded again.
+  index it learned, and each pack's size. Such a content is never uploaded again; its CRC-32C
+  (when an index had it) goes into the entries that reuse it.
 
 It is learned from the indexes a snapshot writes (:meth:`Contents.learn`), and rebuilt from the
 kept indexes by a new process (:meth:`Contents.load`: no stamps then, so the first snapshot
@@ -39,6 +40,7 @@ class Contents:
     def __init__(self) -> None:
         self._stamps: dict[tuple[str, int, str], bytes] = {}
         self._where: dict[bytes, tuple[str, int]] = {}
+        self._crcs: dict[bytes, int] = {}
         self._packs: dict[str, int] = {}
         self._indexes: dict[str, tuple[str, SnapshotIndex]] = {}
 
@@ -77,6 +79,8 @@ class Contents:
         for f in index.files:
             if f.size and (present is None or f.pack in present):
                 self._where[f.sha256] = (f.pack, f.offset)
+                if f.crc32c is not None:
+                    self._crcs[f.sha256] = f.crc32c
         for pack, size in index.packs.items():
             if present is None or pack in present:
                 self._packs[pack] = size
@@ -97,6 +101,7 @@ class Contents:
         gone = set(packs)
         if gone:
             self._where = {sha: at for sha, at in self._where.items() if at[0] not in gone}
+            self._crcs = {sha: crc for sha, crc in self._crcs.items() if sha in self._where}
             for pack in gone:
                 self._packs.pop(pack, None)
         for name in indexes:
@@ -110,6 +115,10 @@ class Contents:
     def locate(self, sha256: bytes) -> tuple[str, int] | None:
         """Where that content's bytes are stored: (pack, offset); None when not known."""
         return self._where.get(sha256)
+
+    def crc32c(self, sha256: bytes) -> int | None:
+        """That content's CRC-32C, when an index learned had it."""
+        return self._crcs.get(sha256)
 
     def pack_size(self, pack: str) -> int | None:
         return self._packs.get(pack)

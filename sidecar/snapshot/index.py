@@ -5,8 +5,9 @@ recognised by their SHA-256 (under checkpoint v1 a re-run batch can rewrite a st
 the same name, so a name is not an identity), many of them together in **pack** blobs (each
 found by offset and length), so a snapshot costs a request per few MiB of *new* bytes, not one
 per file; a snapshot's **index**, written last, lists every file of its cut with where its
-bytes are, their size and checksum. Anything no kept index names is garbage (mark and sweep,
-after a grace period: ``sidecar.snapshot.retention``).
+bytes are, their size and sums (the SHA-256, and the CRC-32C a restore checks). Anything no
+kept index names is garbage (mark and sweep, after a grace period:
+``sidecar.snapshot.retention``).
 
 Blobs, in the checkpoint container, beside the query's checkpoint blob::
 
@@ -55,6 +56,10 @@ class FileEntry(msgspec.Struct, frozen=True, array_like=True):
     #: The pack holding its bytes ("" for an empty file: no bytes anywhere).
     pack: str
     offset: int
+    #: CRC-32C of its bytes: what a restore checks them by (``sidecar.snapshot.crc``). None
+    #: in an index written before it was kept, or where CRC-32C is slow: the SHA-256 then.
+    #: Last and optional: an index without it reads the same, and older readers skip it.
+    crc32c: int | None = None
 
 
 class SnapshotIndex(msgspec.Struct, frozen=True, kw_only=True):
@@ -149,6 +154,11 @@ def decode_index(body: bytes, name: str) -> SnapshotIndex:
             f"does not read (it reads {INDEX_FORMAT}): run the version that wrote it",
         )
     for f in index.files:
-        if len(f.sha256) != 32 or f.size < 0 or (f.size and f.pack not in index.packs):
+        if (
+            len(f.sha256) != 32
+            or f.size < 0
+            or (f.size and f.pack not in index.packs)
+            or (f.crc32c is not None and not 0 <= f.crc32c < 1 << 32)
+        ):
             raise CorruptRecord("blob", name, f"has an unreadable entry for {f.path!r}")
     return index

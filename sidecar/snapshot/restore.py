@@ -17,8 +17,10 @@
   in worker threads while the next ones download; memory stays about
   ``2 * concurrency * RANGE_MAX_BYTES`` whatever the checkpoint's size. A content several
   files share is read once.
-- **Verifies** every file's size and SHA-256 against the index as it is written; a mismatch
-  fails the restore (``RestoreError``, reason ``checksum``, naming the file and the pack).
+- **Verifies** every file's size and checksum against the index as it is written — its
+  CRC-32C (``sidecar.snapshot.crc``), or its SHA-256 when the index has no CRC for it; a
+  mismatch fails the restore (``RestoreError``, reason ``checksum``, naming the file and the
+  pack).
 - **Never leaves a half-written checkpoint in place**: files go to a temporary directory
   beside ``dest`` (``.<name>.restore-<id>``), renamed into place once all are verified and
   durable (each file's data synced as it is written, every directory of the tree before the
@@ -52,6 +54,7 @@ import anyio.to_thread
 import msgspec
 
 from sidecar.errors import SidecarError
+from sidecar.snapshot import crc
 from sidecar.snapshot.index import SnapshotIndex, new_id, pack_name, prefix
 from sidecar.snapshot.retention import StoredIndex, classify
 from sidecar.snapshot.stored import SnapshotStore, first_error, read_index, read_indexes, retried
@@ -117,6 +120,8 @@ class _Content(msgspec.Struct):
     offset: int
     size: int
     sha256: bytes
+    #: Checked instead of the SHA-256 when known (and CRC-32C is fast here).
+    crc32c: int | None
     paths: list[str]
 
 
@@ -146,9 +151,12 @@ def plan_reads(
             continue
         at = by_pack.setdefault(f.pack, {})
         if f.offset in at:
-            at[f.offset].paths.append(f.path)
+            content = at[f.offset]
+            content.paths.append(f.path)
+            if content.crc32c is None:
+                content.crc32c = f.crc32c
         else:
-            at[f.offset] = _Content(f.offset, f.size, f.sha256, [f.path])
+            at[f.offset] = _Content(f.offset, f.size, f.sha256, f.crc32c, [f.path])
     reads: list[_Read] = []
     for pack, contents in by_pack.items():
         current: _Read | None = None
@@ -475,8 +483,29 @@ class _Writer:
             self.slots.release()
 
 
-def _verify(content: _Content, sha: bytes, blob: str) -> None:
-    if sha != content.sha256:
+class _Check:
+    """A content's check, fed in order: its CRC-32C when the index has it (and CRC-32C is
+    fast here), else its SHA-256."""
+
+    def __init__(self, content: _Content) -> None:
+        self.crc = 0 if content.crc32c is not None and crc.AVAILABLE else None
+        self.sha = hashlib.sha256() if self.crc is None else None
+
+    def update(self, data: bytes) -> None:
+        if self.sha is not None:
+            self.sha.update(data)
+        else:
+            assert self.crc is not None
+            self.crc = crc.extend(self.crc, data)
+
+    def passed(self, content: _Content) -> bool:
+        if self.sha is not None:
+            return self.sha.digest() == content.sha256
+        return self.crc == content.crc32c
+
+
+def _verify(content: _Content, check: _Check, blob: str) -> None:
+    if not check.passed(content):
         raise RestoreError(
             f"{content.paths[0]} ({content.size} bytes at {content.offset} of pack {blob}) "
             "does not match its checksum: the pack is damaged. Nothing was put in place; "
@@ -490,10 +519,13 @@ def _verify(content: _Content, sha: bytes, blob: str) -> None:
 def _verify_and_write(read: _Read, data: bytes, blob: str, temp: Path) -> None:
     """A worker thread's job: each content of ``read`` checked, then written (each of its
     files, durably)."""
-    view = memoryview(data)
     for content in read.contents:
-        piece = view[content.offset - read.start : content.offset - read.start + content.size]
-        _verify(content, hashlib.sha256(piece).digest(), blob)
+        at = content.offset - read.start
+        # bytes, not a view, for the CRC; a range of one content (the large ones) is not copied.
+        piece = data if len(read.contents) == 1 else data[at : at + content.size]
+        check = _Check(content)
+        check.update(piece)
+        _verify(content, check, blob)
         for path in content.paths:
             _write_durably(temp / path, piece)
 
@@ -509,7 +541,7 @@ class _Sliced:
         self.target = target
         self.lock = threading.Lock()
         self.fd: int | None = None
-        self.digest = hashlib.sha256()
+        self.check = _Check(content)
         #: Bytes hashed from the content's start; slices landed beyond them, by offset.
         self.hashed = 0
         self.landed: dict[int, int] = {}
@@ -528,7 +560,7 @@ class _Sliced:
             if at != self.hashed:
                 self.landed[at] = len(data)
             else:
-                self.digest.update(data)
+                self.check.update(data)
                 self.hashed += len(data)
                 while self.hashed in self.landed:
                     self.hashed = self._hash_back(fd, self.hashed, self.landed.pop(self.hashed))
@@ -540,7 +572,7 @@ class _Sliced:
             piece = os.pread(fd, min(end - at, 1024 * 1024), at)
             if not piece:
                 raise OSError(errno.EIO, f"{self.target} is shorter than what was written to it")
-            self.digest.update(piece)
+            self.check.update(piece)
             at += len(piece)
         return at
 
@@ -549,7 +581,7 @@ class _Sliced:
         assert self.fd is not None and self.hashed == self.content.size
         _sync_data(self.fd)
         self.close()
-        _verify(self.content, self.digest.digest(), blob)
+        _verify(self.content, self.check, blob)
         for other in self.content.paths[1:]:
             shutil.copyfile(self.target, temp / other)
             fd = os.open(temp / other, os.O_RDONLY)

@@ -334,7 +334,7 @@ def moved(
         if to is None:
             files.append(f)
         else:
-            files.append(FileEntry(f.path, f.size, f.sha256, to[0], to[1]))
+            files.append(msgspec.structs.replace(f, pack=to[0], offset=to[1]))
             changed = True
     if not changed:
         return None

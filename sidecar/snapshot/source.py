@@ -65,6 +65,7 @@ import msgspec
 from sidecar.config import Config
 from sidecar.errors import SidecarError
 from sidecar.model.spark_dir import SparkCheckpointError, parse_query_metadata
+from sidecar.snapshot import crc
 from sidecar.snapshot.cut import Cut, ListedFile, cut_of
 
 #: How deep under the root checkpoint locations are looked for (the root itself is depth 0):
@@ -126,9 +127,11 @@ class FileChanged(SidecarError):
 
 
 class SmallFile(NamedTuple):
-    """A file read whole by :meth:`CheckpointSource.read_small`."""
+    """A file read whole by :meth:`CheckpointSource.read_small`, with its sums."""
 
     sha256: bytes
+    #: None where CRC-32C is slow (``sidecar.snapshot.crc``).
+    crc32c: int | None
     data: bytes
 
 
@@ -170,7 +173,7 @@ class CheckpointSource(Protocol):
         ...
 
     async def read_small(self, location: str, files: Sequence[ListedFile]) -> list[SmallFile]:
-        """Each of ``files`` of ``location`` whole with its SHA-256, in order (small ones: the
+        """Each of ``files`` of ``location`` whole with its sums, in order (small ones: the
         caller bounds their sizes), each checked against its listing as :meth:`open` checks
         it.
 
@@ -359,14 +362,16 @@ def read_small_here(top: str, files: list[ListedFile]) -> list[SmallFile]:
 
 
 def read_hashed(top: Path, file: ListedFile) -> SmallFile:
-    """``file`` under ``top`` whole with its SHA-256, checked when opened and after its last
+    """``file`` under ``top`` whole with its sums, checked when opened and after its last
     byte (blocking).
 
     Raises:
         FileChanged: it is gone or not as listed.
     """
     data = _read_checked(top / _relative(file.path), file)
-    return SmallFile(hashlib.sha256(data).digest(), data)
+    return SmallFile(
+        hashlib.sha256(data).digest(), crc.crc32c(data) if crc.AVAILABLE else None, data
+    )
 
 
 def listing_of(top: Path) -> list[ListedFile]:

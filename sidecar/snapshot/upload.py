@@ -43,6 +43,7 @@ import anyio.to_thread
 import msgspec
 
 from sidecar.errors import SidecarError, StoreRefused, StoreUnavailable
+from sidecar.snapshot import crc
 from sidecar.snapshot.contents import Contents
 from sidecar.snapshot.cut import CutError, CutFile
 from sidecar.snapshot.index import (
@@ -151,11 +152,24 @@ def failure_reason(exc: BaseException) -> str:
     return "other"
 
 
-async def _update(digest: hashlib._Hash, chunk: bytes) -> None:
+class _Sums:
+    """A streamed file's SHA-256 and (where it is fast) CRC-32C, fed chunk by chunk."""
+
+    def __init__(self, *, crc32c: bool = crc.AVAILABLE) -> None:
+        self.sha = hashlib.sha256()
+        self.crc: int | None = 0 if crc32c else None
+
+    def update(self, chunk: bytes) -> None:
+        self.sha.update(chunk)
+        if self.crc is not None:
+            self.crc = crc.extend(self.crc, chunk)
+
+
+async def _update(sums: _Sums, chunk: bytes) -> None:
     if len(chunk) >= HASH_IN_THREAD_BYTES:
-        await anyio.to_thread.run_sync(digest.update, chunk)
+        await anyio.to_thread.run_sync(sums.update, chunk)
     else:
-        digest.update(chunk)
+        sums.update(chunk)
 
 
 def _groups(files: list[CutFile], max_bytes: int) -> Iterator[list[CutFile]]:
@@ -199,8 +213,9 @@ class _Upload:
         self.pack_target_bytes = pack_target_bytes
         self.packed_file_max_bytes = packed_file_max_bytes
         self.entries: dict[str, FileEntry] = {}
-        #: Contents this snapshot placed: SHA-256 → (pack, offset).
+        #: Contents this snapshot placed: SHA-256 → (pack, offset), and their CRC-32C.
         self.placed: dict[bytes, tuple[str, int]] = {}
+        self.crcs: dict[bytes, int] = {}
         #: Packs this snapshot writes → size.
         self.new_packs: dict[str, int] = {}
         self.open: _OpenPack | None = None
@@ -212,13 +227,26 @@ class _Upload:
     def where(self, sha: bytes) -> tuple[str, int] | None:
         return self.placed.get(sha) or self.contents.locate(sha)
 
-    def reuse(self, file: CutFile, sha: bytes, at: tuple[str, int]) -> None:
-        self.entries[file.path] = FileEntry(file.path, file.size, sha, at[0], at[1])
+    def reuse(
+        self, file: CutFile, sha: bytes, at: tuple[str, int], crc32c: int | None = None
+    ) -> None:
+        """``file``'s content is stored at ``at``; its CRC-32C as known, or as just read."""
+        known = self.crcs.get(sha)
+        if known is None:
+            known = self.contents.crc32c(sha)
+        entry = FileEntry(
+            file.path, file.size, sha, at[0], at[1], crc32c if known is None else known
+        )
+        self.entries[file.path] = entry
         self.reused_files += 1
 
-    def placed_new(self, file: CutFile, sha: bytes, at: tuple[str, int]) -> None:
-        self.entries[file.path] = FileEntry(file.path, file.size, sha, at[0], at[1])
+    def placed_new(
+        self, file: CutFile, sha: bytes, crc32c: int | None, at: tuple[str, int]
+    ) -> None:
+        self.entries[file.path] = FileEntry(file.path, file.size, sha, at[0], at[1], crc32c)
         self.placed[sha] = at
+        if crc32c is not None:
+            self.crcs[sha] = crc32c
         self.new_files += 1
         self.uploaded_bytes += file.size
 
@@ -260,17 +288,17 @@ class _Upload:
         for group in _groups(files, READ_GROUP_BYTES):
             async with self.limiter:
                 read = await self.source.read_small(self.location, [f.listed for f in group])
-            for file, (sha, data) in zip(group, read, strict=True):
+            for file, (sha, crc32c, data) in zip(group, read, strict=True):
                 self.hashed_files += 1
                 self.hashed_bytes += file.size
                 at = self.where(sha)
                 if at is not None:
-                    self.reuse(file, sha, at)
+                    self.reuse(file, sha, at, crc32c)
                     continue
                 # Placed without an await in between: a same content a large file's worker
                 # hashes meanwhile finds it placed.
                 pack = self.open = self.open or _OpenPack()
-                self.placed_new(file, sha, (pack.id, len(pack.buffer)))
+                self.placed_new(file, sha, crc32c, (pack.id, len(pack.buffer)))
                 pack.buffer += data
                 if len(pack.buffer) >= self.pack_target_bytes:
                     await self.seal()
@@ -278,15 +306,15 @@ class _Upload:
     async def large_file(self, file: CutFile) -> None:
         """Hashed in a first pass; if its content is new, streamed into a pack of its own."""
         async with self.limiter:
-            sha = await self.hash_stream(file)
+            sha, crc32c = await self.hash_stream(file)
         self.hashed_files += 1
         self.hashed_bytes += file.size
         at = self.where(sha)
         if at is not None:
-            self.reuse(file, sha, at)
+            self.reuse(file, sha, at, crc32c)
             return
         pack_id = new_id()
-        self.placed_new(file, sha, (pack_id, 0))
+        self.placed_new(file, sha, crc32c, (pack_id, 0))
         async with self.limiter:
             await create(
                 self.blobs,
@@ -295,22 +323,23 @@ class _Upload:
             )
         self.new_packs[pack_id] = file.size
 
-    async def hash_stream(self, file: CutFile) -> bytes:
-        digest = hashlib.sha256()
+    async def hash_stream(self, file: CutFile) -> tuple[bytes, int | None]:
+        """The file's SHA-256 and CRC-32C (None where CRC-32C is slow)."""
+        sums = _Sums()
         async with self.source.open(self.location, file.listed) as stream:
             async for chunk in stream:
-                await _update(digest, chunk)
-        return digest.digest()
+                await _update(sums, chunk)
+        return sums.sha.digest(), sums.crc
 
     async def stream_checked(self, file: CutFile, sha: bytes) -> AsyncGenerator[bytes, None]:
         """The file's chunks for its upload; raises before the end (so the put commits
         nothing) when its content is not the one hashed in the first pass."""
-        digest = hashlib.sha256()
+        sums = _Sums(crc32c=False)
         async with self.source.open(self.location, file.listed) as stream:
             async for chunk in stream:
-                await _update(digest, chunk)
+                await _update(sums, chunk)
                 yield chunk
-        if digest.digest() != sha:
+        if sums.sha.digest() != sha:
             raise FileChanged(
                 f"{file.path} changed between its hash and its upload (same listing, other "
                 "bytes): this snapshot fails; the next one reads it again",

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import anyio
+import google_crc32c
 import pytest
 
 from sidecar.config import Config
@@ -271,8 +272,8 @@ async def test_small_files_are_read_whole_and_hashed_in_the_worker_process_check
     (worker,) = await anyio.to_thread.run_sync(cut_workers) - before
     got = await source.read_small("q", [delta, commit])
     assert got == [
-        SmallFile(hashlib.sha256(b"D" * 50).digest(), b"D" * 50),
-        SmallFile(hashlib.sha256(COMMIT).digest(), COMMIT),
+        SmallFile(hashlib.sha256(b"D" * 50).digest(), google_crc32c.value(b"D" * 50), b"D" * 50),
+        SmallFile(hashlib.sha256(COMMIT).digest(), google_crc32c.value(COMMIT), COMMIT),
     ]
     assert await anyio.to_thread.run_sync(cut_workers) - before == {worker}  # the cut's
 

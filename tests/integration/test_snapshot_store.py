@@ -21,6 +21,8 @@ from pathlib import Path
 
 import anyio
 import anyio.to_thread
+import google_crc32c
+import msgspec
 import pytest
 
 from sidecar.config import Config
@@ -158,6 +160,16 @@ def sha(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
+def crc(data: bytes) -> int:
+    return int(google_crc32c.value(data))
+
+
+def without_crcs(index: SnapshotIndex) -> SnapshotIndex:
+    """``index`` as written before indexes kept CRC-32C."""
+    files = tuple(msgspec.structs.replace(f, crc32c=None) for f in index.files)
+    return msgspec.structs.replace(index, files=files)
+
+
 async def snapshot(
     ck: HdfsCheckpoint,
     blobs: SnapshotStore,
@@ -254,6 +266,7 @@ async def test_the_first_backup_of_a_new_store(
     files = tree(ck.root)
     distinct = {sha(files[f.path]): f.size for f in cut.files if f.size}
     assert all(f.sha256 == sha(files[f.path]) for f in index.files)
+    assert all(f.crc32c == crc(files[f.path]) for f in index.files if f.size)
     assert result.uploaded_bytes == sum(distinct.values()) == index.new_bytes
     assert result.new_files == len(distinct) and result.hashed_files == len(cut.files)
     assert result.new_files + result.reused_files == len(cut.files)
@@ -283,6 +296,8 @@ async def test_incremental_backups_upload_only_new_bytes_in_a_handful_of_request
         assert result.uploaded_bytes <= 1.05 * new_file_bytes
         assert result.new_files == len(expected)
         stored.update(sha(files[f.path]) for f in result.index.files if f.size)
+        # Every file carries its CRC-32C, those known by their stamp or content too.
+        assert all(f.crc32c == crc(files[f.path]) for f in result.index.files if f.size)
         previous = {f.path: stamp(ck, f.path) for f in result.index.files}
         if batch:
             # 23 new files (20 deltas, offsets, commits, a source entry), 43 with the
@@ -359,6 +374,8 @@ async def test_a_restarted_process_uploads_no_content_twice(
             if f.sha256 in new and contents.locate(f.sha256) is None
         }
         assert result.uploaded_bytes == sum(expected.values())
+        files = tree(ck.root)
+        assert all(f.crc32c == crc(files[f.path]) for f in result.index.files if f.size)
 
 
 # -- restore -------------------------------------------------------------------------------
@@ -409,6 +426,56 @@ async def test_restore_on_a_new_host_is_the_checkpoint_byte_for_byte(
         await restore(newest, host2, namespace, tmp_path / "older", force=True)
         assert tree(tmp_path / "older") == refs[11]
         assert leftovers(tmp_path) == []
+
+
+async def test_restore_checks_each_file_by_its_crc32c_or_by_its_sha256_in_an_older_index(
+    blobs: SnapshotBlobs, namespace: str, tmp_path: Path
+) -> None:
+    ck = HdfsCheckpoint(tmp_path / "ck", partitions=3, delta_bytes=150_000)
+    for _ in range(3):
+        ck.batch()
+    index = (await snapshot(ck, blobs, namespace, Contents())).index
+    ref = await reference(ck, 2, tmp_path / "ref")
+    piece = 64 * 1024  # the deltas come back in slices too
+    assert any(f.size > piece for f in index.files)
+
+    for n, shown in enumerate((index, without_crcs(index))):
+        for range_bytes in (piece, 4 * 1024 * 1024):
+            dest = tmp_path / f"ok-{n}-{range_bytes}"
+            await restore(shown, blobs, namespace, dest, range_bytes=range_bytes)
+            assert tree(dest) == ref
+
+    # The CRC is what is checked: one that is not the file's fails it, bytes intact.
+    for f in (
+        min(index.files, key=lambda f: f.size or 1 << 60),
+        max(index.files, key=lambda f: f.size),
+    ):
+        wrong = msgspec.structs.replace(f, crc32c=(f.crc32c or 0) ^ 1)
+        bad = msgspec.structs.replace(
+            index, files=tuple(wrong if g.path == f.path else g for g in index.files)
+        )
+        with pytest.raises(RestoreError) as caught:
+            await restore(bad, blobs, namespace, tmp_path / "bad", range_bytes=piece)
+        assert caught.value.reason == "checksum" and f.path in str(caught.value), f.path
+        assert not (tmp_path / "bad").exists() and leftovers(tmp_path) == []
+
+    # Without CRCs, the SHA-256 finds a damaged byte: in a small file and in a slice.
+    for f in (
+        min(index.files, key=lambda f: f.size or 1 << 60),
+        max(index.files, key=lambda f: f.size),
+    ):
+        name = pack_name(namespace, QUERY_ID, f.pack)
+        body, version = await blobs.read(name) or (b"", "")
+        at = f.offset + f.size - 1
+        flipped = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1 :]
+        version = await blobs.replace(name, flipped, version)
+        with pytest.raises(RestoreError) as caught:
+            await restore(
+                without_crcs(index), blobs, namespace, tmp_path / "bad", range_bytes=piece
+            )
+        assert (caught.value.reason, caught.value.blob) == ("checksum", name)
+        assert f.path in str(caught.value) and not (tmp_path / "bad").exists()
+        await blobs.replace(name, body, version)
 
 
 async def test_restore_names_a_missing_or_damaged_pack_and_leaves_dest_as_it_was(
@@ -910,6 +977,7 @@ async def test_prune_keeps_the_newest_and_the_named_snapshot_and_repacks_sparse_
     assert repacked > 0 and rewritten > 0
     kept = await assert_no_leak(blobs, namespace, retain=2, named=named)
     assert [s.batch for s in kept] == [15, 14, 3]
+    assert all(f.crc32c is not None for s in kept for f in s.files if f.size)  # moved along
     await restore(kept[-1], blobs, namespace, tmp_path / "named")
     assert tree(tmp_path / "named") == ref3
     await restore(kept[0], blobs, namespace, tmp_path / "newest")
