@@ -16,11 +16,11 @@ questions, and nothing above it touches the files another way:
   in a worker process at a lower priority (:data:`CUT_NICE`): listing thousands of files and
   parsing the cut is the snapshot's main CPU cost, and in a thread of the daemon it would
   hold the interpreter lock the acks need (measured: ``docs/benchmarks.md``).
-- :meth:`~CheckpointSource.read_small`: small files whole with their SHA-256, each checked
-  against its listing as :meth:`~CheckpointSource.open` checks it, several in one call: the
-  many small files a snapshot uploads cost the daemon one call per group, not a step per file
-  (open, read, check, close, hash). A local volume reads and hashes them in the cut's worker
-  process, so the daemon only receives their bytes.
+- :meth:`~CheckpointSource.read_checked`: small files whole with their sums (SHA-256,
+  CRC-32C), each checked against its listing as :meth:`~CheckpointSource.open` checks it,
+  several in one call: the many small files a snapshot uploads cost the daemon one call per
+  group, not a step per file (open, read, check, close, hash). A local volume reads and
+  hashes them in the cut's worker process, so the daemon only receives their bytes.
 - :meth:`~CheckpointSource.open`: a file for streaming, checked against its listing: opened
   only if it still has the listed size and stamp, and checked again when its last byte was
   read — a file Spark deleted, rewrote or replaced meanwhile raises :class:`FileChanged`, so
@@ -35,7 +35,7 @@ questions, and nothing above it touches the files another way:
 ``metadata`` blob, ``cut`` a flat blob listing (path, size, the ETag as stamp) and
 :func:`~sidecar.snapshot.cut.cut_of` in a worker thread reading blobs through
 ``anyio.from_thread`` (the daemon's CPU is then a listing's, not a walk's), ``open`` and
-``read_small`` ranged downloads with ``If-Match`` on the listed ETag (a rewritten blob
+``read_checked`` ranged downloads with ``If-Match`` on the listed ETag (a rewritten blob
 answers 412: :class:`FileChanged`), and ``server_copy`` answers a
 :class:`ServerCopy` (the blob's URL and ETag) so the uploader copies it server-side (Put Block
 From URL with a source ``If-Match``) instead of streaming it. The cut, the uploader and the
@@ -127,7 +127,7 @@ class FileChanged(SidecarError):
 
 
 class SmallFile(NamedTuple):
-    """A file read whole by :meth:`CheckpointSource.read_small`, with its sums."""
+    """A file read whole by :meth:`CheckpointSource.read_checked`, with its sums."""
 
     sha256: bytes
     #: None where CRC-32C is slow (``sidecar.snapshot.crc``).
@@ -172,7 +172,7 @@ class CheckpointSource(Protocol):
         """
         ...
 
-    async def read_small(self, location: str, files: Sequence[ListedFile]) -> list[SmallFile]:
+    async def read_checked(self, location: str, files: Sequence[ListedFile]) -> list[SmallFile]:
         """Each of ``files`` of ``location`` whole with its sums, in order (small ones: the
         caller bounds their sizes), each checked against its listing as :meth:`open` checks
         it.
@@ -317,8 +317,8 @@ class LocalSource:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(os.close, fd)
 
-    async def read_small(self, location: str, files: Sequence[ListedFile]) -> list[SmallFile]:
-        return await self._in_worker("reading", location, read_small_here, list(files))
+    async def read_checked(self, location: str, files: Sequence[ListedFile]) -> list[SmallFile]:
+        return await self._in_worker("reading", location, read_checked_here, list(files))
 
     def server_copy(self, location: str, file: ListedFile) -> ServerCopy | None:
         return None
@@ -354,9 +354,9 @@ def cut_here(top: str, batch: int) -> Cut:
     )
 
 
-def read_small_here(top: str, files: list[ListedFile]) -> list[SmallFile]:
+def read_checked_here(top: str, files: list[ListedFile]) -> list[SmallFile]:
     """Each of ``files`` under ``top`` whole and hashed, checked against its listing, in this
-    process (:meth:`LocalSource.read_small`'s worker)."""
+    process (:meth:`LocalSource.read_checked`'s worker)."""
     directory = Path(top)
     return _in_this_worker(lambda: [read_hashed(directory, f) for f in files])
 

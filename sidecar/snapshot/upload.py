@@ -7,7 +7,7 @@ file's content (SHA-256):
    known (:class:`~sidecar.snapshot.contents.Contents`);
 2. any other file is read and hashed, checked against its listing (a file gone or changed
    meanwhile raises ``FileChanged``): the small ones in groups of up to
-   :data:`READ_GROUP_BYTES` by ``source.read_small`` (which hashes them too: a local volume
+   :data:`READ_GROUP_BYTES` by ``source.read_checked`` (which hashes them too: a local volume
    does both in its worker process), a large one streamed through ``source.open``;
 3. a content already stored — by an earlier snapshot, or earlier in this one — is referenced
    where it is; only a new content's bytes are uploaded, once.
@@ -287,7 +287,7 @@ class _Upload:
         """Read and hashed a group at a time; each new content appended to the open pack."""
         for group in _groups(files, READ_GROUP_BYTES):
             async with self.limiter:
-                read = await self.source.read_small(self.location, [f.listed for f in group])
+                read = await self.source.read_checked(self.location, [f.listed for f in group])
             for file, (sha, crc32c, data) in zip(group, read, strict=True):
                 self.hashed_files += 1
                 self.hashed_bytes += file.size

@@ -270,7 +270,7 @@ async def test_small_files_are_read_whole_and_hashed_in_the_worker_process_check
     before = await anyio.to_thread.run_sync(cut_workers)
     await source.cut("q", 2)
     (worker,) = await anyio.to_thread.run_sync(cut_workers) - before
-    got = await source.read_small("q", [delta, commit])
+    got = await source.read_checked("q", [delta, commit])
     assert got == [
         SmallFile(hashlib.sha256(b"D" * 50).digest(), google_crc32c.value(b"D" * 50), b"D" * 50),
         SmallFile(hashlib.sha256(COMMIT).digest(), google_crc32c.value(COMMIT), COMMIT),
@@ -292,11 +292,11 @@ async def test_small_files_are_read_whole_and_hashed_in_the_worker_process_check
     assert caught.value.reason == "changed" and "after it was read" in str(caught.value)
     monkeypatch.undo()
     with pytest.raises(FileChanged) as caught:  # listed before the rewrite: refused at open
-        await source.read_small("q", [commit, delta])
+        await source.read_checked("q", [commit, delta])
     assert caught.value.reason == "changed" and "when opened" in str(caught.value)
     os.remove(target)
     with pytest.raises(FileChanged) as caught:
-        await source.read_small("q", [delta])
+        await source.read_checked("q", [delta])
     assert caught.value.reason == "gone" and delta.path in str(caught.value)
 
 

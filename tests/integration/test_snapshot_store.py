@@ -235,10 +235,10 @@ class Meddling(LocalSource):
         async with super().open(location, file) as stream:
             yield stream
 
-    async def read_small(self, location: str, files: Sequence[ListedFile]) -> list[SmallFile]:
+    async def read_checked(self, location: str, files: Sequence[ListedFile]) -> list[SmallFile]:
         for file in files:
             await self._opening(file)
-        return await super().read_small(location, files)
+        return await super().read_checked(location, files)
 
 
 @pytest.fixture
