@@ -28,7 +28,14 @@ from pyspark.sql import SparkSession
 
 import spark_bridge
 from tests.helpers import read_blob, spark_conf, wait_blob, wait_for
-from tests.integration.test_snapshot_restore import COMMON, STORES, Run, expected, feed
+from tests.integration.test_snapshot_restore import (
+    COMMON,
+    STORES,
+    Run,
+    expected,
+    feed,
+    remove_stopped,
+)
 from tests.services import REPO_ROOT, DaemonProcess
 
 pytestmark = pytest.mark.spark
@@ -118,7 +125,7 @@ def test_a_lost_checkpoint_is_restored_and_rewound_with_its_state(
             assert doc.stateful
 
             # The volume is lost: the newest snapshot restored, the query resumes after it.
-            shutil.rmtree(checkpoint)
+            remove_stopped(checkpoint)
             done = cli(env, "restore", query, str(checkpoint), "--json")
             assert done.returncode == 0, done.stderr + daemon.log()
             assert json.loads(done.stdout)["batch_id"] == LAST

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,21 @@ class Run:
         assert self.query.exception() is None
 
 
+def remove_stopped(checkpoint: Path, quiet_s: float = 1.0) -> None:
+    """Delete a stopped query's checkpoint for good. Spark's state store maintenance (every
+    500 ms here) may still write in it for a moment after the stop: a snapshot it was taking
+    before it unloads the query's stores, which recreates the directories it writes in."""
+
+    def gone_and_quiet() -> bool:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        if checkpoint.exists():
+            return False
+        time.sleep(quiet_s)
+        return not checkpoint.exists()
+
+    wait_for(gone_and_quiet, 30, f"Spark to stop writing in {checkpoint}")
+
+
 def feed(inputs: Path, kind: str, batch: int) -> None:
     """Batch ``batch``'s input files (written once: the restored run reads the same ones)."""
     left = [{"k": k, "v": f"L{batch}"} for k in keys_of(batch)]
@@ -274,7 +290,7 @@ def test_a_query_restarted_from_a_cut_continues_as_the_original(
         finally:
             run.stop()
         assert run.outputs == {b: expected(kind, b) for b in range(k + 1)}
-        shutil.rmtree(checkpoint)  # each copy stands alone
+        remove_stopped(checkpoint)  # each copy stands alone
         for batch, cut in cuts.items():
             assert_cut_shape(cut, store, kind, batch)
             assert files_under(copies[batch]) == [f.path for f in cut.files]
