@@ -20,9 +20,16 @@ step (the invariants written at the top of ``sidecar.flush.core``):
 - a blob-mode ack is answered only when its batch is (or was, since it began) in the blob;
 - a reset is never undone: after it, only batches applied after it are written;
 - a write is made only by the lease holder, as its lease manager sees it;
+- a Kafka group's committed offset or an Event Hubs checkpoint moves back only as a reset's
+  rewind landing (after the daemon's reset told its durable hooks: to the reset's target, or
+  a batch the blob took since), once; after that it holds only such batches: nothing from
+  before the reset raises it again;
 
-and once the faults stop (at the end of each run), every acknowledged batch reaches the blob
-and every ack whose batch is in the blob is answered.
+and once the faults stop (at the end of each run), every acknowledged batch reaches the blob,
+every ack whose batch is in the blob is answered, and the groups of each reset hold its target
+or a batch since (unless the daemon told of it was restarted: a kill before its commit loses
+the rewind, docs/kafka.md; nor an Event Hubs checkpoint for a reset to batch 0, which no
+checkpoint can say).
 
 ``make test`` runs a few hundred examples; ``make simulate`` many more
 (``SIMULATION_EXAMPLES``). Each defect found stays below as an ``@example``-style test.
@@ -35,7 +42,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import fakeredis
@@ -96,6 +103,8 @@ HOOKS = Config(
     kafka_bootstrap_servers="sim:9092",
     eventhubs_namespace="sim.servicebus.windows.net",
 )
+#: The Event Hubs checkpoints' blob name prefix, up to the consumer group.
+HUB_GROUP = "sim.servicebus.windows.net/hub/"
 EXAMPLES = int(os.environ.get("SIMULATION_EXAMPLES", "150"))
 T = TypeVar("T")
 #: Redis' wall clock at the virtual loop's time 0.
@@ -193,7 +202,9 @@ class SimStore(FakeBlobStore):
                     self.lowering.discard(query_id)
 
     def put(self, query_id: str, batch: int) -> None:
-        super().put(query_id, batch)
+        """Another owner's flush of Redis' batch (the query's name kept: its groups)."""
+        doc = CheckpointDocument.of(checkpoint(query_id, batch, name=f"name-{query_id}"), WRITER)
+        self._set(query_id, encode_document(doc))
         self._took(query_id, batch, "thief")
 
     def put_document(self, query_id: str, doc: CheckpointDocument) -> None:
@@ -208,9 +219,53 @@ class SimStore(FakeBlobStore):
         return f"{NS}/{query_id}.json"
 
 
+@dataclass
+class RewindWatch:
+    """A reset whose daemon told its durable hooks (a deliberate rewind of its query's
+    groups): what the groups may hold from then on."""
+
+    #: The reset's batch.
+    target: int
+    #: Batches a group may hold now: the target, then those the blob took since the reset
+    #: (only durable batches are committed; a newer one may carry the rewind down, too).
+    allowed: set[int]
+    #: The daemon told: the groups must follow unless it is restarted first (a kill before
+    #: its commit loses the rewind, docs/kafka.md).
+    daemon: SimDaemon
+    #: The positions (Kafka partitions, Event Hubs checkpoints) the rewind has reached.
+    landed: set[str] = field(default_factory=set)
+
+
+def position_landed(
+    sim: FlushSimulation, key: str, query: str, before: int | None, at: int
+) -> None:
+    """A group's position (as a batch: Kafka's offset, an Event Hubs sequence number + 1)
+    moves from ``before`` to ``at``. It goes down only as a reset's rewind landing (once, to a
+    batch of that reset's), and once the rewind landed it holds only that reset's batches:
+    nothing from before the reset raises it again."""
+    watch = sim.rewinds.get(query)
+    ours = watch is not None and at in watch.allowed
+    landed = watch.landed if watch is not None else set()
+    if before is not None and at < before and not (ours and key not in landed):
+        sim.violations.append(f"{key} lowered {before} -> {at}")
+    elif watch is not None and key in landed and not ours:
+        sim.violations.append(
+            f"{key} raised to {at} over a reset to {watch.target} "
+            f"(its batches: {sorted(watch.allowed)})"
+        )
+    if ours:
+        landed.add(key)
+
+
+def query_of(group: str) -> str:
+    """The query of a group name (``spark-name-q1``)."""
+    return group.rsplit("-", 1)[-1]
+
+
 class SimEventHubs:
     """The store's Event Hubs calls over a dict, with versions, watched: a sequence number
-    that goes down is a violation (the simulation has no deliberate rewind of them)."""
+    goes down only by a reset through the daemon (``position_landed``). A write takes the
+    store's latency, checked against the version when it lands."""
 
     def __init__(self, sim: FlushSimulation) -> None:
         self.sim = sim
@@ -229,20 +284,23 @@ class SimEventHubs:
     async def write_eventhubs_checkpoint(
         self, container: str, name: str, metadata: dict[str, str], version: str | None
     ) -> str:
+        await self.sim.store._slow()
         known = self.blobs.get(name)
         if (known[1] if known else None) != version:
             raise VersionConflict(f"sim: {name} changed since it was listed")
         number = int(metadata["sequencenumber"])
-        if known is not None and number < known[0]:
-            self.sim.violations.append(f"eventhubs {name} lowered {known[0]} -> {number}")
+        query = query_of(name.split("/")[2])
+        before = known[0] + 1 if known is not None else None
+        position_landed(self.sim, f"eventhubs {name}", query, before, number + 1)
         new = f"v{next(self._versions)}"
         self.blobs[name] = (number, new)
         return new
 
 
 class SimKafka:
-    """Consumer groups' committed offsets, watched (none may go down), and the consumer the
-    committer opens on them (``sidecar.kafka.client.open_consumer``)."""
+    """Consumer groups' committed offsets, watched (one goes down only by a reset through the
+    daemon, ``position_landed``), and the consumer the committer opens on them
+    (``sidecar.kafka.client.open_consumer``); its calls take the store's latency."""
 
     def __init__(self, sim: FlushSimulation) -> None:
         self.sim = sim
@@ -264,14 +322,16 @@ class SimConsumer:
         self._assigned = set(tps)
 
     async def committed(self, tp: TopicPartition) -> int | None:
+        await self.kafka.sim.store._slow()
         return self.kafka.committed.get((self.group, tp.topic, tp.partition))
 
     async def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        await self.kafka.sim.store._slow()  # in flight meanwhile; lands at once, all of it
         for tp, oam in offsets.items():
             key = (self.group, tp.topic, tp.partition)
             before = self.kafka.committed.get(key)
-            if before is not None and oam.offset < before:
-                self.kafka.sim.violations.append(f"kafka {key} lowered {before} -> {oam.offset}")
+            where = f"kafka {key}"
+            position_landed(self.kafka.sim, where, query_of(self.group), before, oam.offset)
             self.kafka.committed[key] = oam.offset
 
     async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
@@ -354,9 +414,11 @@ class SimDaemon:
         self.committer = KafkaCommitter(HOOKS, self.metrics)
         self.eventhubs = EventHubsCheckpointer(HOOKS, self.metrics, sim.eventhubs)
 
-        def durable(c: ckpt.Checkpoint) -> None:
-            self.committer.durable(sources_of(c))
-            self.eventhubs.durable(sources_of(c))
+        def durable(c: ckpt.Checkpoint, rewind: str | None = None) -> None:
+            if rewind is not None:  # a reset of ours: its groups may go down to it, once
+                sim.rewinds[c.query_id] = RewindWatch(c.batch_id, {c.batch_id}, self)
+            self.committer.durable(sources_of(c), rewind=rewind)
+            self.eventhubs.durable(sources_of(c), rewind=rewind)
 
         self.flusher = Flusher(
             CONFIG, self.buffer, self.blobs, self.metrics, writer, on_durable=durable
@@ -387,7 +449,14 @@ class SimDaemon:
         # The fake serves every call the daemon's side of the admin ops makes.
         store = cast(BlobStore, sim.store)
         self.admin = DaemonAdmin(
-            CONFIG, self.buffer, store, self.blobs, self.retirement, self.metrics, writer
+            CONFIG,
+            self.buffer,
+            store,
+            self.blobs,
+            self.retirement,
+            self.metrics,
+            writer,
+            on_rewind=durable,
         )
         loop = sim.loop
         self.tasks = [
@@ -432,6 +501,8 @@ class FlushSimulation(RuleBasedStateMachine):
         self.got: dict[str, int | None] = dict.fromkeys(QUERIES)
         #: Blob-mode acks waiting for the blob.
         self.acks: list[BlobAck] = []
+        #: The last reset of each query the daemon told its durable hooks of.
+        self.rewinds: dict[str, RewindWatch] = {}
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -459,6 +530,8 @@ class FlushSimulation(RuleBasedStateMachine):
         return [self.daemon] if self.twin is None else [self.daemon, self.twin]
 
     def wrote(self, query_id: str, batch: int, writer: str) -> None:
+        if query_id in self.rewinds:
+            self.rewinds[query_id].allowed.add(batch)  # durable after the reset: committed
         allowed = self.since_reset[query_id]
         lowering = query_id in self.store.lowering
         # The twin's driver knows nothing of our resets: its batches are its own (and the
@@ -584,7 +657,11 @@ class FlushSimulation(RuleBasedStateMachine):
         self.redis.connected = connected
         previous = self.store.document(query)
         reset = reset_document(
-            previous, checkpoint(query, target), WRITER, reason="r", history_size=4
+            previous,
+            checkpoint(query, target, name=f"name-{query}"),  # its name: its groups
+            WRITER,
+            reason="r",
+            history_size=4,
         )
         self.store.lowering.add(query)
         self.store.put_document(query, reset)
@@ -652,6 +729,7 @@ class FlushSimulation(RuleBasedStateMachine):
             self._forget_model(query)
             self.since_reset[query] = set()
             self.redis_batch[query] = target
+            self.next_batch[query] = target  # the query, restarted from it, runs them again
 
     @rule(query=st.sampled_from(QUERIES))
     def retire(self, query: str) -> None:
@@ -778,6 +856,23 @@ class FlushSimulation(RuleBasedStateMachine):
             self.redis_batch[query] = batch
         assert self.violations == [], self.violations
 
+    def _rewinds_reached_the_groups(self) -> None:
+        """Each reset's groups hold its target or a batch since, unless the daemon told of
+        it was restarted (the rewind may be lost; docs/kafka.md) or nothing was processed at
+        the target (no Event Hubs checkpoint can say so)."""
+        for query, watch in self.rewinds.items():
+            if watch.daemon is not self.daemon:
+                continue
+            held = [("kafka", self.kafka.committed.get((f"spark-name-{query}", "events", 0)))]
+            if watch.target > 0:
+                hub = self.eventhubs.blobs.get(f"{HUB_GROUP}spark-name-{query}/checkpoint/0")
+                held.append(("eventhubs", hub[0] + 1 if hub is not None else None))
+            for where, at in held:
+                assert at in watch.allowed, (
+                    f"{query}: the {where} group holds {at} once faults stopped, after a "
+                    f"reset to {watch.target} (its batches: {sorted(watch.allowed)})"
+                )
+
     def teardown(self) -> None:
         try:
             self._once_faults_stop()
@@ -814,6 +909,7 @@ class FlushSimulation(RuleBasedStateMachine):
             assert owed is None or (held is not None and held >= owed), (
                 f"{query}: acknowledged batch {owed} never reached the blob (it holds {held})"
             )
+        self._rewinds_reached_the_groups()
         for a in acks:
             held = self.store.batch(a.query)
             # An ack answered not_owner (another daemon held the lease meanwhile) was answered
@@ -1042,3 +1138,35 @@ def test_a_late_write_of_a_killed_daemon_is_refused_after_its_successor_wrote() 
         ]
     )
     assert before[-1] == 7 and sim[0].store.history["q1"] == before  # nothing landed late
+
+
+def test_a_reset_through_the_daemon_lowers_its_groups_and_nothing_older_raises_them() -> None:
+    # Batches 1-3 flushed and committed; the daemon's reset to batch 1 tells its hooks (a
+    # rewind): the Kafka group and the Event Hubs checkpoint go down to it.
+    sim: list[FlushSimulation] = []
+    replay(
+        [
+            sim.append,
+            *[lambda s: s.update(query="q1", back=0, blob_ack=False)] * 3,
+            lambda s: s.time_passes(seconds=2.0),
+            lambda s: s.reset(query="q1", back=2),
+            lambda s: s.time_passes(seconds=2.0),
+        ]
+    )
+    s = sim[0]
+    hub = f"{HUB_GROUP}spark-name-q1/checkpoint/0"
+    assert s.kafka.committed[("spark-name-q1", "events", 0)] == 1
+    assert s.eventhubs.blobs[hub][0] == 0  # the last event processed: batch 1's
+    assert s.rewinds["q1"].landed == {f"kafka {('spark-name-q1', 'events', 0)}", f"eventhubs {hub}"}
+    # The rule on moves it does not allow: a lowering with no reset of the query, a second
+    # lowering after a rewind's first landing, a position from before the reset once the
+    # rewind landed.
+    position_landed(s, "kafka x", "q2", 3, 1)
+    position_landed(s, "kafka y", "q1", 3, 1)  # the rewind landing there: allowed
+    position_landed(s, "kafka y", "q1", 3, 1)  # but only once
+    position_landed(s, f"eventhubs {hub}", "q1", 1, 3)
+    assert s.violations == [
+        "kafka x lowered 3 -> 1",
+        "kafka y lowered 3 -> 1",
+        f"eventhubs {hub} raised to 3 over a reset to 1 (its batches: [1])",
+    ]
