@@ -92,8 +92,15 @@ class Retries(Backoff):
     cap at once); an unexpected exception at ERROR, with its traceback once per failure
     streak, not at every retry."""
 
-    def __init__(self, base_s: float, cap_s: float) -> None:
-        super().__init__(base_s, cap_s)
+    def __init__(
+        self,
+        base_s: float,
+        cap_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        super().__init__(base_s, cap_s, clock=clock, jitter=jitter)
         #: By key: the unexpected error of the current failure streak (traceback logged).
         self._unexpected: dict[Hashable, type[BaseException]] = {}
 

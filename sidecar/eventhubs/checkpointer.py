@@ -34,7 +34,9 @@ pass writes only the partitions whose sequence number moved.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import random
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -104,7 +106,17 @@ class _Group:
 class EventHubsCheckpointer:
     """Owns the write loop and each group's state; the blobs are the store's."""
 
-    def __init__(self, config: Config, metrics: Metrics, store: CheckpointBlobs) -> None:
+    def __init__(
+        self,
+        config: Config,
+        metrics: Metrics,
+        store: CheckpointBlobs,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        """``clock``, ``jitter``: of the retries (a simulation's: virtual time, no
+        randomness)."""
         if not config.eventhubs_namespace:
             raise ValueError("EventHubsCheckpointer needs SIDECAR_EVENTHUBS_NAMESPACE")
         self._config = config
@@ -112,7 +124,7 @@ class EventHubsCheckpointer:
         self._container = config.eventhubs_container or config.container
         self._metrics = metrics
         self._store = store
-        self._backoff = Retries(0.5, RETRY_CAP_S)
+        self._backoff = Retries(0.5, RETRY_CAP_S, clock=clock, jitter=jitter)
         # By group name: a query restarted under the same name (new id) shares its group.
         self._groups: dict[str, _Group] = {}
         self._wake = anyio.Event()

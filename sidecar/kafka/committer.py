@@ -54,6 +54,7 @@ its traceback, counted as an error, retried with the backoff.
 from __future__ import annotations
 
 import logging
+import random
 import ssl
 import time
 from collections.abc import Callable
@@ -111,15 +112,19 @@ class KafkaCommitter:
         *,
         on_committable: Callable[[str, Offsets], None] | None = None,
         on_end_offsets: Callable[[Offsets], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = random.random,
     ) -> None:
         """``on_committable(label, offsets)``: a query's durable Kafka offsets, as they become
         known; ``on_end_offsets(ends)``: the brokers' end offsets of committed partitions
-        (both feed the lag gauges; wired in ``sidecar.daemon.app``)."""
+        (both feed the lag gauges; wired in ``sidecar.daemon.app``); ``clock``, ``jitter``: of
+        the idle re-commits and the retries (a simulation's: virtual time, no randomness)."""
         self._config = config
         self._metrics = metrics
         self._on_committable = on_committable
         self._on_end_offsets = on_end_offsets
-        self._backoff = Retries(0.5, RETRY_CAP_S)
+        self._clock = clock
+        self._backoff = Retries(0.5, RETRY_CAP_S, clock=clock, jitter=jitter)
         # By group name: a query restarted under the same name (new id) shares its group, so
         # only the newest checkpoint is committed and the backwards check covers both.
         self._groups: dict[str, _Group] = {}
@@ -228,7 +233,7 @@ class KafkaCommitter:
         self._retiring = {g.checkpoint.query_id for g in self._groups.values()} & self._retiring
 
     async def _commit_due(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         interval = self._config.kafka_recommit_interval_s
         async with anyio.create_task_group() as tg:
             for group in self._groups.values():
@@ -312,7 +317,7 @@ class KafkaCommitter:
         if rewind is not None and group.rewind is rewind:
             group.rewind = None  # committed; a newer rewind given meanwhile stays
         self._backoff.succeeded(group.name)
-        group.last_commit = time.monotonic()
+        group.last_commit = self._clock()
         m.kafka_up.set(1)
         if moves.rewound and rewind is not None:
             m.kafka_commits.labels("rewound").inc()

@@ -411,8 +411,11 @@ class SimDaemon:
         writer = Writer(host="sim", pid=number, instance_id=self.lease_id)
         # The durable hooks, as ``sidecar.daemon.app`` wires them: Kafka commits and Event
         # Hubs checkpoints of what is in the blob (fakes only at their client edges).
-        self.committer = KafkaCommitter(HOOKS, self.metrics)
-        self.eventhubs = EventHubsCheckpointer(HOOKS, self.metrics, sim.eventhubs)
+        # Their re-commits and retries count in virtual time too, without randomness.
+        self.committer = KafkaCommitter(HOOKS, self.metrics, clock=clock, jitter=lambda: 0.5)
+        self.eventhubs = EventHubsCheckpointer(
+            HOOKS, self.metrics, sim.eventhubs, clock=clock, jitter=lambda: 0.5
+        )
 
         def durable(c: ckpt.Checkpoint, rewind: str | None = None) -> None:
             if rewind is not None:  # a reset of ours: its groups may go down to it, once
