@@ -433,10 +433,12 @@ class Flusher:
             q.pending,
             left,
         )
-        if self._on_durable is not None:
-            # Also for "skipped": the blob holds this batch or newer (e.g. written before a
-            # Redis failure prevented mark_flushed), so these offsets are durable; the Kafka
-            # committer itself refuses to move a group backwards.
+        if self._on_durable is not None and durable == checkpoint.batch_id:
+            # Also for "skipped" when the blob holds this very batch (e.g. written before a
+            # Redis failure prevented mark_flushed): these offsets are durable. Not when it
+            # holds a newer one (another writer's, or ours before the row was reset): its
+            # offsets are the groups' to hold, committed by its writer; ours, older, would
+            # move them back (a committer knows only what it committed itself).
             try:
                 self._on_durable(checkpoint)
             except Exception:

@@ -11,17 +11,20 @@ import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import OffsetAndMetadata
+from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
 from sidecar.config import Config
 from sidecar.errors import ConfigError
 from sidecar.kafka.committer import TICK_S as COMMIT_TICK_S
 from sidecar.model.checkpoint import NULL, Checkpoint, SourceOffsets
+from sidecar.model.document import CheckpointDocument, Writer, encode_document
 from sidecar.model.offsets import group_name, kafka_offsets
 from sidecar.ops import admin_tool
 from sidecar.ops.client import SidecarClient
 from sidecar.wire.protocol import Reset
 from tests.helpers import (
     ConfigFactory,
+    blob_reader,
     checkpoint_from,
     eventually,
     metric_value,
@@ -43,10 +46,11 @@ from tests.kafkatools import (
     progress,
     wait_committed,
 )
-from tests.services import KafkaBroker
+from tests.services import Azurite, KafkaBroker
 from tests.sparkshapes import kafka_progress, rate_progress
 
 COMMITS = "checkpoint_sidecar_kafka_commits_total"
+FLUSHES = "checkpoint_sidecar_flushes_total"
 PENDING = "checkpoint_sidecar_pending_updates"
 QUERY_LAG = "checkpoint_sidecar_kafka_query_lag_records"
 
@@ -354,6 +358,51 @@ async def test_an_idle_recommit_never_moves_what_another_writer_committed(
             # This query's next durable batch moves it again.
             assert (await c.progress(progress(4))).applied
             await wait_committed(reader, end_offsets_of(4))
+
+
+async def test_a_blob_newer_than_the_row_leaves_the_group_to_the_blobs_writer(
+    make_config: ConfigFactory, broker: KafkaBroker, azurite: Azurite
+) -> None:
+    """Another owner (our lease broken) wrote batch 4 and committed the group at 4, then let
+    go. Our driver, behind, posts batch 3: the blob holds newer, so nothing is written, and our
+    older offsets are not committed either: the group stays at 4 (our committer last committed
+    1 itself, so it could not tell). Our next newer batch moves it on."""
+    await create_topic_with_records(broker.bootstrap)
+    config = make_config(kafka_bootstrap_servers=broker.bootstrap, count_threshold=1)
+    other = "0b5e0000-0000-4000-8000-00000000cccc"
+    async with (
+        running_daemon(config) as daemon,
+        blob_reader(config) as store,
+        group_reader(broker.bootstrap) as reader,
+        await SidecarClient.connect(config.socket_path) as c,
+    ):
+        assert (await c.progress(progress(1))).applied
+        await wait_committed(reader, end_offsets_of(1))
+        service = BlobServiceClient.from_connection_string(azurite.connection_string)
+        async with service:
+            blob = service.get_blob_client(config.container, store.blob_name(QID))
+            await BlobLeaseClient(blob).break_lease(lease_break_period=0)
+        await store.acquire_lease(QID, other, 15)
+        ours = await store.read_stored(QID)
+        assert ours.document is not None
+        theirs = CheckpointDocument.of(checkpoint_from(progress(4)), Writer("other-pod", 1, other))
+        await store.write(
+            QID, encode_document(theirs), lease_id=other, query_name=None, version=ours.version
+        )
+        await reader.commit(
+            {tp: OffsetAndMetadata(o, "") for tp, o in zip(TPS, end_offsets_of(4), strict=True)}
+        )
+        await store.release_lease(QID, other)
+
+        assert (await c.progress(progress(3))).applied
+        await eventually(lambda: sample(daemon, FLUSHES, result="skipped") >= 1)
+        passes = daemon.committer.passes if daemon.committer else 0
+        await eventually(lambda: daemon.committer is not None and daemon.committer.passes > passes)
+        assert await committed(reader) == end_offsets_of(4)
+        assert (await store.read(QID)).batch_id == 4  # type: ignore[union-attr]
+
+        assert (await c.progress(progress(5))).applied
+        await wait_committed(reader, end_offsets_of(5))
 
 
 async def test_without_a_daemon_a_reset_sets_the_group_itself_under_the_tools_lease(
