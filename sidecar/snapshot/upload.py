@@ -240,6 +240,17 @@ class _Upload:
         self.entries[file.path] = entry
         self.reused_files += 1
 
+    def hashed(self, file: CutFile, sha: bytes, crc32c: int | None) -> bool:
+        """``file`` was read and hashed: counted; True when its content is stored already
+        (the file then references it there), False when it is new to place."""
+        self.hashed_files += 1
+        self.hashed_bytes += file.size
+        at = self.where(sha)
+        if at is None:
+            return False
+        self.reuse(file, sha, at, crc32c)
+        return True
+
     def placed_new(
         self, file: CutFile, sha: bytes, crc32c: int | None, at: tuple[str, int]
     ) -> None:
@@ -289,11 +300,7 @@ class _Upload:
             async with self.limiter:
                 read = await self.source.read_checked(self.location, [f.listed for f in group])
             for file, (sha, crc32c, data) in zip(group, read, strict=True):
-                self.hashed_files += 1
-                self.hashed_bytes += file.size
-                at = self.where(sha)
-                if at is not None:
-                    self.reuse(file, sha, at, crc32c)
+                if self.hashed(file, sha, crc32c):
                     continue
                 # Placed without an await in between: a same content a large file's worker
                 # hashes meanwhile finds it placed.
@@ -307,11 +314,7 @@ class _Upload:
         """Hashed in a first pass; if its content is new, streamed into a pack of its own."""
         async with self.limiter:
             sha, crc32c = await self.hash_stream(file)
-        self.hashed_files += 1
-        self.hashed_bytes += file.size
-        at = self.where(sha)
-        if at is not None:
-            self.reuse(file, sha, at, crc32c)
+        if self.hashed(file, sha, crc32c):
             return
         pack_id = new_id()
         self.placed_new(file, sha, crc32c, (pack_id, 0))
