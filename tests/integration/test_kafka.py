@@ -384,7 +384,7 @@ async def test_a_blob_newer_than_the_row_leaves_the_group_to_the_blobs_writer(
             await BlobLeaseClient(blob).break_lease(lease_break_period=0)
         await store.acquire_lease(QID, other, 15)
         ours = await store.read_stored(QID)
-        assert ours.document is not None
+        assert ours.document is not None and ours.version is not None
         theirs = CheckpointDocument.of(checkpoint_from(progress(4)), Writer("other-pod", 1, other))
         await store.write(
             QID, encode_document(theirs), lease_id=other, query_name=None, version=ours.version

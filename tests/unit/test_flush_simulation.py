@@ -1089,6 +1089,25 @@ FOUND: dict[str, list[Step]] = {
         lambda s: s.update(query="q1", back=1, blob_ack=False),
         lambda s: s.get(query="q1"),
     ],
+    # Ours committed the group at batch 1 and retired the query; the twin (another Redis)
+    # took the lease, wrote batch 4 and committed the group there; ours, its stale floor
+    # saying 1, took batches 1 and 2. Once the killed twin's lease ran out ours flushed: the
+    # blob held 4, so it skipped the write, yet it committed batch 2's offsets (its committer
+    # knew only its own 1): the group went 4 -> 3. Only a blob holding the very batch is
+    # committed now. Found once the simulation watched the groups.
+    "an older row's offsets over a newer blob's": [
+        lambda s: s.update(query="q2", back=0, blob_ack=False),
+        lambda s: s.time_passes(seconds=6.0),
+        lambda s: s.twin_starts(),
+        lambda s: s.retire(query="q2"),
+        lambda s: s.twin_update(query="q2", ahead=3),
+        lambda s: s.time_passes(seconds=0.6),
+        lambda s: s.update(query="q2", back=0, blob_ack=False),
+        lambda s: s.update(query="q2", back=0, blob_ack=False),
+        lambda s: s.time_passes(seconds=6.0),
+        lambda s: s.twin_stops(killed=True),
+        lambda s: s.time_passes(seconds=6.0),
+    ],
 }
 
 
