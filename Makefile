@@ -47,6 +47,7 @@ bench: setup
 	$(PY) bench/fleet.py
 	$(PY) bench/footprint.py
 	$(PY) bench/snapshots.py
+	$(PY) bench/cpu_placement.py
 
 ## The container image checkpoint-sidecar:<version>: docker when its daemon answers, else
 ## podman (installed from apt when missing); local Debian bases when no registry answers.
