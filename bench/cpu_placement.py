@@ -46,6 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
 from bench.common import BenchError, Report, bench_main, cpu_seconds, environment
+from bench.tools import latency_summary_ms, schedule
 
 PLACEMENTS = ("none", "loop", "thread-gil", "thread-nogil", "child")
 SLICE_MS = 2.0
@@ -119,17 +120,15 @@ async def drive(path: str, rate: float, seconds: float) -> list[float]:
     reader, writer = await asyncio.open_unix_connection(path)
     due: asyncio.Queue[float] = asyncio.Queue()
     latencies: list[float] = []
-    count = int(rate * seconds)
+    times = schedule(time.perf_counter() + 0.5, rate, seconds)
 
     async def receive() -> None:
-        for _ in range(count):
+        for _ in times:
             await reader.readline()
             latencies.append(time.perf_counter() - await due.get())
 
     receiver = asyncio.create_task(asyncio.wait_for(receive(), seconds + 30))
-    start = time.perf_counter() + 0.5
-    for i in range(count):
-        at = start + i / rate
+    for at in times:
         wait = at - time.perf_counter()
         if wait > 0:
             await asyncio.sleep(wait)
@@ -138,15 +137,6 @@ async def drive(path: str, rate: float, seconds: float) -> list[float]:
     await receiver
     writer.close()
     return latencies
-
-
-def quantiles(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-
-    def at(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 3)
-
-    return {"samples": len(ordered), "p50_ms": at(0.5), "p99_ms": at(0.99), "p99_9_ms": at(0.999)}
 
 
 def one_round(tmp: Path, placement: str, args: argparse.Namespace) -> tuple[list[float], float]:
@@ -193,16 +183,16 @@ def run(args: argparse.Namespace) -> Report:
                 got, used = one_round(Path(tmp), placement, args)
                 pooled[placement] += got
                 cpu[placement].append(used)
-                rounds[placement].append(quantiles(got)["p99_ms"])
+                rounds[placement].append(latency_summary_ms(got)["p99_ms"])
                 print(
                     f"round {number + 1}/{args.rounds} {placement}: "
                     f"p99 {rounds[placement][-1]:.2f} ms",
                     file=sys.stderr,
                 )
-    reference = quantiles(pooled["none"])["p99_ms"]
+    reference = latency_summary_ms(pooled["none"])["p99_ms"]
     placements: dict[str, Any] = {}
     for placement in PLACEMENTS:
-        q = quantiles(pooled[placement])
+        q = latency_summary_ms(pooled[placement])
         placements[placement] = {
             **q,
             "p99_ms_by_round": rounds[placement],
