@@ -27,7 +27,7 @@ learns nothing from a pack that is not listed, so a broken index never spreads.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, KeysView, Mapping
 
 from sidecar.snapshot.index import SnapshotIndex, prefix
 from sidecar.snapshot.retention import classify
@@ -115,6 +115,10 @@ class Contents:
     def locate(self, sha256: bytes) -> tuple[str, int] | None:
         """Where that content's bytes are stored: (pack, offset); None when not known."""
         return self._where.get(sha256)
+
+    def stored(self) -> KeysView[bytes]:
+        """Every content known to be stored (its SHA-256)."""
+        return self._where.keys()
 
     def crc32c(self, sha256: bytes) -> int | None:
         """That content's CRC-32C, when an index learned had it."""

@@ -21,6 +21,11 @@ questions, and nothing above it touches the files another way:
   several in one call: the many small files a snapshot uploads cost the daemon one call per
   group, not a step per file (open, read, check, close, hash). A local volume reads and
   hashes them in the cut's worker process, so the daemon only receives their bytes.
+- :meth:`~CheckpointSource.pack`: small files read and hashed as :meth:`read_checked` does,
+  and their new contents sent in packs straight to the store
+  (:func:`~sidecar.snapshot.packer.pack_files`). A local volume does it in its worker
+  process: the daemon then receives sums and places, neither the bytes nor the store's
+  requests pass through its event loop.
 - :meth:`~CheckpointSource.open`: a file for streaming, checked against its listing: opened
   only if it still has the listed size and stamp, and checked again when its last byte was
   read — a file Spark deleted, rewrote or replaced meanwhile raises :class:`FileChanged`, so
@@ -34,9 +39,9 @@ questions, and nothing above it touches the files another way:
 ``wasbs://``) is a source of the same shape: ``locations`` lists blob prefixes holding a
 ``metadata`` blob, ``cut`` a flat blob listing (path, size, the ETag as stamp) and
 :func:`~sidecar.snapshot.cut.cut_of` in a worker thread reading blobs through
-``anyio.from_thread`` (the daemon's CPU is then a listing's, not a walk's), ``open`` and
-``read_checked`` ranged downloads with ``If-Match`` on the listed ETag (a rewritten blob
-answers 412: :class:`FileChanged`), and ``server_copy`` answers a
+``anyio.from_thread`` (the daemon's CPU is then a listing's, not a walk's), ``open``,
+``read_checked`` and ``pack`` ranged downloads with ``If-Match`` on the listed ETag (a
+rewritten blob answers 412: :class:`FileChanged`), and ``server_copy`` answers a
 :class:`ServerCopy` (the blob's URL and ETag) so the uploader copies it server-side (Put Block
 From URL with a source ``If-Match``) instead of streaming it. The cut, the uploader and the
 index do not change.
@@ -55,7 +60,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Literal, NamedTuple, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import anyio
 import anyio.to_process
@@ -67,6 +72,7 @@ from sidecar.errors import SidecarError
 from sidecar.model.spark_dir import SparkCheckpointError, parse_query_metadata
 from sidecar.snapshot import crc
 from sidecar.snapshot.cut import Cut, ListedFile, cut_of
+from sidecar.snapshot.packer import Packed, PackJob, SmallFile, pack_files
 
 #: How deep under the root checkpoint locations are looked for (the root itself is depth 0):
 #: ``<root>/<app>/<query>`` is depth 2.
@@ -126,15 +132,6 @@ class FileChanged(SidecarError):
         self.reason = reason
 
 
-class SmallFile(NamedTuple):
-    """A file read whole by :meth:`CheckpointSource.read_checked`, with its sums."""
-
-    sha256: bytes
-    #: None where CRC-32C is slow (``sidecar.snapshot.crc``).
-    crc32c: int | None
-    data: bytes
-
-
 class FileStream(Protocol):
     """An open file, read in chunks; the last chunk comes only after the file was checked."""
 
@@ -180,6 +177,18 @@ class CheckpointSource(Protocol):
         Raises:
             FileChanged: one is gone or not as listed.
             SourceError: the worker reading them died (``worker``).
+        """
+        ...
+
+    async def pack(self, location: str, job: PackJob) -> Packed:
+        """``job``'s files of ``location`` read, checked and hashed as :meth:`read_checked`
+        does, and their new contents sent in packs to ``job.blobs``
+        (:func:`~sidecar.snapshot.packer.pack_files`).
+
+        Raises:
+            FileChanged: one is gone or not as listed.
+            SourceError: the worker doing it died (``worker``).
+            SidecarError: the store's errors, after retries.
         """
         ...
 
@@ -320,6 +329,9 @@ class LocalSource:
     async def read_checked(self, location: str, files: Sequence[ListedFile]) -> list[SmallFile]:
         return await self._in_worker("reading", location, read_checked_here, list(files))
 
+    async def pack(self, location: str, job: PackJob) -> Packed:
+        return await self._in_worker("packing", location, pack_here, job)
+
     def server_copy(self, location: str, file: ListedFile) -> ServerCopy | None:
         return None
 
@@ -359,6 +371,12 @@ def read_checked_here(top: str, files: list[ListedFile]) -> list[SmallFile]:
     process (:meth:`LocalSource.read_checked`'s worker)."""
     directory = Path(top)
     return _in_this_worker(lambda: [read_hashed(directory, f) for f in files])
+
+
+def pack_here(top: str, job: PackJob) -> Packed:
+    """``job`` done on the files under ``top``, in this process (:meth:`LocalSource.pack`'s
+    worker)."""
+    return _in_this_worker(lambda: pack_files(partial(read_hashed, Path(top)), job))
 
 
 def read_hashed(top: Path, file: ListedFile) -> SmallFile:

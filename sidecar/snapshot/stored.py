@@ -12,12 +12,14 @@ backoff that honours the store's ``Retry-After``; anything else fails the operat
 A create-only write sent again after a send whose outcome was unknown (the connection
 dropped after the store wrote it) finds the blob there: blob ids are random, so that is the
 earlier send's, complete (a Put Blob or a Put Block List lands whole or not at all), and
-counts as written (:func:`create`).
+counts as written (:func:`create`; :func:`create_blocking` in a worker process, through the
+store's :class:`RemoteBlobs`, with the same policy).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
@@ -25,10 +27,11 @@ from collections.abc import (
     Callable,
     Iterable,
     Iterator,
+    Mapping,
     Sequence,
 )
 from contextlib import aclosing, contextmanager
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 import anyio
 
@@ -50,6 +53,16 @@ RETRY_CAP_S = 5.0
 _schedule = Backoff(RETRY_BASE_S, RETRY_CAP_S)
 
 
+class RemoteBlobs(Protocol):
+    """Where another process writes a store's blobs (``sidecar.store.remote.BlobTarget``):
+    picklable, its client made in the process that writes."""
+
+    def put(self, name: str, body: bytes, count: Callable[[str], None]) -> str:
+        """Create ``name`` holding ``body`` (never overwrites: ``VersionConflict``); its
+        version. ``count`` is told each request's kind as it is sent."""
+        ...
+
+
 class SnapshotStore(Protocol):
     """What the snapshot package needs of its blobs (``sidecar.store.snapshots.SnapshotBlobs``;
     its docstrings say what each call raises)."""
@@ -66,6 +79,18 @@ class SnapshotStore(Protocol):
 
     def counted(self) -> SnapshotStore:
         """A view counting only its own calls in :attr:`requests` (and still in this one's)."""
+        ...
+
+    def target(self) -> RemoteBlobs | None:
+        """Where another process can write this store's blobs; None: only through this
+        object (then a snapshot's packs go up from the daemon)."""
+        ...
+
+    def sent_elsewhere(
+        self, requests: Mapping[str, int], failures: Sequence[tuple[str, str]]
+    ) -> None:
+        """Count the requests another process sent to :meth:`target` as this object's, and
+        tell the store each (call, reason) that failed there."""
         ...
 
     async def put(self, name: str, chunks: AsyncIterable[bytes]) -> tuple[int, str]:
@@ -99,19 +124,75 @@ async def retried(what: str, call: Callable[[], Awaitable[T]], *, attempts: int 
         try:
             return await call()
         except StoreUnavailable as exc:
-            if attempt >= attempts:
+            retry = _retry(what, attempt, attempts, exc)
+            if retry is None:
                 raise
-            delay = _schedule.after(attempt, at_least_s=exc.retry_after_s or 0.0)
-            log.warning(
-                "snapshot store call failed, retrying: call=%s attempt=%d of=%d delay_s=%.2f "
-                "error=%s",
-                what,
-                attempt,
-                attempts,
-                delay,
-                exc,
-            )
-            await anyio.sleep(delay)
+            log.warning("%s", retry.said)
+            await anyio.sleep(retry.delay_s)
+            attempt += 1
+
+
+class _Retry(NamedTuple):
+    delay_s: float
+    #: The log line that says so.
+    said: str
+
+
+def _retry(what: str, attempt: int, attempts: int, exc: StoreUnavailable) -> _Retry | None:
+    """When try ``attempt`` of ``what`` failed with ``exc``, the wait before the next one
+    (jittered, at least the store's ``Retry-After``); None when it was the last."""
+    if attempt >= attempts:
+        return None
+    delay = _schedule.after(attempt, at_least_s=exc.retry_after_s or 0.0)
+    return _Retry(
+        delay,
+        f"snapshot store call failed, retrying: call={what} attempt={attempt} of={attempts} "
+        f"delay_s={delay:.2f} error={exc}",
+    )
+
+
+class Sent(NamedTuple):
+    """What :func:`create_blocking` calls sent and met, for the daemon to count and log."""
+
+    #: Requests by kind (put, block, commit).
+    requests: dict[str, int]
+    #: The reason of each failed try (``StoreUnavailable.reason``).
+    failures: list[str]
+    #: Log lines, with their levels: a retry's (WARNING), a send found landed (INFO).
+    said: list[tuple[int, str]]
+
+
+def create_blocking(
+    blobs: RemoteBlobs, name: str, body: bytes, sent: Sent, *, attempts: int | None = None
+) -> str:
+    """:func:`create` in a worker process (blocking): ``name`` created from ``body`` through
+    ``blobs``, retried with the same policy; its version, or "" when an earlier send landed.
+    What it sent and met is added to ``sent``.
+
+    Raises:
+        StoreUnavailable: still failing after ``attempts`` tries.
+        SidecarError: any other failure, at once.
+    """
+    attempts = ATTEMPTS if attempts is None else attempts
+    attempt = 1
+
+    def count(kind: str) -> None:
+        sent.requests[kind] = sent.requests.get(kind, 0) + 1
+
+    while True:
+        try:
+            return blobs.put(name, body, count)
+        except VersionConflict:
+            landed = f"snapshot blob landed at an earlier send: blob={name}"
+            sent.said.append((logging.INFO, landed))
+            return ""
+        except StoreUnavailable as exc:
+            sent.failures.append(exc.reason)
+            retry = _retry(f"create {name}", attempt, attempts, exc)
+            if retry is None:
+                raise
+            sent.said.append((logging.WARNING, retry.said))
+            time.sleep(retry.delay_s)
             attempt += 1
 
 

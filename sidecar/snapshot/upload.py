@@ -6,15 +6,23 @@ file's content (SHA-256):
 1. a file whose (path, size, stamp) the previous snapshot had is not read: its content is
    known (:class:`~sidecar.snapshot.contents.Contents`);
 2. any other file is read and hashed, checked against its listing (a file gone or changed
-   meanwhile raises ``FileChanged``): the small ones in groups of up to
-   :data:`READ_GROUP_BYTES` by ``source.read_checked`` (which hashes them too: a local volume
-   does both in its worker process), a large one streamed through ``source.open``;
+   meanwhile raises ``FileChanged``): the small ones in groups (below), a large one streamed
+   through ``source.open``;
 3. a content already stored — by an earlier snapshot, or earlier in this one — is referenced
    where it is; only a new content's bytes are uploaded, once.
 
 New contents of files up to :data:`PACKED_FILE_MAX_BYTES` travel together: appended to a pack
 held in memory, which goes up (one Put Blob, or blocks and a Put Block List when larger than
-the store's block) once it reaches ``pack_target_bytes``, and at the end. A larger file is
+the store's block) once it reaches ``pack_target_bytes``, and at the end. **Where the store
+can be written from the source's side** (``SnapshotStore.target``: the daemon's store), the
+small files go in groups of up to ``max(READ_GROUP_BYTES, pack_target_bytes)`` to
+``source.pack``, which reads, hashes and packs them and sends the packs itself — a local
+volume in its worker process (``sidecar.snapshot.packer``), so the daemon's event loop gets
+sums and places, not bytes, and sends no pack request: CPU on that loop is what acks pay for
+(``docs/benchmarks.md``). A pack then holds the new contents of one group; the contents
+stored already are told to the job. Otherwise (a store wrapped in this process: the fault
+tests') they are read in groups of :data:`READ_GROUP_BYTES` by ``source.read_checked`` and
+packed and sent from here. A larger file is
 read twice, streamed both times: a first pass hashes it, and only if its content is new a
 second pass streams it into a pack of its own, hashed again on the way — a content that
 differs from the first pass fails the snapshot (``FileChanged``) before the blob is committed.
@@ -43,7 +51,7 @@ import anyio.to_thread
 import msgspec
 
 from sidecar.errors import SidecarError, StoreRefused, StoreUnavailable
-from sidecar.snapshot import crc
+from sidecar.snapshot import crc, stored
 from sidecar.snapshot.contents import Contents
 from sidecar.snapshot.cut import CutError, CutFile
 from sidecar.snapshot.index import (
@@ -55,6 +63,7 @@ from sidecar.snapshot.index import (
     now_text,
     pack_name,
 )
+from sidecar.snapshot.packer import PackJob
 from sidecar.snapshot.source import CheckpointSource, FileChanged, SourceError
 from sidecar.snapshot.stored import SnapshotStore, chunks_of, create, first_error
 
@@ -295,7 +304,44 @@ class _Upload:
                 await self.seal()
 
     async def small_files(self, files: list[CutFile]) -> None:
-        """Read and hashed a group at a time; each new content appended to the open pack."""
+        """Packed where they are read when the store can be written from there (the source's
+        worker process), else here."""
+        target = self.blobs.target()
+        if target is None:
+            await self.small_files_here(files)
+            return
+        for group in _groups(files, max(READ_GROUP_BYTES, self.pack_target_bytes)):
+            known = frozenset(self.contents.stored()).union(self.placed)
+            job = PackJob(
+                [f.listed for f in group],
+                known,
+                target,
+                self.namespace,
+                self.query_id,
+                self.pack_target_bytes,
+                stored.ATTEMPTS,
+            )
+            async with self.limiter:
+                packed = await self.source.pack(self.location, job)
+            self.blobs.sent_elsewhere(
+                packed.sent.requests, [("write snapshot pack", r) for r in packed.sent.failures]
+            )
+            for level, line in packed.sent.said:
+                log.log(level, "%s", line)
+            self.new_packs.update(packed.packs)
+            for file, got in zip(group, packed.files, strict=True):
+                if got.placed is not None:
+                    self.hashed_files += 1
+                    self.hashed_bytes += file.size
+                    self.placed_new(file, got.sha256, got.crc32c, got.placed)
+                elif not self.hashed(file, got.sha256, got.crc32c):
+                    # Known when the job started; prune never runs beside a snapshot of the
+                    # same query, so this is a bug, not the store's.
+                    raise AssertionError(f"content of {file.path} known to its pack job, now not")
+
+    async def small_files_here(self, files: list[CutFile]) -> None:
+        """Read and hashed a group at a time; each new content appended to the open pack,
+        which this process sends."""
         for group in _groups(files, READ_GROUP_BYTES):
             async with self.limiter:
                 read = await self.source.read_checked(self.location, [f.listed for f in group])

@@ -44,7 +44,7 @@ from sidecar.store.sdk import credential, loaded
 from sidecar.store.sdk import load as sdk
 
 if TYPE_CHECKING:
-    from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+    from azure.core.exceptions import AzureError, HttpResponseError, ResourceNotFoundError
     from azure.storage.blob.aio import (
         BlobClient,
         BlobLeaseClient,
@@ -285,14 +285,8 @@ class BlobStore:
                 f"blob store {self.where}: {what} timed out after {self._timeout_s}s",
                 reason="timeout",
             ) from exc
-        except (sdk().ServiceRequestError, sdk().ServiceResponseError, OSError) as exc:
-            raise StoreUnavailable(
-                f"blob store {self.where} unreachable during {what}: {exc}", reason="connection"
-            ) from exc
-        except sdk().HttpResponseError as exc:
-            raise _translate(exc, what, self.where) from exc
-        except sdk().AzureError as exc:
-            raise StoreError(f"blob store {self.where}: {what} failed: {exc}") from exc
+        except (sdk().AzureError, OSError) as exc:
+            raise translated(exc, what, self.where) from exc
 
     async def ensure_container(self) -> None:
         """Create the container if it does not exist. Whether it does is read first (a
@@ -720,7 +714,20 @@ def _said(exc: HttpResponseError) -> str:
     return first.strip()
 
 
-def _translate(exc: HttpResponseError, what: str, where: str) -> Exception:
+def translated(exc: AzureError | OSError, what: str, where: str) -> SidecarError:
+    """The daemon's error for an SDK call's failure (the module docstring's mapping), for
+    the async store and for the snapshot packs a worker process writes
+    (``sidecar.store.remote``)."""
+    if isinstance(exc, (sdk().ServiceRequestError, sdk().ServiceResponseError, OSError)):
+        return StoreUnavailable(
+            f"blob store {where} unreachable during {what}: {exc}", reason="connection"
+        )
+    if isinstance(exc, sdk().HttpResponseError):
+        return _translate(exc, what, where)
+    return StoreError(f"blob store {where}: {what} failed: {exc}")
+
+
+def _translate(exc: HttpResponseError, what: str, where: str) -> SidecarError:
     if exc.status_code is None:
         # No HTTP answer at all: the credential raised before the request was sent
         # (azure-identity's ClientAuthenticationError). Its message is the identity

@@ -9,13 +9,14 @@ translated, health noted), like the checkpoint blobs'.
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Mapping, Sequence
 from datetime import datetime
 
 import msgspec
 
 from sidecar.errors import VersionConflict
 from sidecar.store.blobs import BlobStore
+from sidecar.store.remote import BlobTarget
 from sidecar.store.sdk import load as sdk
 
 #: A pack is staged in blocks of this size (Azure's block blobs: a Put Block each, then one
@@ -55,10 +56,33 @@ class SnapshotBlobs:
         others share the store."""
         return SnapshotBlobs(self._store, block_bytes=self.block_bytes, parent=self)
 
-    def _count(self, kind: str) -> None:
-        self.requests[kind] = self.requests.get(kind, 0) + 1
+    def _count(self, kind: str, n: int = 1) -> None:
+        self.requests[kind] = self.requests.get(kind, 0) + n
         if self._parent is not None:
-            self._parent._count(kind)
+            self._parent._count(kind, n)
+
+    def target(self) -> BlobTarget:
+        """Where another process writes blobs of this store (a snapshot's packs, from the
+        worker that reads the files: ``sidecar.store.remote``)."""
+        config = self._store._config
+        return BlobTarget(
+            self._store.container,
+            config.write_timeout_s,
+            self.block_bytes,
+            connection_string=config.azure_connection_string or None,
+            account_url=config.account_url or None,
+        )
+
+    def sent_elsewhere(
+        self, requests: Mapping[str, int], failures: Sequence[tuple[str, str]]
+    ) -> None:
+        """Requests another process sent to :meth:`target`, counted as this object's, and the
+        calls that failed there, (call, reason), told to the store's failure count."""
+        for kind, n in requests.items():
+            self._count(kind, n)
+        if self._store.on_failure is not None:
+            for what, reason in failures:
+                self._store.on_failure(what, reason)
 
     def _client(self, name: str):  # type: ignore[no-untyped-def]  # the SDK's BlobClient
         return self._store._container.get_blob_client(name)

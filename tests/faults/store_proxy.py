@@ -57,6 +57,10 @@ class Fault:
     forward: bool = False
     delay_s: float = 0.0
     retry_after_s: int = 1
+    #: Only requests whose path holds this (a blob name's part: ``/packs/``); None: any.
+    path_has: str | None = None
+    #: Applied this many times at most (None: no limit).
+    times: int | None = None
 
 
 def kind_of(method: str, target: str, headers: dict[str, str]) -> str:
@@ -89,6 +93,8 @@ class StoreFaultProxy:
         self.struck: list[tuple[str, str, str]] = []
         #: Requests held by a ``hold`` fault, in order, until delivered.
         self.held: list[bytes] = []
+        #: Times each fault was applied.
+        self._applied: Counter[Fault] = Counter()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
@@ -129,11 +135,16 @@ class StoreFaultProxy:
         """Called with each request forwarded and answered untouched (on the proxy's loop):
         a subclass counts them (``bench/store_counter.py``)."""
 
-    def _choose(self, kind: str) -> Fault | None:
+    def _choose(self, kind: str, target: str) -> Fault | None:
         for fault in list(self.faults):
             if fault.kinds is not None and kind not in fault.kinds:
                 continue
+            if fault.path_has is not None and fault.path_has not in urlsplit(target).path:
+                continue
+            if fault.times is not None and self._applied[fault] >= fault.times:
+                continue
             if self._random.random() < fault.share:
+                self._applied[fault] += 1
                 return fault
         return None
 
@@ -147,7 +158,7 @@ class StoreFaultProxy:
                 method, target, headers, raw = request
                 kind = kind_of(method, target, headers)
                 self.requests[kind] += 1
-                fault = self._choose(kind)
+                fault = self._choose(kind, target)
                 if fault is not None:
                     label = (
                         f"{fault.action} {fault.status}"

@@ -20,11 +20,11 @@ import pytest
 from sidecar.config import Config
 from sidecar.snapshot import source as source_module
 from sidecar.snapshot.cut import CutError, ListedFile, Role
+from sidecar.snapshot.packer import SmallFile
 from sidecar.snapshot.source import (
     FileChanged,
     LocalSource,
     Location,
-    SmallFile,
     SourceError,
     configured_source,
     listing_of,

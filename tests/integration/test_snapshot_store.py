@@ -14,7 +14,14 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +40,7 @@ from sidecar.snapshot import stored
 from sidecar.snapshot.contents import Contents
 from sidecar.snapshot.cut import ListedFile
 from sidecar.snapshot.index import FileEntry, SnapshotIndex, pack_name, parse_pack_name, prefix
+from sidecar.snapshot.packer import Packed, PackJob, SmallFile
 from sidecar.snapshot.prune import prune
 from sidecar.snapshot.restore import (
     RestoreError,
@@ -43,9 +51,9 @@ from sidecar.snapshot.restore import (
     restore,
 )
 from sidecar.snapshot.retention import ListedLike, classify, marks_name
-from sidecar.snapshot.source import FileChanged, FileStream, LocalSource, SmallFile
-from sidecar.snapshot.stored import SnapshotStore, chunks_of
-from sidecar.snapshot.upload import UploadResult, upload_snapshot
+from sidecar.snapshot.source import FileChanged, FileStream, LocalSource
+from sidecar.snapshot.stored import RemoteBlobs, SnapshotStore, chunks_of
+from sidecar.snapshot.upload import UploadResult, failure_reason, upload_snapshot
 from sidecar.store.blobs import BlobStore
 from sidecar.store.snapshots import BLOCK_BYTES, SnapshotBlobs
 from tests.faults.store_proxy import Fault, StoreFaultProxy
@@ -109,6 +117,15 @@ class Faulty:
 
     def counted(self) -> Faulty:
         return Faulty(self.inner.counted(), self.rules)
+
+    def target(self) -> None:
+        """None: the faults are injected in this process, so the packs go up through it."""
+        return None
+
+    def sent_elsewhere(
+        self, requests: Mapping[str, int], failures: Sequence[tuple[str, str]]
+    ) -> None:
+        raise AssertionError("no target: nothing is sent elsewhere")
 
     def _rule(self, call: str, name: str) -> Rule | None:
         for rule in self.rules:
@@ -239,6 +256,11 @@ class Meddling(LocalSource):
         for file in files:
             await self._opening(file)
         return await super().read_checked(location, files)
+
+    async def pack(self, location: str, job: PackJob) -> Packed:
+        for file in job.files:
+            await self._opening(file)
+        return await super().pack(location, job)
 
 
 @pytest.fixture
@@ -551,6 +573,14 @@ class HeldBack:
 
     def counted(self) -> HeldBack:
         return HeldBack(self.inner.counted(), self.firsts, self.list_after)
+
+    def target(self) -> RemoteBlobs | None:
+        return self.inner.target()
+
+    def sent_elsewhere(
+        self, requests: Mapping[str, int], failures: Sequence[tuple[str, str]]
+    ) -> None:
+        self.inner.sent_elsewhere(requests, failures)
 
     async def put(self, name: str, chunks: AsyncIterable[bytes]) -> tuple[int, str]:
         return await self.inner.put(name, chunks)
@@ -951,6 +981,78 @@ async def test_retries_carry_uploads_prunes_and_restores_through_a_flaky_store(
             kept = await assert_no_leak(blobs, namespace, retain=2, named=None)
     assert [s.batch for s in kept] == [5, 4]  # one index each: no retry wrote another
     assert tree(tmp_path / "restored") == await reference(ck, 5, tmp_path / "ref")
+
+
+def pack_fault(**options: object) -> Fault:
+    """ServerBusy on the creates of packs only (the index's are let through)."""
+    return Fault(
+        "status",
+        status=503,
+        kinds=frozenset({"create"}),
+        path_has="/packs/",
+        retry_after_s=0,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+async def test_packs_go_up_from_the_worker_process_retried_and_counted_there(
+    make_config: ConfigFactory, azurite: Azurite, namespace: str, tmp_path: Path
+) -> None:
+    ck = HdfsCheckpoint(tmp_path / "ck", partitions=4)
+    for _ in range(2):
+        ck.batch()
+    told: list[tuple[str, str]] = []
+    with StoreFaultProxy(azurite.port) as proxy:
+        store = BlobStore(
+            make_config(azure_connection_string=proxy.connection_string()),
+            creates_container=True,
+        )
+        store.on_failure = lambda call, reason: told.append((call, reason))
+        await store.ensure_container()
+        try:
+            blobs = SnapshotBlobs(store)
+            proxy.faults = [pack_fault(times=2)]
+            result = await snapshot(ck, blobs, namespace, Contents())
+            # The worker sent the pack three times (two refused), the daemon the index once:
+            # all counted in the snapshot's requests and the store's, the refusals told.
+            assert proxy.injected[("status 503", "create")] == 2
+            assert result.packs == 1 and result.requests == {"put": 4}
+            assert blobs.requests == {"put": 4}
+            assert told == [("write snapshot pack", "503 ServerBusy")] * 2
+            newest = await find_snapshot(blobs, namespace, QUERY_ID)
+            await restore(newest, blobs, namespace, tmp_path / "restored")
+        finally:
+            await store.aclose()
+    assert tree(tmp_path / "restored") == await reference(ck, 1, tmp_path / "ref")
+
+
+async def test_a_pack_the_store_keeps_refusing_fails_its_snapshot_and_names_nothing(
+    make_config: ConfigFactory,
+    azurite: Azurite,
+    namespace: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(stored, "ATTEMPTS", 2)  # the worker tries as often as the daemon says
+    ck = HdfsCheckpoint(tmp_path / "ck", partitions=4)
+    ck.batch()
+    with StoreFaultProxy(azurite.port) as proxy:
+        config = make_config(azure_connection_string=proxy.connection_string())
+        async with opened(config) as blobs:
+            contents = Contents()
+            proxy.faults = [pack_fault()]
+            with pytest.raises(StoreUnavailable, match="503 ServerBusy") as raised:
+                await snapshot(ck, blobs, namespace, contents)
+            assert failure_reason(raised.value) == "store_unavailable"
+            assert proxy.injected[("status 503", "create")] == 2
+            assert not [n for n in await blob_names(blobs, namespace) if "/index/" in n]
+            assert contents.known == 0
+            proxy.faults = []
+            result = await snapshot(ck, blobs, namespace, contents)
+            assert result.index.batch == 0 and result.packs == 1
+            newest = await find_snapshot(blobs, namespace, QUERY_ID)
+            await restore(newest, blobs, namespace, tmp_path / "restored")
+    assert tree(tmp_path / "restored") == await reference(ck, 0, tmp_path / "ref")
 
 
 async def test_prune_keeps_the_newest_and_the_named_snapshot_and_repacks_sparse_packs(

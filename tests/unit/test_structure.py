@@ -60,7 +60,7 @@ PURE_MODULES = {
 #: Third-party SDKs and the modules that may import them: each edge owns its SDK.
 SDK_OWNERS = {
     "redis": {"buffer.redis_buffer", "buffer.topology"},
-    "azure": {"store.blobs", "store.sdk"},
+    "azure": {"store.blobs", "store.sdk", "store.remote"},
     "aiokafka": {"kafka.client", "kafka.committer"},
     "h11": {"daemon.http"},
     "prometheus_client": {"telemetry.metrics", "kafka.lag", "daemon.http", "daemon.app"},
