@@ -10,8 +10,10 @@ per file in order, the sums and — for the first file of each new content — w
 it; a later file of that content, and a known one, get no place: the uploader references them
 where it already knows the content to be. Memory: one pack and one file.
 
-A job fails as a whole (``FileChanged``, the store's errors after retries); packs it wrote
-before are named by no index and pruned after the grace period, as any failed snapshot's.
+A job fails as a whole (``FileChanged``, the store's errors after retries): it answers its
+error beside what it sent (:attr:`Packed.error`), so the daemon counts the requests and
+failures of a failed job too, then raises it. Packs it wrote before are named by no index and
+pruned after the grace period, as any failed snapshot's.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from sidecar.errors import SidecarError
 from sidecar.snapshot.cut import ListedFile
 from sidecar.snapshot.index import new_id, pack_name
 from sidecar.snapshot.stored import RemoteBlobs, Sent, create_blocking
@@ -59,20 +62,19 @@ class PackedFile(NamedTuple):
 
 class Packed(NamedTuple):
     """A :class:`PackJob` done: its files' sums and places, in order; the packs it wrote,
-    with their sizes; and what its store calls sent and met."""
+    with their sizes; and what its store calls sent and met. With :attr:`error`, the job
+    failed there: the files and packs are what it did before."""
 
     files: list[PackedFile]
     packs: dict[str, int]
     sent: Sent
+    error: SidecarError | None = None
 
 
 def pack_files(read: Callable[[ListedFile], SmallFile], job: PackJob) -> Packed:
     """Do ``job`` (blocking), reading each file with ``read`` (see the module docstring).
-
-    Raises:
-        FileChanged: a file is gone or not as listed.
-        SidecarError: the store's errors, after retries.
-    """
+    Its failures — ``FileChanged`` (a file is gone or not as listed), the store's errors after
+    retries — are answered in :attr:`Packed.error`; anything else (a bug) raises."""
     sent = Sent({}, [], [])
     out: list[PackedFile] = []
     packs: dict[str, int] = {}
@@ -87,15 +89,18 @@ def pack_files(read: Callable[[ListedFile], SmallFile], job: PackJob) -> Packed:
             packs[pack_id] = len(buffer)
         pack_id, buffer = new_id(), bytearray()
 
-    for file in job.files:
-        small = read(file)
-        if small.sha256 in seen:
-            out.append(PackedFile(small.sha256, small.crc32c, None))
-            continue
-        seen.add(small.sha256)
-        out.append(PackedFile(small.sha256, small.crc32c, (pack_id, len(buffer))))
-        buffer += small.data
-        if len(buffer) >= job.pack_target_bytes:
-            seal()
-    seal()
+    try:
+        for file in job.files:
+            small = read(file)
+            if small.sha256 in seen:
+                out.append(PackedFile(small.sha256, small.crc32c, None))
+                continue
+            seen.add(small.sha256)
+            out.append(PackedFile(small.sha256, small.crc32c, (pack_id, len(buffer))))
+            buffer += small.data
+            if len(buffer) >= job.pack_target_bytes:
+                seal()
+        seal()
+    except SidecarError as exc:
+        return Packed(out, packs, sent, exc)
     return Packed(out, packs, sent)

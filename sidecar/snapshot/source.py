@@ -183,12 +183,12 @@ class CheckpointSource(Protocol):
     async def pack(self, location: str, job: PackJob) -> Packed:
         """``job``'s files of ``location`` read, checked and hashed as :meth:`read_checked`
         does, and their new contents sent in packs to ``job.blobs``
-        (:func:`~sidecar.snapshot.packer.pack_files`).
+        (:func:`~sidecar.snapshot.packer.pack_files`): a file gone or not as listed
+        (``FileChanged``) and the store's errors after retries are answered in
+        :attr:`~sidecar.snapshot.packer.Packed.error`.
 
         Raises:
-            FileChanged: one is gone or not as listed.
             SourceError: the worker doing it died (``worker``).
-            SidecarError: the store's errors, after retries.
         """
         ...
 

@@ -328,6 +328,8 @@ class _Upload:
             )
             for level, line in packed.sent.said:
                 log.log(level, "%s", line)
+            if packed.error is not None:
+                raise packed.error
             self.new_packs.update(packed.packs)
             for file, got in zip(group, packed.files, strict=True):
                 if got.placed is not None:

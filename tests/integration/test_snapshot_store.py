@@ -66,9 +66,17 @@ from tests.snapshots import copy_cut
 
 
 @asynccontextmanager
-async def opened(config: Config, *, block_bytes: int = BLOCK_BYTES) -> AsyncIterator[SnapshotBlobs]:
-    """The snapshot blobs of a store of their own (a process: nothing shared)."""
+async def opened(
+    config: Config,
+    *,
+    block_bytes: int = BLOCK_BYTES,
+    told: list[tuple[str, str]] | None = None,
+) -> AsyncIterator[SnapshotBlobs]:
+    """The snapshot blobs of a store of their own (a process: nothing shared); ``told``
+    gets each (call, reason) the store counts as failed."""
     store = BlobStore(config, creates_container=True)
+    if told is not None:
+        store.on_failure = lambda call, reason: told.append((call, reason))
     await store.ensure_container()
     try:
         yield SnapshotBlobs(store, block_bytes=block_bytes)
@@ -1003,14 +1011,8 @@ async def test_packs_go_up_from_the_worker_process_retried_and_counted_there(
         ck.batch()
     told: list[tuple[str, str]] = []
     with StoreFaultProxy(azurite.port) as proxy:
-        store = BlobStore(
-            make_config(azure_connection_string=proxy.connection_string()),
-            creates_container=True,
-        )
-        store.on_failure = lambda call, reason: told.append((call, reason))
-        await store.ensure_container()
-        try:
-            blobs = SnapshotBlobs(store)
+        config = make_config(azure_connection_string=proxy.connection_string())
+        async with opened(config, told=told) as blobs:
             proxy.faults = [pack_fault(times=2)]
             result = await snapshot(ck, blobs, namespace, Contents())
             # The worker sent the pack three times (two refused), the daemon the index once:
@@ -1021,8 +1023,6 @@ async def test_packs_go_up_from_the_worker_process_retried_and_counted_there(
             assert told == [("write snapshot pack", "503 ServerBusy")] * 2
             newest = await find_snapshot(blobs, namespace, QUERY_ID)
             await restore(newest, blobs, namespace, tmp_path / "restored")
-        finally:
-            await store.aclose()
     assert tree(tmp_path / "restored") == await reference(ck, 1, tmp_path / "ref")
 
 
@@ -1036,15 +1036,19 @@ async def test_a_pack_the_store_keeps_refusing_fails_its_snapshot_and_names_noth
     monkeypatch.setattr(stored, "ATTEMPTS", 2)  # the worker tries as often as the daemon says
     ck = HdfsCheckpoint(tmp_path / "ck", partitions=4)
     ck.batch()
+    told: list[tuple[str, str]] = []
     with StoreFaultProxy(azurite.port) as proxy:
         config = make_config(azure_connection_string=proxy.connection_string())
-        async with opened(config) as blobs:
+        async with opened(config, told=told) as blobs:
             contents = Contents()
             proxy.faults = [pack_fault()]
             with pytest.raises(StoreUnavailable, match="503 ServerBusy") as raised:
                 await snapshot(ck, blobs, namespace, contents)
             assert failure_reason(raised.value) == "store_unavailable"
             assert proxy.injected[("status 503", "create")] == 2
+            # A failed job's requests and failures count too.
+            assert blobs.requests == {"put": 2}
+            assert told == [("write snapshot pack", "503 ServerBusy")] * 2
             assert not [n for n in await blob_names(blobs, namespace) if "/index/" in n]
             assert contents.known == 0
             proxy.faults = []

@@ -17,6 +17,7 @@ from sidecar.snapshot import stored
 from sidecar.snapshot.cut import ListedFile
 from sidecar.snapshot.index import parse_pack_name
 from sidecar.snapshot.packer import PackJob, SmallFile, pack_files
+from sidecar.snapshot.source import FileChanged
 
 NS, QUERY = "ns", "q-1"
 
@@ -131,9 +132,24 @@ def test_a_put_that_landed_at_an_earlier_send_counts_as_written() -> None:
     )
 
 
-def test_a_store_still_failing_after_the_attempts_fails_the_job() -> None:
+def test_a_store_still_failing_after_the_attempts_fails_the_job_with_what_it_sent() -> None:
     listed, read = files(b"f" * 30)
     blobs = Recorder(fail=10)
-    with pytest.raises(StoreUnavailable):
-        pack_files(read, job(listed, blobs, attempts=3))
-    assert blobs.tries == 3 and not blobs.blobs
+    packed = pack_files(read, job(listed, blobs, attempts=3))
+    assert isinstance(packed.error, StoreUnavailable)
+    assert blobs.tries == 3 and not blobs.blobs and packed.packs == {}
+    assert packed.sent.requests == {"put": 3} and packed.sent.failures == ["503"] * 3
+
+
+def test_a_file_changed_under_the_job_fails_it_after_the_packs_before() -> None:
+    listed, read = files(b"1" * 60, b"2" * 10)
+
+    def changed(file: ListedFile) -> SmallFile:
+        if file.path == "f1":
+            raise FileChanged(f"{file.path} changed", reason="changed")
+        return read(file)
+
+    blobs = Recorder()
+    packed = pack_files(changed, job(listed, blobs, target=50))
+    assert isinstance(packed.error, FileChanged)
+    assert list(packed.packs.values()) == [60] and len(blobs.blobs) == 1  # an orphan, pruned
