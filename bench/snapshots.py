@@ -143,8 +143,9 @@ class Plan:
     partitions: int = 20
     trigger_s: float = 10.0
     warmup_s: float = 20.0
-    #: Rounds of a window with snapshots off and one with them on (order alternating).
-    rounds: int = 3
+    #: Rounds of a window with snapshots off and one with them on (order alternating): 5,
+    #: since a 40 s window's ack p99 moves 2-fold between windows of one kind.
+    rounds: int = 5
     window_s: float = 40.0
     side_s: float = 120.0
     restart_s: float = 40.0
@@ -992,6 +993,19 @@ def analyse(
                     running = overlapping(busy, at, at + ms / 1000)
                     split["spark_running" if running else "spark_idle"].append(ms / 1000)
         by_spark[kind] = split
+    # The same phase of Spark's cycle with snapshots off: acks within W of a commit (W: the
+    # on windows' p90 backup lag, by which 9 snapshots in 10 are stored), on and off. What
+    # the off side shows there is the commit's own cost (Spark's, the listener's posts).
+    window_s = on_off["sidecar_in_on_windows"]["backup_lag"]["p90_s"] or 0.0
+    after_commit = [(t, t + window_s) for q in commits.values() for t in q.values()]
+    near_commit: dict[str, list[float]] = {}
+    for kind, names in (("on", on_windows), ("off", off_windows)):
+        near_commit[kind] = [
+            ms / 1000 for n in names if (c := phases[n].client) is not None
+            for at, ms in zip(c["scheduled_at"], c["latencies_ms"], strict=True)
+            if overlapping(after_commit, at, at + ms / 1000)
+        ]  # fmt: skip
+    near_on, near_off = (latency_summary_ms(near_commit[k]) for k in ("on", "off"))
     cores_on = [phases[n].cores.get("daemon") for n in on_windows]
     cores_off = [phases[n].cores.get("daemon") for n in off_windows]
     snaps_on = on_off["sidecar_in_on_windows"]["snapshots"]
@@ -1009,6 +1023,8 @@ def analyse(
     on_off["why"] = {
         "acks_during_a_snapshot": latency_summary_ms(during),
         "acks_between_snapshots": latency_summary_ms(between),
+        "acks_after_a_commit": {"window_s": window_s, "on": near_on, "off": near_off,
+                                "p99_ratio": ratio(near_on.get("p99_ms"), near_off.get("p99_ms"))},
         "acks_by_spark": {f"{kind}_{k}": latency_summary_ms(v)
                           for kind, split in by_spark.items() for k, v in split.items()},
         "share_of_time_in_snapshots": round(
@@ -1196,6 +1212,9 @@ def show(report: Report) -> None:
           f"~{why['daemon_own_cpu_ms_per_snapshot']} ms of it in its own process")  # fmt: skip
     for key, lat in why["acks_by_spark"].items():
         print(f"    acks {key}: {lat}")
+    near = why["acks_after_a_commit"]
+    print(f"    acks within {near['window_s']} s of a commit: on {near['on']}, off {near['off']} "
+          f"(p99 x{near['p99_ratio']})")  # fmt: skip
     b = report["bytes"]
     print(f"  bytes uploaded / new: {b['uploaded_per_new_byte']} over {b['after_first']} "
           f"snapshots; index bytes {b['index_bytes']}; duplicates {b['duplicate_bytes']} B; "
