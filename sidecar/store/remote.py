@@ -1,7 +1,7 @@
 """Snapshot blobs written from another process: a snapshot's packs go up from the worker
 process that reads the checkpoint's files (``sidecar.snapshot.source``), so neither their
 bytes nor their requests pass through the daemon's event loop, whose CPU the acks pay for
-(``docs/benchmarks.md``, "Where a snapshot's CPU runs").
+(``docs/benchmarks.md``, the snapshots section).
 
 :class:`BlobTarget` is what crosses to that process: where the container is and how to reach
 it — picklable, no client in it, and no secret in its ``repr``. There the SDK's synchronous
@@ -55,7 +55,7 @@ class BlobTarget:
             SidecarError: the store's errors, translated (``StoreUnavailable``: retry).
         """
         container = _container(self)
-        where = f"{container.url.split('?')[0]}"
+        where = container.url.split("?")[0]
         blob = container.get_blob_client(name)
         what = "write snapshot blob"
         try:
@@ -69,10 +69,10 @@ class BlobTarget:
                 view = memoryview(body)
                 what = "stage snapshot block"
                 for start in range(0, len(view), self.block_bytes):
-                    block_id = base64.b64encode(f"{len(blocks):08d}".encode()).decode()
                     count("block")
-                    blob.stage_block(block_id, bytes(view[start : start + self.block_bytes]))
-                    blocks.append(BlobBlock(block_id))
+                    block = block_id(len(blocks))
+                    blob.stage_block(block, bytes(view[start : start + self.block_bytes]))
+                    blocks.append(BlobBlock(block))
                 what = "commit snapshot blob"
                 count("commit")
                 answer = blob.commit_block_list(
@@ -83,6 +83,11 @@ class BlobTarget:
         except (sdk().AzureError, OSError) as exc:
             raise translated(exc, what, where) from exc
         return str(answer["etag"])
+
+
+def block_id(n: int) -> str:
+    """The id of a blob's ``n``-th block (ids of one blob must be of one length)."""
+    return base64.b64encode(f"{n:08d}".encode()).decode()
 
 
 @functools.lru_cache(maxsize=4)

@@ -8,7 +8,6 @@ translated, health noted), like the checkpoint blobs'.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import AsyncIterable, Mapping, Sequence
 from datetime import datetime
 
@@ -16,7 +15,7 @@ import msgspec
 
 from sidecar.errors import VersionConflict
 from sidecar.store.blobs import BlobStore
-from sidecar.store.remote import BlobTarget
+from sidecar.store.remote import BlobTarget, block_id
 from sidecar.store.sdk import load as sdk
 
 #: A pack is staged in blocks of this size (Azure's block blobs: a Put Block each, then one
@@ -131,11 +130,11 @@ class SnapshotBlobs:
         return size, str(answer["etag"])
 
     async def _stage(self, blob, blocks: list[str], data: bytes) -> None:  # type: ignore[no-untyped-def]
-        block_id = base64.b64encode(f"{len(blocks):08d}".encode()).decode()
+        block = block_id(len(blocks))
         self._count("block")
         async with self._store._call("stage snapshot block"):
-            await blob.stage_block(block_id, data)
-        blocks.append(block_id)
+            await blob.stage_block(block, data)
+        blocks.append(block)
 
     async def replace(self, name: str, body: bytes, version: str) -> str:
         """Overwrite ``name`` if it is still at ``version`` (a repacked index); its new version.
