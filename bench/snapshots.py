@@ -979,38 +979,37 @@ def analyse(
     # against the others, in the same windows; and the daemon's CPU per snapshot.
     spans = [(r["written_at"] - r["duration_s"], r["written_at"]) for r in rows
              if r["duration_s"] is not None]  # fmt: skip
-    during: list[float] = []
-    between: list[float] = []
-    for n in on_windows:
-        if (c := phases[n].client) is not None:
-            for at, ms in zip(c["scheduled_at"], c["latencies_ms"], strict=True):
-                (during if overlapping(spans, at, at + ms / 1000) else between).append(ms / 1000)
+
+    def acks_split(
+        names: list[str], spans: list[tuple[float, float]]
+    ) -> tuple[list[float], list[float]]:
+        """The ack latencies (s) of windows ``names`` that met one of ``spans``, and the rest."""
+        inside: list[float] = []
+        outside: list[float] = []
+        for n in names:
+            if (c := phases[n].client) is not None:
+                for at, ms in zip(c["scheduled_at"], c["latencies_ms"], strict=True):
+                    (inside if overlapping(spans, at, at + ms / 1000) else outside).append(
+                        ms / 1000
+                    )
+        return inside, outside
+
+    during, between = acks_split(on_windows, spans)
     # Snapshots run right after Spark's batches, when the cores are busiest: acks while a Spark
     # batch runs and while none does, with snapshots on and off, tell the two apart.
     busy = [(p["start"], p["start"] + p["trigger_ms"] / 1000) for p in progress
             if p["trigger_ms"] is not None]  # fmt: skip
     by_spark: dict[str, dict[str, list[float]]] = {}
     for kind, names in (("on", on_windows), ("off", off_windows)):
-        split: dict[str, list[float]] = {"spark_running": [], "spark_idle": []}
-        for n in names:
-            if (c := phases[n].client) is not None:
-                for at, ms in zip(c["scheduled_at"], c["latencies_ms"], strict=True):
-                    running = overlapping(busy, at, at + ms / 1000)
-                    split["spark_running" if running else "spark_idle"].append(ms / 1000)
-        by_spark[kind] = split
+        running, idle = acks_split(names, busy)
+        by_spark[kind] = {"spark_running": running, "spark_idle": idle}
     # The same phase of Spark's cycle with snapshots off: acks within W of a commit (W: the
     # on windows' p90 backup lag, by which 9 snapshots in 10 are stored), on and off. What
     # the off side shows there is the commit's own cost (Spark's, the listener's posts).
     window_s = on_off["sidecar_in_on_windows"]["backup_lag"]["p90_s"] or 0.0
     after_commit = [(t, t + window_s) for q in commits.values() for t in q.values()]
-    near_commit: dict[str, list[float]] = {}
-    for kind, names in (("on", on_windows), ("off", off_windows)):
-        near_commit[kind] = [
-            ms / 1000 for n in names if (c := phases[n].client) is not None
-            for at, ms in zip(c["scheduled_at"], c["latencies_ms"], strict=True)
-            if overlapping(after_commit, at, at + ms / 1000)
-        ]  # fmt: skip
-    near_on, near_off = (latency_summary_ms(near_commit[k]) for k in ("on", "off"))
+    near_on, near_off = (latency_summary_ms(acks_split(names, after_commit)[0])
+                         for names in (on_windows, off_windows))  # fmt: skip
     cores_on = [phases[n].cores.get("daemon") for n in on_windows]
     cores_off = [phases[n].cores.get("daemon") for n in off_windows]
     snaps_on = on_off["sidecar_in_on_windows"]["snapshots"]
