@@ -16,6 +16,12 @@ of the socket protocol retries on ``unavailable``); the cluster client re-sends 
 was redirected, or refused while a slot moves, which is safe: nothing was executed, and a
 repeated apply is refused as stale.
 
+Standalone and sentinel clients run with Redis' maintenance notifications off
+(:data:`NO_MAINT_NOTIFICATIONS`): in redis-py 8.1, "auto" (on by default under RESP3) skips the
+pool's check of an idle connection at checkout, so after Redis restarts, every connection pooled
+before it fails one call with "Connection closed by server" (redis/redis-py#4252, fixed by
+#4260, not yet released). Off, a connection the server closed is replaced at checkout.
+
 Also here: what an error means for the operator when the topology setting is wrong (a
 cluster node given as standalone, a replica given as the primary).
 """
@@ -32,11 +38,15 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
+from redis.maint_notifications import MaintNotificationsConfig
 
 from sidecar.config import Config, redact_url
 
 Mode = Literal["standalone", "cluster", "sentinel"]
 Client = aioredis.Redis | RedisCluster
+
+#: See the module docstring: with these off, the pool replaces a connection the server closed.
+NO_MAINT_NOTIFICATIONS = MaintNotificationsConfig(enabled=False)
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,7 @@ class Topology:
                 socket_connect_timeout=t,
                 retry=no_retry,
                 health_check_interval=30,
+                maint_notifications_config=NO_MAINT_NOTIFICATIONS,
             )
         url = urlsplit(self.url)
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
@@ -106,6 +117,7 @@ class Topology:
             ssl=url.scheme.lower() == "rediss",
             retry=no_retry,
             health_check_interval=30,
+            maint_notifications_config=NO_MAINT_NOTIFICATIONS,
             socket_timeout=t,
             socket_connect_timeout=t,
         )

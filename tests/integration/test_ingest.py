@@ -15,6 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from sidecar.buffer.keys import Keys
+from sidecar.buffer.redis_buffer import Outcome, RedisBuffer
 from sidecar.buffer.refusals import OOM
 from sidecar.config import Config
 from sidecar.ingest import server
@@ -24,6 +25,7 @@ from sidecar.wire.protocol import encode_request
 from tests.helpers import (
     ConfigFactory,
     acli,
+    checkpoint_of,
     eventually,
     metric_value,
     running_daemon,
@@ -311,6 +313,42 @@ async def test_redis_outage_gives_unavailable_and_recovers(
         _, text = await anyio.to_thread.run_sync(scrape, daemon)
     assert metric_value(text, "checkpoint_sidecar_updates_total", result="rejected") >= 1
     assert metric_value(text, "checkpoint_sidecar_redis_up") == 1
+
+
+async def test_connections_pooled_before_a_redis_restart_are_replaced_not_failed(
+    own_redis: RedisServer,
+) -> None:
+    """Each idle pooled connection the restarted server closed is replaced at checkout: no
+    call fails after Redis is back (redis-py 8.1 with maintenance notifications on fails
+    one call per such connection: redis/redis-py#4252)."""
+    buffer = RedisBuffer(own_redis.url, "ns", timeout_s=0.5)
+    try:
+        assert await buffer.apply([checkpoint_of("q", 1)]) == [Outcome.APPLIED]
+        calls = 4  # at once: the pool holds this many connections
+        assert await gather_gets(buffer, calls) == [None] * calls
+        await anyio.to_thread.run_sync(own_redis.stop)
+        await anyio.to_thread.run_sync(own_redis.start)
+        assert await gather_gets(buffer, calls) == [None] * calls
+        assert buffer.available is True
+    finally:
+        await buffer.aclose()
+
+
+async def gather_gets(buffer: RedisBuffer, calls: int) -> list[BaseException | None]:
+    """``calls`` reads of query q at once: each one's error, or None when it read batch 1."""
+    out: list[BaseException | None] = [None] * calls
+
+    async def one(i: int) -> None:
+        try:
+            got = await buffer.get("q")
+            assert got is not None and msgspec.json.decode(got)["batch_id"] == 1
+        except Exception as exc:  # each call's outcome is the result
+            out[i] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i in range(calls):
+            tg.start_soon(one, i)
+    return out
 
 
 async def test_redis_refusing_writes_is_unavailable_not_fatal(
