@@ -73,6 +73,7 @@ from sidecar.model.spark_dir import SparkCheckpointError, parse_query_metadata
 from sidecar.snapshot import crc
 from sidecar.snapshot.cut import Cut, ListedFile, cut_of
 from sidecar.snapshot.packer import Packed, PackJob, SmallFile, pack_files
+from sidecar.snapshot.stored import Created, CreateJob, create_answered
 
 #: How deep under the root checkpoint locations are looked for (the root itself is depth 0):
 #: ``<root>/<app>/<query>`` is depth 2.
@@ -192,6 +193,17 @@ class CheckpointSource(Protocol):
         """
         ...
 
+    async def create(self, job: CreateJob) -> Created:
+        """``job``'s blob created from the source's side, as a pack job's packs are (a local
+        volume: in its worker process, whose store client is made already, so the daemon's
+        event loop does not send it): the store's errors after retries are answered in
+        :attr:`~sidecar.snapshot.stored.Created.error`.
+
+        Raises:
+            SourceError: the worker doing it died (``worker``).
+        """
+        ...
+
     def server_copy(self, location: str, file: ListedFile) -> ServerCopy | None:
         """Where the destination can copy ``file`` from by itself; None: stream it."""
         ...
@@ -294,25 +306,24 @@ class LocalSource:
         return None
 
     async def cut(self, location: str, batch: int) -> Cut:
-        return await self._in_worker("cutting", location, cut_here, batch)
+        top = self._dir(location)
+        return await self._in_worker(f"cutting {top}", partial(cut_here, str(top)), batch)
 
-    async def _in_worker(self, doing: str, location: str, job: Callable[[str, A], R], arg: A) -> R:
-        """``job(directory, arg)`` in the worker process (one call at a time)."""
+    async def _in_worker(self, doing: str, job: Callable[[A], R], arg: A) -> R:
+        """``job(arg)`` in the worker process (one call at a time); ``doing``: what, for its
+        error."""
         if self._worker is None:
             self._worker = anyio.CapacityLimiter(1)
         try:
-            top = str(self._dir(location))
-            return await anyio.to_process.run_sync(
-                job, top, arg, cancellable=True, limiter=self._worker
-            )
+            return await anyio.to_process.run_sync(job, arg, cancellable=True, limiter=self._worker)
         except (anyio.BrokenWorkerProcess, ProcessLookupError) as exc:
             # ProcessLookupError: anyio kills a worker that died while it started, and that
             # kill finds it gone (anyio 4.16).
             why = f"{exc!r}: {exc.__cause__!r}" if exc.__cause__ else repr(exc)
             raise SourceError(
-                f"the worker process {doing} {self._dir(location)} failed or died ({why}): "
-                "this snapshot fails, the next one starts a new worker; if it keeps dying, "
-                "look for the kernel's OOM killer in the pod's events",
+                f"the worker process {doing} failed or died ({why}): this snapshot fails, the "
+                "next one starts a new worker; if it keeps dying, look for the kernel's OOM "
+                "killer in the pod's events",
                 reason="worker",
             ) from exc
 
@@ -327,10 +338,17 @@ class LocalSource:
                 await anyio.to_thread.run_sync(os.close, fd)
 
     async def read_checked(self, location: str, files: Sequence[ListedFile]) -> list[SmallFile]:
-        return await self._in_worker("reading", location, read_checked_here, list(files))
+        top = self._dir(location)
+        return await self._in_worker(
+            f"reading {top}", partial(read_checked_here, str(top)), list(files)
+        )
 
     async def pack(self, location: str, job: PackJob) -> Packed:
-        return await self._in_worker("packing", location, pack_here, job)
+        top = self._dir(location)
+        return await self._in_worker(f"packing {top}", partial(pack_here, str(top)), job)
+
+    async def create(self, job: CreateJob) -> Created:
+        return await self._in_worker(f"writing {job.name}", create_here, job)
 
     def server_copy(self, location: str, file: ListedFile) -> ServerCopy | None:
         return None
@@ -377,6 +395,11 @@ def pack_here(top: str, job: PackJob) -> Packed:
     """``job`` done on the files under ``top``, in this process (:meth:`LocalSource.pack`'s
     worker)."""
     return _in_this_worker(lambda: pack_files(partial(read_hashed, Path(top)), job))
+
+
+def create_here(job: CreateJob) -> Created:
+    """``job`` done in this process (:meth:`LocalSource.create`'s worker)."""
+    return _in_this_worker(lambda: create_answered(job))
 
 
 def read_hashed(top: Path, file: ListedFile) -> SmallFile:

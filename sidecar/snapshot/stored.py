@@ -36,7 +36,7 @@ from typing import NamedTuple, Protocol, TypeVar
 import anyio
 
 from sidecar.backoff import Backoff
-from sidecar.errors import CorruptRecord, StoreUnavailable, VersionConflict
+from sidecar.errors import CorruptRecord, SidecarError, StoreUnavailable, VersionConflict
 from sidecar.snapshot.index import SnapshotIndex, decode_index
 from sidecar.snapshot.retention import ListedLike
 
@@ -194,6 +194,36 @@ def create_blocking(
             sent.said.append((logging.WARNING, retry.said))
             time.sleep(retry.delay_s)
             attempt += 1
+
+
+class CreateJob(NamedTuple):
+    """A blob for a worker process to create (:func:`create_answered`): a snapshot's index."""
+
+    blobs: RemoteBlobs
+    name: str
+    body: bytes
+    #: Tries of the write (:data:`ATTEMPTS`, as the daemon has it).
+    attempts: int
+
+
+class Created(NamedTuple):
+    """A :class:`CreateJob` done: the blob's version ("" when an earlier send landed) and what
+    its calls sent and met; with :attr:`error`, the store's error after retries (no version)."""
+
+    version: str
+    sent: Sent
+    error: SidecarError | None = None
+
+
+def create_answered(job: CreateJob) -> Created:
+    """:func:`create_blocking` of ``job`` whose failure is answered beside what it sent, so
+    that the daemon counts a failed job's requests too, then raises its error."""
+    sent = Sent({}, [], [])
+    try:
+        version = create_blocking(job.blobs, job.name, job.body, sent, attempts=job.attempts)
+    except SidecarError as exc:
+        return Created("", sent, exc)
+    return Created(version, sent)
 
 
 async def create(

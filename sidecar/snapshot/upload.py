@@ -36,7 +36,12 @@ shared between queries when given).
 stored: a snapshot fails as a whole — a file changed mid-copy, a cut refused, the store
 failing after retries — and leaves no index, only packs no index names, which prune deletes
 after the grace period (``sidecar.snapshot.retention``). ``contents`` learns the snapshot
-only once its index is written.
+only once its index is written. The owner check comes right before it; where the packs went up
+from the source's side, the index follows them there (``source.create``, in the same worker
+process), so the loop encodes it and hands it over but does not send it — the write through
+the async SDK was half the loop's CPU per snapshot (``docs/benchmarks.md``). Between the check
+and the write there may be another query's job in that worker (at most one: two snapshots run
+at once), as there may be a retry's backoff on either path.
 """
 
 from __future__ import annotations
@@ -323,11 +328,7 @@ class _Upload:
             )
             async with self.limiter:
                 packed = await self.source.pack(self.location, job)
-            self.blobs.sent_elsewhere(
-                packed.sent.requests, [("write snapshot pack", r) for r in packed.sent.failures]
-            )
-            for level, line in packed.sent.said:
-                log.log(level, "%s", line)
+            _tell(self.blobs, packed.sent, "write snapshot pack")
             if packed.error is not None:
                 raise packed.error
             self.new_packs.update(packed.packs)
@@ -419,6 +420,14 @@ class _Upload:
             self.slots.release()
 
 
+def _tell(blobs: SnapshotStore, sent: stored.Sent, call: str) -> None:
+    """What a job sent from the source's side counted in ``blobs`` (its failed tries as
+    ``call``'s), and its log lines logged here."""
+    blobs.sent_elsewhere(sent.requests, [(call, reason) for reason in sent.failures])
+    for level, line in sent.said:
+        log.log(level, "%s", line)
+
+
 async def upload_snapshot(
     source: CheckpointSource,
     location: str,
@@ -497,7 +506,15 @@ async def upload_snapshot(
             "index written (the new owner snapshots it)",
             reason="not_owner",
         )
-    version = await create(counted, name, lambda: chunks_of(body, len(body)))
+    target = counted.target()
+    if target is None:
+        version = await create(counted, name, lambda: chunks_of(body, len(body)))
+    else:  # sent by the worker that sent the packs: the loop only hands it the bytes
+        created = await source.create(stored.CreateJob(target, name, body, stored.ATTEMPTS))
+        _tell(counted, created.sent, "write snapshot index")
+        if created.error is not None:
+            raise created.error
+        version = created.version
     contents.learn(index, name=name, version=version, stamps={f.path: f.stamp for f in cut.files})
     result = UploadResult(
         index=index,

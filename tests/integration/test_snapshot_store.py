@@ -991,20 +991,26 @@ async def test_retries_carry_uploads_prunes_and_restores_through_a_flaky_store(
     assert tree(tmp_path / "restored") == await reference(ck, 5, tmp_path / "ref")
 
 
-def pack_fault(**options: object) -> Fault:
-    """ServerBusy on the creates of packs only (the index's are let through)."""
+def busy_on(blobs: str, **options: object) -> Fault:
+    """ServerBusy on the creates of blobs whose path holds ``/<blobs>/`` only (packs, index)."""
     return Fault(
         "status",
         status=503,
         kinds=frozenset({"create"}),
-        path_has="/packs/",
+        path_has=f"/{blobs}/",
         retry_after_s=0,
         **options,  # type: ignore[arg-type]
     )
 
 
-async def test_packs_go_up_from_the_worker_process_retried_and_counted_there(
-    make_config: ConfigFactory, azurite: Azurite, namespace: str, tmp_path: Path
+#: What a snapshot's blobs of each kind are called in the store's failure count when their
+#: worker sent them (the daemon's own writes are "write snapshot blob").
+SENT_BY_WORKER = {"packs": "write snapshot pack", "index": "write snapshot index"}
+
+
+@pytest.mark.parametrize("refused", ["packs", "index"])
+async def test_packs_and_index_go_up_from_the_worker_process_retried_and_counted_there(
+    make_config: ConfigFactory, azurite: Azurite, namespace: str, tmp_path: Path, refused: str
 ) -> None:
     ck = HdfsCheckpoint(tmp_path / "ck", partitions=4)
     for _ in range(2):
@@ -1013,25 +1019,29 @@ async def test_packs_go_up_from_the_worker_process_retried_and_counted_there(
     with StoreFaultProxy(azurite.port) as proxy:
         config = make_config(azure_connection_string=proxy.connection_string())
         async with opened(config, told=told) as blobs:
-            proxy.faults = [pack_fault(times=2)]
+            proxy.faults = [busy_on(refused, times=2)]
             result = await snapshot(ck, blobs, namespace, Contents())
-            # The worker sent the pack three times (two refused), the daemon the index once:
-            # all counted in the snapshot's requests and the store's, the refusals told.
+            # The worker sent the refused blob three times (two refused), the other once:
+            # all counted in the snapshot's requests and the store's, the refusals told under
+            # the worker's names (the daemon's would be "write snapshot blob").
             assert proxy.injected[("status 503", "create")] == 2
             assert result.packs == 1 and result.requests == {"put": 4}
             assert blobs.requests == {"put": 4}
-            assert told == [("write snapshot pack", "503 ServerBusy")] * 2
+            assert told == [(SENT_BY_WORKER[refused], "503 ServerBusy")] * 2
             newest = await find_snapshot(blobs, namespace, QUERY_ID)
+            assert newest.id == result.index.id
             await restore(newest, blobs, namespace, tmp_path / "restored")
     assert tree(tmp_path / "restored") == await reference(ck, 1, tmp_path / "ref")
 
 
-async def test_a_pack_the_store_keeps_refusing_fails_its_snapshot_and_names_nothing(
+@pytest.mark.parametrize("refused", ["packs", "index"])
+async def test_a_pack_or_index_the_store_keeps_refusing_fails_its_snapshot_and_names_nothing(
     make_config: ConfigFactory,
     azurite: Azurite,
     namespace: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    refused: str,
 ) -> None:
     monkeypatch.setattr(stored, "ATTEMPTS", 2)  # the worker tries as often as the daemon says
     ck = HdfsCheckpoint(tmp_path / "ck", partitions=4)
@@ -1041,14 +1051,15 @@ async def test_a_pack_the_store_keeps_refusing_fails_its_snapshot_and_names_noth
         config = make_config(azure_connection_string=proxy.connection_string())
         async with opened(config, told=told) as blobs:
             contents = Contents()
-            proxy.faults = [pack_fault()]
+            proxy.faults = [busy_on(refused)]
             with pytest.raises(StoreUnavailable, match="503 ServerBusy") as raised:
                 await snapshot(ck, blobs, namespace, contents)
             assert failure_reason(raised.value) == "store_unavailable"
             assert proxy.injected[("status 503", "create")] == 2
-            # A failed job's requests and failures count too.
-            assert blobs.requests == {"put": 2}
-            assert told == [("write snapshot pack", "503 ServerBusy")] * 2
+            # A failed job's requests and failures count too (a refused index: its pack went
+            # up first, once).
+            assert blobs.requests == {"put": 2 if refused == "packs" else 3}
+            assert told == [(SENT_BY_WORKER[refused], "503 ServerBusy")] * 2
             assert not [n for n in await blob_names(blobs, namespace) if "/index/" in n]
             assert contents.known == 0
             proxy.faults = []
