@@ -100,7 +100,7 @@ import anyio.to_thread
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
 from bench.common import BenchError, Report, bench_main, cpu_seconds, environment
 from bench.fleetmodel import CheckpointGrowth, snapshot_fleet
-from bench.snapshot_store import CONTAINER, restores, sdk_download
+from bench.snapshot_store import CONTAINER, alternated, paired_ratio, restores, sdk_download
 from bench.snapshotstats import (
     IndexFacts,
     Lag,
@@ -154,7 +154,7 @@ class Plan:
     rate: float = 100.0
     copy_concurrency: int = 8
     restore_mib: int = 1024
-    restore_rounds: int = 3
+    restore_rounds: int = 5
     #: Niceness given to Azurite's threads: Azure Storage is remote in production, its CPU
     #: not on the pod's cores; Azurite's is here. 0: left as it is.
     store_nice: int = 0
@@ -699,31 +699,25 @@ async def restore_real(cs: str, port: int, index: Any, work: Path, rounds: int) 
     store = BlobStore(config)
     blobs = SnapshotBlobs(store)
     names = [pack_name(NAMESPACE, index.query_id, p) for p in index.packs]
-    ours, sdk = [], []
     try:
-        for _ in range(rounds):
-            dest = work / "restored"
-            t0 = time.perf_counter()
-            await restore(index, blobs, NAMESPACE, dest)
-            ours.append(time.perf_counter() - t0)
-            await anyio.to_thread.run_sync(shutil.rmtree, dest)
-            target = work / "sdk"
-            target.mkdir()
-            t0 = time.perf_counter()
-            await sdk_download(port, names, target, 8)
-            sdk.append(time.perf_counter() - t0)
-            await anyio.to_thread.run_sync(shutil.rmtree, target)
+        ours, sdk = await alternated(
+            rounds,
+            lambda: restore(index, blobs, NAMESPACE, work / "restored"),
+            lambda: sdk_download(port, names, work / "sdk", 8),
+            cleanup=[work / "restored", work / "sdk"],
+        )
     finally:
         await store.aclose()
     total, pack_bytes = index.total_bytes, sum(index.packs.values())
-    ours_mibs = median(total / MiB / s for s in ours)
-    sdk_mibs = median(pack_bytes / MiB / s for s in sdk)
+    ours_mibs = [total / MiB / s for s in ours]
+    sdk_mibs = [pack_bytes / MiB / s for s in sdk]
     return {
         "batch": index.batch, "files": len(index.files), "bytes": total,
         "packs": len(index.packs), "pack_bytes": pack_bytes,
         "restore_s": [round(s, 3) for s in ours], "sdk_download_s": [round(s, 3) for s in sdk],
-        "restore_mib_s": round(ours_mibs, 1), "sdk_download_mib_s": round(sdk_mibs, 1),
-        "restore_vs_sdk": round(ours_mibs / sdk_mibs, 3),
+        "restore_mib_s": round(median(ours_mibs), 1),
+        "sdk_download_mib_s": round(median(sdk_mibs), 1),
+        "restore_vs_sdk": paired_ratio(ours_mibs, sdk_mibs),
     }  # fmt: skip
 
 

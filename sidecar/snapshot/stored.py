@@ -83,7 +83,7 @@ class SnapshotStore(Protocol):
 
     def target(self) -> RemoteBlobs | None:
         """Where another process can write this store's blobs; None: only through this
-        object (then a snapshot's packs go up from the daemon)."""
+        object (then a snapshot's packs and index go up from the daemon)."""
         ...
 
     def sent_elsewhere(

@@ -1,7 +1,7 @@
-"""Snapshot blobs written from another process: a snapshot's packs go up from the worker
-process that reads the checkpoint's files (``sidecar.snapshot.source``), so neither their
-bytes nor their requests pass through the daemon's event loop, whose CPU the acks pay for
-(``docs/benchmarks.md``, the snapshots section).
+"""Snapshot blobs written from another process: a snapshot's packs, and then its index, go up
+from the worker process that reads the checkpoint's files (``sidecar.snapshot.source``), so
+neither their bytes nor their requests pass through the daemon's event loop, whose CPU the
+acks pay for (``docs/benchmarks.md``, the snapshots section).
 
 :class:`BlobTarget` is what crosses to that process: where the container is and how to reach
 it — picklable, no client in it, and no secret in its ``repr``. There the SDK's synchronous

@@ -61,8 +61,8 @@ class SnapshotBlobs:
             self._parent._count(kind, n)
 
     def target(self) -> BlobTarget:
-        """Where another process writes blobs of this store (a snapshot's packs, from the
-        worker that reads the files: ``sidecar.store.remote``)."""
+        """Where another process writes blobs of this store (a snapshot's packs and index,
+        from the worker that reads the files: ``sidecar.store.remote``)."""
         config = self._store._config
         return BlobTarget(
             self._store.container,
