@@ -308,8 +308,14 @@ class LocalSource:
         return None
 
     async def cut(self, location: str, batch: int) -> Cut:
+        return await self._in_worker_at("cutting", location, cut_here, batch)
+
+    async def _in_worker_at(
+        self, doing: str, location: str, job: Callable[[str, A], R], arg: A
+    ) -> R:
+        """``job(directory, arg)`` in the worker process, on ``location``'s directory."""
         top = self._dir(location)
-        return await self._in_worker(f"cutting {top}", partial(cut_here, str(top)), batch)
+        return await self._in_worker(f"{doing} {top}", partial(job, str(top)), arg)
 
     async def _in_worker(self, doing: str, job: Callable[[A], R], arg: A) -> R:
         """``job(arg)`` in the worker process (one call at a time); ``doing``: what, for its
@@ -340,14 +346,10 @@ class LocalSource:
                 await anyio.to_thread.run_sync(os.close, fd)
 
     async def read_checked(self, location: str, files: Sequence[ListedFile]) -> list[SmallFile]:
-        top = self._dir(location)
-        return await self._in_worker(
-            f"reading {top}", partial(read_checked_here, str(top)), list(files)
-        )
+        return await self._in_worker_at("reading", location, read_checked_here, list(files))
 
     async def pack(self, location: str, job: PackJob) -> Packed:
-        top = self._dir(location)
-        return await self._in_worker(f"packing {top}", partial(pack_here, str(top)), job)
+        return await self._in_worker_at("packing", location, pack_here, job)
 
     async def create(self, job: CreateJob) -> Created:
         return await self._in_worker(f"writing {job.name}", create_here, job)
