@@ -87,6 +87,25 @@ def _proc_stats() -> dict[int, list[str]]:
     return out
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Run process ``pid``, every thread of it and of its live descendants, on ``cpus`` only
+    (threads and processes they start later inherit it). Affinity is per thread: a process's
+    pid sets its main thread's alone."""
+    stats = _proc_stats()
+    children: dict[int, list[int]] = {}
+    for child, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(child)
+    pending = [pid]
+    while pending:
+        node = pending.pop()
+        try:
+            for task in Path(f"/proc/{node}/task").iterdir():
+                os.sched_setaffinity(int(task.name), cpus)
+        except (FileNotFoundError, ProcessLookupError):  # exited meanwhile
+            continue
+        pending.extend(children.get(node, []))
+
+
 def cpu_times(pids: Pids) -> dict[str, float]:
     return {name: cpu_seconds(pid) for name, pid in pids.items()}
 

@@ -98,7 +98,7 @@ import anyio
 import anyio.to_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
-from bench.common import BenchError, Report, bench_main, cpu_seconds, environment
+from bench.common import BenchError, Report, bench_main, cpu_seconds, environment, pin
 from bench.fleetmodel import CheckpointGrowth, snapshot_fleet
 from bench.snapshot_store import CONTAINER, alternated, paired_ratio, restores, sdk_download
 from bench.snapshotstats import (
@@ -158,11 +158,47 @@ class Plan:
     #: Niceness given to Azurite's threads: Azure Storage is remote in production, its CPU
     #: not on the pod's cores; Azurite's is here. 0: left as it is.
     store_nice: int = 0
+    #: Where the processes run. ``shared``: anywhere, as the kernel places them. ``pod``: the
+    #: sidecar's side (the daemon with its worker, Redis, the ack client) on the first CPU,
+    #: Spark's driver, its JVM, Azurite and the copier on the others: the CPU of a pod's
+    #: sidecar container (its own request) and a remote store's, apart from Spark's.
+    placement: str = "shared"
 
 
 QUICK = Plan(queries=2, keys=20_000, rows=5_000, trigger_s=5.0, warmup_s=5.0, rounds=2,
              window_s=20.0, side_s=30.0, restart_s=20.0, restore_mib=128,
              restore_rounds=1)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Cpus:
+    """The CPUs each side of a run is pinned to (``Plan.placement``); empty: not pinned."""
+
+    sidecar: frozenset[int] = frozenset()
+    spark: frozenset[int] = frozenset()
+    every: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, placement: str) -> Cpus:
+        if placement == "shared":
+            return cls()
+        cpus = sorted(os.sched_getaffinity(0))
+        if placement != "pod" or len(cpus) < 2:
+            raise BenchError(f"--placement {placement!r}: 'shared', or 'pod' on 2 CPUs or more "
+                             f"(this process may run on {len(cpus)})")  # fmt: skip
+        return cls(frozenset(cpus[:1]), frozenset(cpus[1:]), frozenset(cpus))
+
+    def sidecar_side(self, pid: int | None) -> None:
+        if self.sidecar and pid is not None:
+            pin(pid, set(self.sidecar))
+
+    def spark_side(self, pid: int | None) -> None:
+        if self.spark and pid is not None:
+            pin(pid, set(self.spark))
+
+    def anywhere(self, pid: int | None) -> None:
+        if self.every and pid is not None:
+            pin(pid, set(self.every))
 
 
 @dataclass
@@ -373,8 +409,11 @@ def when(iso: str) -> float:
 class Bench:
     """The services, the daemon processes, the Spark driver and the phases of one run."""
 
-    def __init__(self, plan: Plan, tmp: Path, redis: RedisServer, azurite: Azurite) -> None:
+    def __init__(
+        self, plan: Plan, tmp: Path, redis: RedisServer, azurite: Azurite, cpus: Cpus
+    ) -> None:
         self.plan, self.tmp, self.redis, self.azurite = plan, tmp, redis, azurite
+        self.cpus = cpus
         self.root = tmp / "volume"
         (self.root / "app").mkdir(parents=True)
         self.names = [f"counts-{i}" for i in range(plan.queries)]
@@ -412,6 +451,7 @@ class Bench:
         self.daemon_label = label
         self.processes[label] = {"log": log, "snapshots": snapshots, "started": time.time()}
         self.daemon.start(timeout_s=90)
+        self.cpus.sidecar_side(self.daemon.pid)  # its worker process too, started now or later
 
     def stop_daemon(self) -> None:
         assert self.daemon is not None
@@ -529,6 +569,7 @@ class Bench:
             client = start_role("client", {
                 "socket": self.off_env["SIDECAR_SOCKET_PATH"], "rate": self.plan.rate,
                 "seconds": seconds - CLIENT_WARMUP_S - 2}, client_log)  # fmt: skip
+            self.cpus.sidecar_side(client.pid)  # pinned within its warm-up
             copy = copy_log = None
             if copier:
                 copy_log = self.tmp / f"copier-{name}.log"
@@ -1124,12 +1165,15 @@ def run(plan: Plan, keep: bool) -> Report:
             print(f"  keeping {tmp}", flush=True)
         else:
             cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
+        cpus = Cpus.of(plan.placement)
+        cpus.spark_side(os.getpid())  # what it starts too: Spark's JVM, Azurite, the copier
         redis = cleanup.enter_context(RedisServer())
+        cpus.sidecar_side(redis.pid)
         azurite = cleanup.enter_context(Azurite(debug_log=False))
         if plan.store_nice and azurite.pid is not None:
             for task in Path(f"/proc/{azurite.pid}/task").iterdir():  # nice is per thread
                 os.setpriority(os.PRIO_PROCESS, int(task.name), plan.store_nice)
-        bench = Bench(plan, tmp, redis, azurite)
+        bench = Bench(plan, tmp, redis, azurite, cpus)
         cleanup.callback(bench.kill_daemon)
         cleanup.callback(lambda: bench.spark.stop() if bench.spark is not None else None)
         bench.run()
@@ -1139,6 +1183,8 @@ def run(plan: Plan, keep: bool) -> Report:
         bench.stop_daemon()
         bench.spark.stop()
         bench.spark = None
+        for pid in (os.getpid(), azurite.pid):  # the restores below: on every CPU again
+            cpus.anywhere(pid)
         qids = [str(q.id) for q in bench.queries]
         cs, port = azurite.connection_string, azurite.port
         stored = anyio.run(stored_snapshots, cs, qids)
@@ -1161,7 +1207,8 @@ def show(report: Report) -> None:
     p, ph = report["plan"], report["phases"]
     print(f"\nsnapshots end to end: {p['queries']} queries x {p['partitions']} partitions x "
           f"{p['keys']:,} keys (RocksDB, changelog), {p['rows']:,} rows/batch, trigger "
-          f"{p['trigger_s']:g} s; load avg before {report['loadavg_1min_before']}")  # fmt: skip
+          f"{p['trigger_s']:g} s, placement {p.get('placement', 'shared')}; load avg before "
+          f"{report['loadavg_1min_before']}")  # fmt: skip
     print(
         f"  {'phase':<17}{'s':>5}{'batches':>8}{'spark p50/p90 ms':>18}{'ack p50/p99 ms':>17}"
         f"{'lag p50/p99/max s':>20}{'req/snap':>9}  cores: daemon azurite spark machine"
@@ -1272,8 +1319,13 @@ def main() -> int:
     plan = QUICK if args.quick else Plan()
     plan = replace(plan, **{k: v for k in Plan.__dataclass_fields__
                             if (v := getattr(args, k)) is not None})  # fmt: skip
-    # A run with the store niced is an experiment beside the reference: its own results file.
-    name = f"snapshots-store-nice-{plan.store_nice}" if plan.store_nice else "snapshots"
+    # A run pinned or with the store niced is an experiment beside the reference: its own
+    # results file.
+    name = (
+        "snapshots"
+        + (f"-{plan.placement}" if plan.placement != "shared" else "")
+        + (f"-store-nice-{plan.store_nice}" if plan.store_nice else "")
+    )
     return bench_main(name, lambda: run(plan, args.keep), show, ok, save=not args.no_save)
 
 
