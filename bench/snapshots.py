@@ -614,8 +614,15 @@ class Bench:
     def switch(self, snapshots: bool) -> None:
         """The daemon restarted (SIGTERM, then a new process of the same pod) with snapshots on
         or off, and settled: with snapshots, once each query's newest commit is in a snapshot
-        of the new process (its first snapshots read every file of the cut again)."""
+        of the new process (its first snapshots read every file of the cut again). A daemon
+        with snapshots is stopped once each query's newest commit is in one of its snapshots."""
         if self.daemon is not None:
+            if self.processes[self.daemon_label]["snapshots"]:
+                # A batch committed at the end of an "on" window is held by this daemon's
+                # snapshot, not by the next "on" daemon's minutes later: its lag is not the stop's.
+                self.wait_for(
+                    "the snapshots to catch up", self.caught_up, 60 + 4 * self.plan.trigger_s
+                )
             self.stop_daemon()
         self.start_daemon(f"p{len(self.processes)}-{'on' if snapshots else 'off'}", snapshots)
         with self.phase(f"settle {self.daemon_label}"):
