@@ -172,6 +172,7 @@ async def test_a_cut_runs_in_a_worker_process_at_a_lower_priority_and_its_errors
     (worker,) = await anyio.to_thread.run_sync(cut_workers) - before
     own = os.getpriority(os.PRIO_PROCESS, 0)
     assert os.getpriority(os.PRIO_PROCESS, worker) == min(19, own + source_module.CUT_NICE)
+    assert os.sched_getscheduler(worker) == os.SCHED_IDLE  # preempted by any task that wakes
 
     with pytest.raises(CutError) as caught:  # raised in the worker, arrives with its reason
         await source.cut("", 7)
