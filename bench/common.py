@@ -24,6 +24,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,38 @@ def pin(pid: int, cpus: set[int]) -> None:
         except (FileNotFoundError, ProcessLookupError):  # exited meanwhile
             continue
         pending.extend(children.get(node, []))
+
+
+@dataclass(frozen=True)
+class Cpus:
+    """The CPUs each side of a run is pinned to (bench/snapshots.py's ``--placement``): the
+    sidecar's (daemon, Redis, the ack client) and Spark's (with the store); empty: not pinned."""
+
+    sidecar: frozenset[int] = frozenset()
+    spark: frozenset[int] = frozenset()
+    every: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, placement: str) -> Cpus:
+        if placement == "shared":
+            return cls()
+        cpus = sorted(os.sched_getaffinity(0))
+        if placement != "pod" or len(cpus) < 2:
+            raise BenchError(f"--placement {placement!r}: 'shared', or 'pod' on 2 CPUs or more "
+                             f"(this process may run on {len(cpus)})")  # fmt: skip
+        return cls(frozenset(cpus[:1]), frozenset(cpus[1:]), frozenset(cpus))
+
+    def sidecar_side(self, pid: int | None) -> None:
+        if self.sidecar and pid is not None:
+            pin(pid, set(self.sidecar))
+
+    def spark_side(self, pid: int | None) -> None:
+        if self.spark and pid is not None:
+            pin(pid, set(self.spark))
+
+    def anywhere(self, pid: int | None) -> None:
+        if self.every and pid is not None:
+            pin(pid, set(self.every))
 
 
 def cpu_times(pids: Pids) -> dict[str, float]:

@@ -62,7 +62,11 @@ query's first; no content uploaded twice across the restart; ack latency p99 wit
 ÷ without ≤ 1.2; Spark batch duration with ÷ without ≤ 1.02 (a goal; reported); restore ≥
 0.9 times the SDK download. Results: ``bench/results/snapshots.json``
 (``snapshots-store-nice-N.json`` with ``--store-nice N``: Azurite's threads niced, as a remote
-store's CPU is off the pod's cores; an experiment beside the reference). Exit code 1 when the bytes
+store's CPU is off the pod's cores; an experiment beside the reference). ``--placement pod``
+(``snapshots-pod.json``): the sidecar's side (the daemon with its worker, Redis, the ack client)
+pinned to the first CPU, Spark's driver and JVM, Azurite and the copier to the others, as a
+pod's sidecar container has a CPU request of its own and the store is remote; the default,
+``shared``, leaves every process where the kernel puts it. Exit code 1 when the bytes
 ratio or the no-duplicate check fails, or a snapshot failed for an unexpected reason (a bug):
 deterministic outcomes; the timed targets are reported, met or MISSED, since on 2 shared cores
 their misses are often the machine's.
@@ -98,7 +102,7 @@ import anyio
 import anyio.to_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
-from bench.common import BenchError, Report, bench_main, cpu_seconds, environment, pin
+from bench.common import BenchError, Cpus, Report, bench_main, cpu_seconds, environment
 from bench.fleetmodel import CheckpointGrowth, snapshot_fleet
 from bench.snapshot_store import CONTAINER, alternated, paired_ratio, restores, sdk_download
 from bench.snapshotstats import (
@@ -168,37 +172,6 @@ class Plan:
 QUICK = Plan(queries=2, keys=20_000, rows=5_000, trigger_s=5.0, warmup_s=5.0, rounds=2,
              window_s=20.0, side_s=30.0, restart_s=20.0, restore_mib=128,
              restore_rounds=1)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Cpus:
-    """The CPUs each side of a run is pinned to (``Plan.placement``); empty: not pinned."""
-
-    sidecar: frozenset[int] = frozenset()
-    spark: frozenset[int] = frozenset()
-    every: frozenset[int] = frozenset()
-
-    @classmethod
-    def of(cls, placement: str) -> Cpus:
-        if placement == "shared":
-            return cls()
-        cpus = sorted(os.sched_getaffinity(0))
-        if placement != "pod" or len(cpus) < 2:
-            raise BenchError(f"--placement {placement!r}: 'shared', or 'pod' on 2 CPUs or more "
-                             f"(this process may run on {len(cpus)})")  # fmt: skip
-        return cls(frozenset(cpus[:1]), frozenset(cpus[1:]), frozenset(cpus))
-
-    def sidecar_side(self, pid: int | None) -> None:
-        if self.sidecar and pid is not None:
-            pin(pid, set(self.sidecar))
-
-    def spark_side(self, pid: int | None) -> None:
-        if self.spark and pid is not None:
-            pin(pid, set(self.spark))
-
-    def anywhere(self, pid: int | None) -> None:
-        if self.every and pid is not None:
-            pin(pid, set(self.every))
 
 
 @dataclass

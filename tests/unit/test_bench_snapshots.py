@@ -1,14 +1,20 @@
 """The pure parts of bench/snapshots.py (bench/snapshotstats.py), on made-up commits, copies,
 indexes and directories: which copy first holds a batch and how late, what each snapshot
-uploaded against what was new, contents uploaded twice, files written per batch. No timing is
-asserted."""
+uploaded against what was new, contents uploaded twice, files written per batch; and its
+``--placement pod`` pinning, on real processes. No timing is asserted."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
+from bench.common import BenchError, Cpus
 from bench.snapshotstats import (
     IndexFacts,
     Stored,
@@ -123,3 +129,38 @@ def test_batches_no_copy_held_say_how_long_they_waited() -> None:
     s = lag_summary(lags, end=40.0)
     assert s["not_held"] == 2 and s["not_held_waited_s"] == pytest.approx(20.0)
     assert lag_summary(lags[:1], end=40.0)["not_held_waited_s"] is None
+
+
+def children_of(pid: int) -> list[int]:
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+            for c in (task / "children").read_text().split()]  # fmt: skip
+
+
+def test_pod_placement_pins_each_side_and_its_children_to_its_own_cpus() -> None:
+    """``--placement pod``: the sidecar's side on the first CPU, the rest on the others, a
+    process's threads and children with it; ``shared`` pins nothing; anything else is refused."""
+    assert Cpus.of("shared") == Cpus()
+    with pytest.raises(BenchError, match="'shared', or 'pod'"):
+        Cpus.of("pods")
+    every = sorted(os.sched_getaffinity(0))
+    if len(every) < 2:
+        with pytest.raises(BenchError, match="2 CPUs or more"):
+            Cpus.of("pod")
+        return
+    cpus = Cpus.of("pod")
+    assert (sorted(cpus.sidecar), sorted(cpus.spark)) == ([every[0]], every[1:])
+    # A parent with a child already running: both are moved, and back.
+    script = "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c", script, "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while not (kids := children_of(parent.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(kids) == 1
+        cpus.sidecar_side(parent.pid)
+        assert os.sched_getaffinity(parent.pid) == os.sched_getaffinity(kids[0]) == cpus.sidecar
+        cpus.anywhere(parent.pid)
+        assert os.sched_getaffinity(kids[0]) == set(every)
+    finally:
+        parent.kill()
+        parent.wait()
