@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from importlib import metadata
@@ -88,10 +88,13 @@ def _proc_stats() -> dict[int, list[str]]:
     return out
 
 
-def pin(pid: int, cpus: set[int]) -> None:
+def pin(pid: int | None, cpus: Collection[int]) -> None:
     """Run process ``pid``, every thread of it and of its live descendants, on ``cpus`` only
-    (threads and processes they start later inherit it). Affinity is per thread: a process's
-    pid sets its main thread's alone."""
+    (threads and processes they start later inherit it); no CPUs or no process: nothing.
+    Affinity is per thread: a process's pid sets its main thread's alone."""
+    if pid is None or not cpus:
+        return
+    mask = set(cpus)
     stats = _proc_stats()
     children: dict[int, list[int]] = {}
     for child, fields in stats.items():
@@ -101,7 +104,7 @@ def pin(pid: int, cpus: set[int]) -> None:
         node = pending.pop()
         try:
             for task in Path(f"/proc/{node}/task").iterdir():
-                os.sched_setaffinity(int(task.name), cpus)
+                os.sched_setaffinity(int(task.name), mask)
         except (FileNotFoundError, ProcessLookupError):  # exited meanwhile
             continue
         pending.extend(children.get(node, []))
@@ -109,8 +112,9 @@ def pin(pid: int, cpus: set[int]) -> None:
 
 @dataclass(frozen=True)
 class Cpus:
-    """The CPUs each side of a run is pinned to (bench/snapshots.py's ``--placement``): the
-    sidecar's (daemon, Redis, the ack client) and Spark's (with the store); empty: not pinned."""
+    """The CPUs each side of a run is pinned to (:func:`pin`; bench/snapshots.py's
+    ``--placement``): the sidecar's (daemon, Redis, the ack client), Spark's (with the store),
+    and all of them; empty: not pinned."""
 
     sidecar: frozenset[int] = frozenset()
     spark: frozenset[int] = frozenset()
@@ -125,18 +129,6 @@ class Cpus:
             raise BenchError(f"--placement {placement!r}: 'shared', or 'pod' on 2 CPUs or more "
                              f"(this process may run on {len(cpus)})")  # fmt: skip
         return cls(frozenset(cpus[:1]), frozenset(cpus[1:]), frozenset(cpus))
-
-    def sidecar_side(self, pid: int | None) -> None:
-        if self.sidecar and pid is not None:
-            pin(pid, set(self.sidecar))
-
-    def spark_side(self, pid: int | None) -> None:
-        if self.spark and pid is not None:
-            pin(pid, set(self.spark))
-
-    def anywhere(self, pid: int | None) -> None:
-        if self.every and pid is not None:
-            pin(pid, set(self.every))
 
 
 def cpu_times(pids: Pids) -> dict[str, float]:

@@ -102,7 +102,7 @@ import anyio
 import anyio.to_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
-from bench.common import BenchError, Cpus, Report, bench_main, cpu_seconds, environment
+from bench.common import BenchError, Cpus, Report, bench_main, cpu_seconds, environment, pin
 from bench.fleetmodel import CheckpointGrowth, snapshot_fleet
 from bench.snapshot_store import CONTAINER, alternated, paired_ratio, restores, sdk_download
 from bench.snapshotstats import (
@@ -424,7 +424,7 @@ class Bench:
         self.daemon_label = label
         self.processes[label] = {"log": log, "snapshots": snapshots, "started": time.time()}
         self.daemon.start(timeout_s=90)
-        self.cpus.sidecar_side(self.daemon.pid)  # its worker process too, started now or later
+        pin(self.daemon.pid, self.cpus.sidecar)  # its worker process too, started now or later
 
     def stop_daemon(self) -> None:
         assert self.daemon is not None
@@ -542,7 +542,7 @@ class Bench:
             client = start_role("client", {
                 "socket": self.off_env["SIDECAR_SOCKET_PATH"], "rate": self.plan.rate,
                 "seconds": seconds - CLIENT_WARMUP_S - 2}, client_log)  # fmt: skip
-            self.cpus.sidecar_side(client.pid)  # pinned within its warm-up
+            pin(client.pid, self.cpus.sidecar)  # pinned within its warm-up
             copy = copy_log = None
             if copier:
                 copy_log = self.tmp / f"copier-{name}.log"
@@ -1146,9 +1146,9 @@ def run(plan: Plan, keep: bool) -> Report:
         else:
             cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
         cpus = Cpus.of(plan.placement)
-        cpus.spark_side(os.getpid())  # what it starts too: Spark's JVM, Azurite, the copier
+        pin(os.getpid(), cpus.spark)  # what it starts too: Spark's JVM, Azurite, the copier
         redis = cleanup.enter_context(RedisServer())
-        cpus.sidecar_side(redis.pid)
+        pin(redis.pid, cpus.sidecar)
         azurite = cleanup.enter_context(Azurite(debug_log=False))
         if plan.store_nice and azurite.pid is not None:
             for task in Path(f"/proc/{azurite.pid}/task").iterdir():  # nice is per thread
@@ -1164,7 +1164,7 @@ def run(plan: Plan, keep: bool) -> Report:
         bench.spark.stop()
         bench.spark = None
         for pid in (os.getpid(), azurite.pid):  # the restores below: on every CPU again
-            cpus.anywhere(pid)
+            pin(pid, cpus.every)
         qids = [str(q.id) for q in bench.queries]
         cs, port = azurite.connection_string, azurite.port
         stored = anyio.run(stored_snapshots, cs, qids)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import BenchError, Cpus
+from bench.common import BenchError, Cpus, pin
 from bench.snapshotstats import (
     IndexFacts,
     Stored,
@@ -157,9 +157,9 @@ def test_pod_placement_pins_each_side_and_its_children_to_its_own_cpus() -> None
         while not (kids := children_of(parent.pid)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(kids) == 1
-        cpus.sidecar_side(parent.pid)
+        pin(parent.pid, cpus.sidecar)
         assert os.sched_getaffinity(parent.pid) == os.sched_getaffinity(kids[0]) == cpus.sidecar
-        cpus.anywhere(parent.pid)
+        pin(parent.pid, cpus.every)
         assert os.sched_getaffinity(kids[0]) == set(every)
     finally:
         parent.kill()
