@@ -10,8 +10,8 @@
 #       (e.g. a `git archive` of it: what a clean checkout builds) with this one's engine,
 #       bases and layer cache; absolute, or relative to the repository root. Default: here.
 # podman runs through scripts/podman.sh (scripts/containers.conf, storage in the user's cache);
-# podman, buildah, runc, mmdebstrap, netavark and aardvark-dns are installed from apt when
-# missing (root only).
+# podman and what it runs with are installed from apt when missing (root only; podman_tools
+# in scripts/lib.sh).
 # When PYTHON_IMAGE can be neither found locally nor pulled (no registry reachable), the bases
 # are local Debian bookworm ones made with mmdebstrap and imported once: $LOCAL_BASE for the
 # builder stage, $LOCAL_RUNTIME_BASE (no apt, no pip: ~95 MB) for the final one; both are
@@ -54,17 +54,7 @@ case "$ENGINE" in
         export DOCKER_BUILDKIT=1  # RUN --mount needs BuildKit
         ;;
     podman)
-        missing=()
-        for tool in podman buildah runc mmdebstrap; do
-            command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
-        done
-        # scripts/containers.conf's network backend.
-        for plugin in netavark aardvark-dns; do
-            [ -x "/usr/lib/podman/$plugin" ] || [ -x "/usr/libexec/podman/$plugin" ] \
-                || missing+=("$plugin")
-        done
-        # conmon and the containers-common files come with podman; uidmap is for mmdebstrap.
-        [ ${#missing[@]} -eq 0 ] || apt_install --no-install-recommends "${missing[@]}" uidmap
+        podman_tools
         engine_cmd=(bash scripts/podman.sh)
         ;;
     *) die "ENGINE must be docker or podman, not '$ENGINE'" ;;

@@ -14,7 +14,8 @@
 # setup` installed in .tools/azurite, tagged by a hash of its inputs and kept. Each is built
 # only when its inputs changed. podman through scripts/podman.sh (the project's storage and
 # containers.conf: netavark, whose DNS lets the services find each other by name); root only,
-# like `make image` with podman. podman-compose, netavark and aardvark-dns come from apt.
+# like `make image` with podman. podman-compose and what podman needs come from apt
+# (podman_tools in scripts/lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,15 +37,7 @@ source scripts/lib.sh
 log() { printf '[%s] %s\n' "$LOG_TAG" "$*" >&2; }  # stdout: what functions return
 podman() { bash scripts/podman.sh "$@"; }
 
-missing=()
-command -v podman-compose >/dev/null 2>&1 || missing+=(podman-compose)
-for tool in podman buildah mmdebstrap; do
-    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
-done
-for plugin in netavark aardvark-dns; do
-    [ -x "/usr/lib/podman/$plugin" ] || [ -x "/usr/libexec/podman/$plugin" ] || missing+=("$plugin")
-done
-[ ${#missing[@]} -eq 0 ] || apt_install --no-install-recommends "${missing[@]}" uidmap
+podman_tools podman-compose
 
 # --- the images ----------------------------------------------------------------------------
 if [ -z "${CHECKPOINT_SIDECAR_IMAGE:-}" ]; then
@@ -122,6 +115,7 @@ if [ -z "${KEEP:-}" ]; then
     trap 'down' EXIT
 fi
 
+podman_network_check podman
 start=$SECONDS
 log "starting project $project: sidecar $CHECKPOINT_SIDECAR_IMAGE, driver $SPARK_IMAGE, Redis/Azurite $REDIS_IMAGE"
 up_log="$(mktemp)"

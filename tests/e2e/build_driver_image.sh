@@ -41,26 +41,14 @@ mkdir -p .tools
 exec 9>.tools/e2e-driver-image.lock
 flock 9
 
-# `podman kube play` makes its pods' infra container from catatonit, which podman's package
-# only recommends (scripts/build_image.sh installs podman without recommends).
-if ! command -v catatonit >/dev/null 2>&1 && [ ! -x /usr/libexec/podman/catatonit ]; then
-    apt_install catatonit >&2
-fi
+# podman and what it runs with (`podman kube play`'s catatonit too): scripts/lib.sh.
+podman_tools >&2
 
 if podman image exists "$image"; then
     log "$image (present: nothing to build)"
     echo "$image"
     exit 0
 fi
-
-for tool in podman buildah mmdebstrap; do
-    command -v "$tool" >/dev/null 2>&1 || apt_install --no-install-recommends "$tool" uidmap >&2
-done
-# scripts/containers.conf's network backend.
-for plugin in netavark aardvark-dns; do
-    [ -x "/usr/lib/podman/$plugin" ] || [ -x "/usr/libexec/podman/$plugin" ] \
-        || apt_install --no-install-recommends "$plugin" >&2
-done
 
 start=$SECONDS
 work="$(mktemp -d)"
