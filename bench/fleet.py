@@ -502,7 +502,7 @@ async def replay(bench: Bench, args: argparse.Namespace, sidecar_seconds: int) -
             if sec % 2:  # a flush pass every other check, two queries due in it
                 due = await buf.snapshot([ids[sec % q], ids[(sec + 1) % q]], only=True)
                 for pq in due.queries:
-                    await buf.mark_flushed(pq, pq.batch_id)
+                    await buf.mark_flushed(pq, pq.batch_id, None)
                 trips += 1 + len(due.queries)
             await buf.marker()
             if sec % 10 == 0:

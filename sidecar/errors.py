@@ -128,6 +128,13 @@ class VersionConflict(SidecarError):
     retriable = True
 
 
+class UnrecordedReset(SidecarError):
+    """The query's blob holds a reset that this daemon's Redis never recorded (another daemon
+    on the namespace, with its own Redis, reset it): nothing is written over it, since that
+    would undo the reset. Not retriable: stop the other daemon, then reset the query here
+    (``checkpoint-sidecar reset``) to the position wanted."""
+
+
 class NotOwner(SidecarError):
     """Another daemon holds the lease on the query's blob: this daemon cannot make the update
     durable in the blob. It is kept in Redis; resend to the daemon that owns the query, or

@@ -13,6 +13,10 @@ Spark application (one sidecar), so a slot per namespace spreads well across a c
                                      updated_ms        Redis time of the newest applied one
                                      flushed_batch_id  last batch durable in the blob
                                      flushed_ms        Redis time of the last flush
+                                     flushed_reset     reset record (reset_at, "": none) of
+                                                       the document flushed_batch_id is in
+                                     flushed_version   the blob's ETag that flush left
+                                                       ("": not known; the audit's reference)
     cps:{<ns>}:pending        zset   query ids with pending updates, scored by first_pending_ms
     cps:{<ns>}:queries        set    every query id ever seen in the namespace
     cps:{<ns>}:names          hash   query name -> id of the newest query with that name

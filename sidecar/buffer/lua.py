@@ -82,14 +82,15 @@ return out
 APPLY = _APPLY.replace("APPLIED", "1")
 # The same, each applied update answered with its row as the flusher needs it (blob ack mode:
 # the flush of a waiting ack then reads nothing from Redis): {1, pending, version,
-# first_pending_ms, flushed_batch_id, resets, now}; an absent field is false (a nil would end
-# the list).
+# first_pending_ms, flushed_batch_id, resets, flushed_reset, now}; an absent field is false (a
+# nil would end the list).
 APPLY_ROWS = _APPLY.replace(
     "APPLIED",
     "{1, pending, version, "
     "redis.call('HGET', key, 'first_pending_ms') or false, "
     "redis.call('HGET', key, 'flushed_batch_id') or false, "
-    "redis.call('HGET', key, 'resets') or false, now}",
+    "redis.call('HGET', key, 'resets') or false, "
+    "redis.call('HGET', key, 'flushed_reset') or false, now}",
 )
 
 # The query ids a flush check looks at: every one in the pending index (KEYS[1]) when
@@ -111,14 +112,14 @@ end
 # checkpoint is KBs with wide topics; these fields are a few bytes): one ZRANGE of the
 # pending index and one HMGET per query. KEYS[1] pending zset; ARGV[1] query hash prefix;
 # ARGV[2], ARGV[3..] as in _IDS. Returns {now_ms, {qid, pending, first_pending_ms,
-# flushed_batch_id, batch_id, resets}, ...}; absent fields are nil.
+# flushed_batch_id, batch_id, resets, flushed_reset}, ...}; absent fields are nil.
 PENDING = (
     _IDS
     + """
 for _, qid in ipairs(ids) do
   local h = redis.call('HMGET', ARGV[1] .. qid, 'pending', 'first_pending_ms',
-                       'flushed_batch_id', 'batch_id', 'resets')
-  table.insert(out, {qid, h[1], h[2], h[3], h[4], h[5]})
+                       'flushed_batch_id', 'batch_id', 'resets', 'flushed_reset')
+  table.insert(out, {qid, h[1], h[2], h[3], h[4], h[5], h[6]})
 end
 return out
 """
@@ -129,23 +130,45 @@ return out
 # KEYS[1] pending zset. ARGV[1] query hash prefix. The query hashes are not in KEYS because
 # they are found inside; they share KEYS[1]'s hash tag, so one Cluster slot.
 # Returns {now_ms, {qid, pending, first_pending_ms, version, batch_id, checkpoint,
-# flushed_batch_id, resets}, ...}; absent fields are nil.
+# flushed_batch_id, resets, flushed_reset}, ...}; absent fields are nil.
 SNAPSHOT = (
     _IDS
     + """
 for _, qid in ipairs(ids) do
   local h = redis.call('HMGET', ARGV[1] .. qid, 'pending', 'first_pending_ms', 'version',
-                       'batch_id', 'checkpoint', 'flushed_batch_id', 'resets')
-  table.insert(out, {qid, h[1], h[2], h[3], h[4], h[5], h[6], h[7]})
+                       'batch_id', 'checkpoint', 'flushed_batch_id', 'resets', 'flushed_reset')
+  table.insert(out, {qid, h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8]})
 end
 return out
 """
 )
 
+# What the audit of the store compares its listing with (``sidecar.flush.flusher``): every
+# query of the namespace (KEYS[2], the queries set) with a flushed batch, and the blob's
+# version that flush left. KEYS[1] unused (the namespace's slot); ARGV[1] query hash prefix.
+# Returns {qid, flushed_batch_id, flushed_version, ...} (flat); a query without a flushed batch
+# or version is left out.
+FLUSHED = """
+local out = {}
+for _, qid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  local h = redis.call('HMGET', ARGV[1] .. qid, 'flushed_batch_id', 'flushed_version')
+  if h[1] and h[2] and h[2] ~= '' then
+    table.insert(out, qid); table.insert(out, h[1]); table.insert(out, h[2])
+  end
+end
+return out
+"""
+
 # After a successful flush: record the durable batch and clear the pending state, but only
-# what the flushed snapshot covered, so an update applied meanwhile is not lost.
+# what the flushed snapshot covered, so an update applied meanwhile is not lost. With the batch,
+# the reset record of the document the blob holds at it (``flushed_reset``: its ``reset_at``,
+# "" for none): a blob later read below the flushed batch is told apart by it as a store that
+# lost writes (the same record: rewritten) or a reset this Redis never recorded (another: left).
+# With them, the blob's version (ETag) as the flush left it (``flushed_version``; "" unknown):
+# the store's listing is audited against it (a blob at another version may have gone back).
 # KEYS[1] query hash, KEYS[2] pending zset.
-# ARGV: query id, version at snapshot, pending at snapshot, snapshot time (ms), durable batch.
+# ARGV: query id, version at snapshot, pending at snapshot, snapshot time (ms), durable batch,
+# its document's reset record, the blob's version.
 # Returns the updates still pending.
 MARK_FLUSHED = (
     _PRELUDE
@@ -155,8 +178,8 @@ if batch(flushed) and newer(flushed, ARGV[5]) then
   -- a stale mark (a newer flush was already recorded): it must not clear newer updates
   return tonumber(redis.call('HGET', KEYS[1], 'pending') or '0')
 end
-redis.call('HSET', KEYS[1], 'flushed_batch_id', ARGV[5])
-redis.call('HSET', KEYS[1], 'flushed_ms', now)
+redis.call('HSET', KEYS[1], 'flushed_batch_id', ARGV[5], 'flushed_ms', now,
+           'flushed_reset', ARGV[6], 'flushed_version', ARGV[7])
 local left = 0
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then
   left = redis.call('HINCRBY', KEYS[1], 'pending', -tonumber(ARGV[3]))
@@ -189,7 +212,9 @@ return left
 # batch learns from it that the blob was lowered (a lower flushed batch alone may only lag).
 # Refused while an update was applied within the quiet time (the query may be running).
 # KEYS[1] query hash, KEYS[2] pending zset, KEYS[3] queries set, KEYS[4] names hash.
-# ARGV: query id, batch id, checkpoint JSON, name ("" none), quiet ms (-1: force).
+# ARGV: query id, batch id, checkpoint JSON, name ("" none), quiet ms (-1: force), the reset
+# record of the document the caller writes next (its ``reset_at``: MARK_FLUSHED's
+# ``flushed_reset``).
 # Returns {1, ms since the last applied update} when refused, else {0, the batch it replaced
 # (false: none), the updates it dropped unflushed}. The name is recorded only when Redis has
 # none for it (a reset by id never redirects a name to an older query).
@@ -203,7 +228,8 @@ if tonumber(ARGV[5]) >= 0 and updated and now - updated < tonumber(ARGV[5]) then
 end
 local version = (tonumber(cur[4] or '0') or 0) + 1
 redis.call('HSET', KEYS[1], 'batch_id', ARGV[2], 'checkpoint', ARGV[3], 'version', version,
-           'pending', 0, 'flushed_batch_id', ARGV[2], 'flushed_ms', now)
+           'pending', 0, 'flushed_batch_id', ARGV[2], 'flushed_ms', now,
+           'flushed_reset', ARGV[6], 'flushed_version', '')
 redis.call('HINCRBY', KEYS[1], 'resets', 1)
 redis.call('HDEL', KEYS[1], 'first_pending_ms')
 redis.call('ZREM', KEYS[2], ARGV[1])

@@ -99,6 +99,7 @@ class RedisBuffer:
         self._snapshot = self._redis.register_script(lua.SNAPSHOT)
         self._pending = self._redis.register_script(lua.PENDING)
         self._mark_flushed = self._redis.register_script(lua.MARK_FLUSHED)
+        self._flushed = self._redis.register_script(lua.FLUSHED)
         self._admin = {op: self._redis.register_script(lua.RESET if op == "reset" else lua.RETIRE)
                        for op in ("reset", "retire")}  # fmt: skip
         #: Outcome of the last Redis call (None before the first); transitions are logged once.
@@ -302,14 +303,36 @@ class RedisBuffer:
                 first_pending_ms=_counter(row[2]) if row[2] is not None else None,
                 flushed_batch_id=_counter(row[3]) if row[3] is not None else None,
                 resets=(_counter(row[5]) or 0) if row[5] is not None else 0,
+                flushed_reset=_text(row[6]) if row[6] is not None else None,
             )
             for row in raw[1:]
             if any(v is not None for v in row[1:])
         ]
         return int(raw[0]), entries
 
-    async def mark_flushed(self, query: PendingQuery, durable_batch_id: int) -> int:
-        """Record that ``durable_batch_id`` is in the blob; clear what the snapshot covered.
+    async def flushed(self) -> dict[str, tuple[int, str]]:
+        """Every query's flushed batch and the blob's version that flush left, where both are
+        recorded (what the audit of the store compares its listing with)."""
+        keys = [self.keys.pending, self.keys.queries]
+        with self._translate("flushed versions"):
+            raw = await self._flushed(keys=keys, args=[self.keys.query_prefix])
+        out: dict[str, tuple[int, str]] = {}
+        for i in range(0, len(raw) - 2, 3):
+            batch = _counter(raw[i + 1])
+            if batch is not None:
+                out[_text(raw[i])] = (batch, _text(raw[i + 2]))
+        return out
+
+    async def mark_flushed(
+        self,
+        query: PendingQuery,
+        durable_batch_id: int,
+        reset_at: str | None,
+        blob_version: str | None = None,
+    ) -> int:
+        """Record that ``durable_batch_id`` is in the blob, in a document whose reset record
+        is ``reset_at`` (None: none), the blob at ``blob_version`` (None: not known); clear what
+        the snapshot covered.
 
         Returns the number of updates still pending (applied after the snapshot).
         """
@@ -320,17 +343,29 @@ class RedisBuffer:
             query.pending,
             query.snapshot_ms,
             str(durable_batch_id),
+            reset_at or "",
+            blob_version or "",
         ]
         with self._translate("mark flushed"):
             left = await self._mark_flushed(keys=keys, args=args)
         return int(left)
 
-    async def reset(self, checkpoint: Checkpoint, quiet_ms: int | None) -> list[Any]:
-        """Make ``checkpoint`` the query's record, as flushed (a reset, ``lua.RESET``); refused
+    async def reset(
+        self, checkpoint: Checkpoint, quiet_ms: int | None, reset_at: str | None
+    ) -> list[Any]:
+        """Make ``checkpoint`` the query's record, as flushed (a reset, ``lua.RESET``), in a
+        document whose reset record is ``reset_at`` (the one the caller writes next); refused
         while an update was applied within ``quiet_ms`` (None: force). The script's
         answer: ``[1, ms since that update]`` or ``[0, replaced batch, updates dropped]``."""
         c = checkpoint
-        args = [c.query_id, str(c.batch_id), ckpt.encode(c), c.name or "", quiet_ms or -1]
+        args = [
+            c.query_id,
+            str(c.batch_id),
+            ckpt.encode(c),
+            c.name or "",
+            quiet_ms or -1,
+            reset_at or "",
+        ]
         return await self.admin_script("reset", c.query_id, args)
 
     async def admin_script(self, op: str, query_id: str, args: list[Any]) -> list[Any]:

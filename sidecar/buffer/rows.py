@@ -44,6 +44,9 @@ class PendingQuery:
     #: Resets of the query in Redis so far (``checkpoint-sidecar reset``): one that changes
     #: means the blob may have been lowered.
     resets: int = 0
+    #: The reset record (``reset_at``; "": none) of the document Redis' flushed batch is in;
+    #: None: not recorded (no flush yet, or recorded by a version before it was kept).
+    flushed_reset: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,7 @@ class PendingEntry:
     first_pending_ms: int | None
     flushed_batch_id: int | None
     resets: int = 0
+    flushed_reset: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +79,7 @@ def pending_query(
         CorruptRecord: the record's checkpoint, batch id or counters cannot be read, or
             they disagree with each other.
     """
-    pending, first_ms, version, batch, doc, flushed, resets = fields
+    pending, first_ms, version, batch, doc, flushed, resets, reset_mark = fields
     if doc is None:
         if pending is None and version is None and batch is None:
             return None  # an extra id Redis knows nothing about (or a deleted record)
@@ -107,13 +111,15 @@ def pending_query(
         flushed_batch_id=counter(flushed) if flushed is not None else None,
         snapshot_ms=now_ms,
         resets=(counter(resets) or 0) if resets is not None else 0,
+        flushed_reset=text(reset_mark) if reset_mark is not None else None,
     )
 
 
 def applied_query(checkpoint: Checkpoint, row: list[Any]) -> PendingQuery:
     """The row ``APPLY_ROWS`` returns for ``checkpoint``, which it applied: ``[1, pending,
-    version, first_pending_ms, flushed_batch_id, resets, now_ms]`` (an absent field None)."""
-    pending, version, first_ms, flushed, resets, now_ms = row[1:]
+    version, first_pending_ms, flushed_batch_id, resets, flushed_reset, now_ms]`` (an absent
+    field None)."""
+    pending, version, first_ms, flushed, resets, reset_mark, now_ms = row[1:]
     return PendingQuery(
         query_id=checkpoint.query_id,
         pending=int(pending),
@@ -124,4 +130,5 @@ def applied_query(checkpoint: Checkpoint, row: list[Any]) -> PendingQuery:
         flushed_batch_id=counter(flushed) if flushed is not None else None,
         snapshot_ms=int(now_ms),
         resets=(counter(resets) or 0) if resets is not None else 0,
+        flushed_reset=text(reset_mark) if reset_mark is not None else None,
     )

@@ -222,7 +222,7 @@ class Daemon:
             config.metrics_host,
             config.metrics_port,
             self.metrics,
-            checks=[self._socket_ready, self._redis_ready, self._leases_ready],
+            checks=[self._socket_ready, self._redis_ready, self._leases_ready, self._blobs_ready],
         )
         self.metrics.buffer_queue.set_function(lambda: self.coalescer.queued)
         self.buffer.on_replicas = self.metrics.redis_replicas_acked.observe
@@ -564,6 +564,17 @@ class Daemon:
                 f"written), or ours was broken, for: {owners}"
             )
         return None
+
+    async def _blobs_ready(self) -> str | None:
+        refused = self.blobs.refused()
+        if not refused:
+            return None
+        which = ", ".join(f"{label} ({reset})" for label, reset in sorted(refused.items()))
+        return (
+            "a blob holds a reset this daemon's Redis never recorded (another daemon with its "
+            "own Redis?); nothing is written over it until 'checkpoint-sidecar reset' here: "
+            + which
+        )
 
 
 def event_loop_name() -> str:

@@ -105,6 +105,8 @@ class BlobStore(LeaseStore, Protocol):
 
     async def query_ids(self) -> set[str]: ...
 
+    async def listed_versions(self) -> dict[str, str]: ...
+
     async def write(
         self, query_id: str, body: bytes, *, lease_id: str, query_name: str | None, version: str
     ) -> str: ...
@@ -153,6 +155,7 @@ class BlobStates:
         self._listing = anyio.Lock()
         #: The writer shown for each query whose lease another daemon holds (metric series).
         self._elsewhere: dict[str, tuple[str, str]] = {}
+        metrics.resets_unrecorded.set_function(lambda: len(self.refused()))
 
     def __len__(self) -> int:
         """Queries with a record."""
@@ -204,7 +207,7 @@ class BlobStates:
             floor = self._core.floor(query_id)
             if floor is not None and not again:
                 return floor  # read by whoever held the lock before us
-            since = self._core.stamp
+            since, term = self._core.stamp, self._core.held_term(query_id)
             try:
                 stored = await self._store.read_stored(query_id)
             except CorruptRecord as exc:
@@ -212,7 +215,7 @@ class BlobStates:
                 # are stored in Redis meanwhile, as if there were no blob.
                 log.warning("query=%s: no floor from an unreadable blob: %s", query_id, exc)
                 return NO_BLOB
-            floor, answered = self._core.read(query_id, stored, since)
+            floor, answered = self._core.read(query_id, stored, since, term)
             self._answer(answered)
             if floor != NO_BLOB and self._with_blob is not None:
                 self._with_blob.add(query_id)
@@ -294,6 +297,8 @@ class BlobStates:
 
     def applied(self, rows: list[PendingQuery], since: int) -> None:
         self._answer(self._core.applied(rows, since))
+        for row in rows:
+            self._report(row.query_id)
 
     def void(self, query_ids: list[str]) -> None:
         self._core.rows_void(query_ids)
@@ -355,10 +360,91 @@ class BlobStates:
         return self._core.current(query_id, since)
 
     def flushed_in_redis(
-        self, query_id: str, batch_id: int | None, resets: int, since: int
+        self,
+        query_id: str,
+        batch_id: int | None,
+        resets: int,
+        since: int,
+        recorded_reset: str | None = None,
     ) -> None:
-        """Redis' flushed batch of the query and its reset count, read at stamp ``since``."""
-        self._answer(self._core.redis_says(query_id, batch_id, resets, since))
+        """Redis' flushed batch of the query, its reset count and the reset record of the
+        document that batch is in, read at stamp ``since``."""
+        self._answer(self._core.redis_says(query_id, batch_id, resets, since, recorded_reset))
+        self._report(query_id)
+
+    def _report(self, query_id: str) -> None:
+        """Say, once per finding, that the query's blob was found below Redis
+        (``sidecar.flush.core.Behind``): what happened, in an operator's words, and what
+        follows."""
+        behind = self._core.take_behind(query_id)
+        if behind is None:
+            return
+        label = self._core.label(query_id) or query_id
+        if behind.reset is None:
+            self._metrics.store_lost_writes.inc()
+            log.error(
+                "query=%s: the blob store lost writes: the blob held batch %s, Redis had "
+                "flushed %s (no reset since); rewriting it with the newest acknowledged batch",
+                label,
+                _batch(behind.held),
+                _batch(behind.flushed),
+                extra={"query_id": query_id},
+            )
+            return
+        doc = behind.reset
+        log.error(
+            "query=%s: the blob holds a reset that this daemon's Redis never recorded (to batch "
+            "%s from %s, at %s, by %s): another daemon on this namespace with its own Redis? "
+            "Nothing is written over it; Redis keeps batch %s and later. Stop the other daemon, "
+            "then run 'checkpoint-sidecar reset' here to the position wanted",
+            label,
+            _batch(behind.held),
+            _batch(doc.reset_from),
+            doc.reset_at,
+            _writer_of(doc),
+            _batch(behind.flushed),
+            extra={"query_id": query_id},
+        )
+
+    def behind(self, query_id: str, batch_id: int) -> bool:
+        """Whether the blob is known to hold a batch below ``batch_id`` (a row with nothing
+        pending is still owed a write then: the store went back)."""
+        floor = self._core.floor(query_id)
+        return floor is not None and floor < batch_id
+
+    def refused(self) -> dict[str, str]:
+        """By query label, the reset each refused blob holds (``/readyz``)."""
+        out = {}
+        for q in self._core:
+            if q.behind is not None and q.behind.reset is not None:
+                doc = q.behind.reset
+                out[q.label or q.query_id] = (
+                    f"reset to batch {_batch(q.behind.held)} at {doc.reset_at} by {_writer_of(doc)}"
+                )
+        return out
+
+    def unverified(self) -> list[str]:
+        """The queries whose blob must be read and compared with Redis now."""
+        return self._core.unverified()
+
+    async def audit(self, recorded: dict[str, tuple[int, str]]) -> list[str]:
+        """Hold the store's listing against ``recorded``: Redis' flushed batch and the blob's
+        version that flush left, by query. A blob missing, or at another version than both
+        that flush and this daemon last saw (a store that went back or was restored, a blob
+        deleted), is unverified: read and compared with Redis at the next flush check, even
+        with nothing pending. Returns those queries.
+
+        Raises:
+            SidecarError: the store cannot be listed now.
+        """
+        listed = await self._store.listed_versions()
+        odd = []
+        for query_id, (_, version) in recorded.items():
+            now = listed.get(query_id)
+            if now != version and self._core.seen_version(query_id) != now:
+                self._core.unverify(query_id)
+                odd.append(query_id)
+        return odd
 
     async def held(self, query_id: str, label: str) -> Held | None:
         """The query's lease when HELD (acquired if due), else None: do not write. Held by
@@ -416,9 +502,9 @@ class BlobStates:
             CorruptRecord: the blob is not a checkpoint document of the query.
             SidecarError: the store cannot be read now.
         """
-        since = self._core.stamp
+        since, term = self._core.stamp, self._core.held_term(query_id)
         stored = await self._store.read_stored(query_id)
-        self._answer(self._core.read(query_id, stored, since)[1])
+        self._answer(self._core.read(query_id, stored, since, term)[1])
         return stored
 
     async def stored(self, query_id: str) -> Seen:
@@ -629,6 +715,11 @@ def _writer_of(doc: CheckpointDocument | None) -> str:
     if doc is None:
         return "nobody (empty blob)"
     return f"{doc.writer.host} pid {doc.writer.pid}"
+
+
+def _batch(batch_id: int | None) -> str:
+    """A batch id as an operator reads it: grouped thousands; 'none' for no document."""
+    return "none" if batch_id is None or batch_id == NO_BLOB else f"{batch_id:,}"
 
 
 def _settle(waiter: Waiter, outcome: Durability) -> None:

@@ -21,6 +21,8 @@ What the blob holds moves only through :func:`advance`, a closed table of (value
     Unread | Seen ─Lapsed (the lease lost: another may write)──▶ Unread(its batch)
     Unread | Seen ─Created (the lease's empty blob, made now)──▶ Seen(version, no document)
     Unread | Seen ─RedisSays(batch) above the one seen, or a reset─▶ Unread(batch)
+    Seen read under the lease held now ─RedisSays(batch) above it──▶ Seen (kept: see below)
+    Seen written here, the lease held ─RedisSays(batch) above it───▶ Unread(its batch)
 
 Every other move raises :class:`IllegalMove`: a write from :class:`Unread` (no version to
 name), a second write while one is in flight, an answer with no write in flight.
@@ -46,6 +48,27 @@ through random interleavings and checks them after every step):
    term right before the write); an ack of a query whose lease another daemon holds is
    answered ``not_owner`` at once, never left to time out.
 
+**Redis ahead of the blob.** Redis' flushed batch above what the blob is seen to hold is
+evidence of another writer only while this daemon does not hold the lease. Under the lease,
+no one else writes the blob; so when the blob, *read under the lease held now*, holds a batch
+below Redis' flushed one and no reset was recorded since, the blob went back by a way no
+writer takes: the store lost writes (a crash that loses its last writes, an account failover,
+a point-in-time or version restore), or a daemon on another Redis reset the query. The two
+are told apart by the reset record: Redis keeps, with its flushed batch, the reset record of
+the document that batch is in (``flushed_reset``); a blob whose document carries the same
+record (or none, where Redis has none) is an older state of the same timeline — the store
+lost writes: the newest acknowledged batch is written over it (If-Match on the version just
+read; never below what it holds) and the query's :class:`Behind` is reported once. A
+document carrying a reset record Redis never saw is another daemon's reset: it is never
+written over (:attr:`Step.REFUSE`) until an operator resets the query here. Where Redis has
+no record (written by a version before it was kept), a document whose reset replaced a batch
+at or above Redis' flushed one is taken for such a reset. A blob written here and contradicted
+this way is read before anything else is decided. The lease's own calls tell the blob's
+version too: a blob seen here at one version and reported at another by a renewal changed
+under the lease, and a lease acquired anew leaves the blob unknown; either way the query is
+*unverified* — due at the next flush check whatever its updates, read, and compared with
+Redis — so an idle query's blob that went back is rewritten too.
+
 Stamps: one counter for the whole daemon, advanced by every admin op (and retirement) and
 every piece of evidence about a blob (a write's answer, a reset, a read kept). A read of Redis
 or of the blob remembers the stamp at its start (:attr:`FlushCore.stamp`); what it returns is
@@ -62,8 +85,8 @@ from typing import Generic, TypeVar
 from sidecar.backoff import Backoff
 from sidecar.buffer.lua import NO_BLOB
 from sidecar.buffer.rows import PendingQuery
-from sidecar.flush.lease import QueryLease
-from sidecar.model.document import SnapshotRef, Stored
+from sidecar.flush.lease import LeaseState, QueryLease
+from sidecar.model.document import CheckpointDocument, SnapshotRef, Stored
 
 #: A waiting ack's handle: whatever the shell settles when its batch is durable.
 W = TypeVar("W")
@@ -89,9 +112,12 @@ class Unread:
 
 @dataclass(frozen=True, slots=True)
 class Seen:
-    """The blob is at ``stored.version`` holding ``stored.document``, as read or written here."""
+    """The blob is at ``stored.version`` holding ``stored.document``, as read or written here;
+    ``read_under``: the lease term it was read under, held at the read's start and end (None:
+    written or created here, or read while the lease was not held)."""
 
     stored: Stored
+    read_under: int | None = None
 
     @property
     def batch(self) -> int:
@@ -122,9 +148,11 @@ Blob = Unread | Seen | Writing
 
 @dataclass(frozen=True, slots=True)
 class Read:
-    """The blob was read: it holds ``stored``."""
+    """The blob was read: it holds ``stored``; ``term``: the lease term held throughout the
+    read (None: not held)."""
 
     stored: Stored
+    term: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,10 +201,12 @@ class Created:
 class RedisSays:
     """Redis records ``batch`` as the blob's (its flushed batch, read after the newest other
     evidence); ``reset``: a reset was recorded in Redis since the last row seen (another owner
-    may have lowered the blob to it)."""
+    may have lowered the blob to it); ``term``: the lease term held when it was read (None:
+    not held)."""
 
     batch: int
     reset: bool = False
+    term: int | None = None
 
 
 BlobEvent = Read | Begin | Wrote | Refused | Unsure | Abandoned | Lapsed | Created | RedisSays
@@ -189,8 +219,8 @@ def advance(blob: Blob, event: BlobEvent) -> Blob:
         IllegalMove: a move the table does not allow.
     """
     match event, blob:
-        case Read(stored), Unread() | Seen():
-            return Seen(stored)
+        case Read(stored, term), Unread() | Seen():
+            return Seen(stored, term)
         case Read(), Writing():
             return blob  # the write's answer will say; a read under it proves neither outcome
         case Begin(), Seen():
@@ -214,13 +244,48 @@ def advance(blob: Blob, event: BlobEvent) -> Blob:
             return blob  # the write in flight will fail (no blob was there to name)
         case RedisSays(batch), Unread():
             return Unread(batch)
-        case RedisSays(batch, reset), Seen():
-            # Higher: another writer. Lower: Redis only lags (a write it has not recorded
-            # yet), unless a reset was recorded since: then the blob may have been lowered.
-            return Unread(batch) if reset or batch > blob.batch else blob
+        case RedisSays(batch, reset, term), Seen():
+            # Lower: Redis only lags (a write it has not recorded yet), unless a reset was
+            # recorded since: then the blob may have been lowered.
+            if reset:
+                return Unread(batch)
+            if batch <= blob.batch:
+                return blob
+            # Higher, the lease not held: another writer. Held: nobody else writes the blob,
+            # so Redis' batch is not the blob's (module docstring): a blob read under this
+            # term holds what was read; one written here may not hold it any more: read it.
+            if term is None:
+                return Unread(batch)
+            return blob if blob.read_under == term else Unread(blob.batch)
         case RedisSays(), Writing():
             return blob
     raise IllegalMove(f"{type(event).__name__} while the blob is {type(blob).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class Behind:
+    """The blob, read under the lease held now, holds batch ``held``, below the ``flushed``
+    batch Redis records, and no reset was recorded since: the store went back (it lost
+    writes, or was restored), and the newest acknowledged batch is written over it. With
+    ``reset``: the document read carries a reset that this Redis never recorded (another
+    daemon's, on another Redis): nothing is written over it."""
+
+    held: int
+    flushed: int
+    reset: CheckpointDocument | None = None
+
+
+def reset_unrecorded(doc: CheckpointDocument | None, flushed: int, recorded: str | None) -> bool:
+    """Whether ``doc``, found below Redis' ``flushed`` batch, holds a reset that Redis never
+    recorded: a reset record other than ``recorded`` (the reset record of the document Redis'
+    flushed batch is in; None: not kept, then a reset that replaced a batch at or above
+    ``flushed`` counts). A store that lost writes goes back to an older document of the same
+    timeline, whose reset record is the same, or none."""
+    if doc is None or doc.reset_at is None:
+        return False
+    if recorded is not None:
+        return doc.reset_at != recorded
+    return doc.reset_from is not None and doc.reset_from >= flushed
 
 
 # --- the record of one query ------------------------------------------------------------------
@@ -274,6 +339,14 @@ class QueryState(Generic[W, L]):
     #: (``sidecar.snapshot``); and the one the document seen last names (kept by retention).
     snapshot: SnapshotRef | None = None
     named: SnapshotRef | None = None
+    #: The blob, read under the lease, below Redis' flushed batch (module docstring); and
+    #: the last such finding reported (each is said once).
+    behind: Behind | None = None
+    reported: Behind | None = None
+    #: The blob's version, under the lease held now, is not known to be the one seen (the
+    #: lease acquired anew, or a renewal reported another): due, to be read and compared
+    #: with Redis, whatever its updates.
+    unverified: bool = False
 
     @property
     def floor(self) -> int | None:
@@ -294,6 +367,9 @@ class Step(enum.Enum):
     SKIP = "skip"
     #: Write a document of the row's checkpoint over ``base`` (naming its version).
     WRITE = "write"
+    #: Write nothing: the blob holds a reset this daemon's Redis never recorded
+    #: (:class:`Behind`); an operator decides.
+    REFUSE = "refuse"
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,8 +473,20 @@ class FlushCore(Generic[W, L]):
             q.acks = [(b, w) for b, w in q.acks if b > batch]
         return answered
 
+    def _held_term(self, q: QueryState[W, L]) -> int | None:
+        return q.lease.term if q.lease.state is LeaseState.HELD else None
+
+    def held_term(self, query_id: str) -> int | None:
+        """The query's lease term while HELD (None: not held): take it before a read."""
+        q = self._queries.get(query_id)
+        return self._held_term(q) if q is not None else None
+
     def _advance(self, q: QueryState[W, L], event: BlobEvent) -> list[W]:
-        q.blob = advance(q.blob, event)
+        before, q.blob = q.blob, advance(q.blob, event)
+        if q.blob != before:
+            q.behind = None  # judged again against Redis' next word
+            if isinstance(event, Wrote):
+                q.reported = None  # written: a later finding is news again
         if isinstance(q.blob, Seen) and q.blob.stored.document is not None:
             q.named = q.blob.stored.document.snapshot or q.named
         return self._durable(q)
@@ -410,11 +498,14 @@ class FlushCore(Generic[W, L]):
         q = self._queries.get(query_id)
         return q.floor if q is not None else None
 
-    def read(self, query_id: str, stored: Stored, since: int) -> tuple[int, list[W]]:
-        """The blob was read (begun at stamp ``since``): it holds ``stored``. Begun before newer
-        evidence, an admin op or a retirement of the query, the read is returned, not kept: it
-        could raise a reset floor back. No record is made for a query without a blob. Returns
-        the floor to use, and the acks the read answers."""
+    def read(
+        self, query_id: str, stored: Stored, since: int, term: int | None = None
+    ) -> tuple[int, list[W]]:
+        """The blob was read (begun at stamp ``since``, under lease term ``term``: see
+        :meth:`held_term`): it holds ``stored``. Begun before newer evidence, an admin op or a
+        retirement of the query, the read is returned, not kept: it could raise a reset floor
+        back. No record is made for a query without a blob. Returns the floor to use, and the
+        acks the read answers."""
         batch = NO_BLOB if stored.batch_id is None else stored.batch_id
         q = self._queries.get(query_id)
         if q is None:
@@ -423,7 +514,8 @@ class FlushCore(Generic[W, L]):
             q = self.record(query_id)
         elif q.evidence > since:
             return (q.floor if q.floor is not None else batch), []
-        answered = self._advance(q, Read(stored))
+        held = term if term is not None and self._held_term(q) == term else None
+        answered = self._advance(q, Read(stored, held))
         if not isinstance(q.blob, Writing):
             self._evidence(q)
         return (q.floor if q.floor is not None else batch), answered
@@ -499,9 +591,10 @@ class FlushCore(Generic[W, L]):
         return deferred and bool(q.acks) and self._clock() >= q.retry_at
 
     def due(self, query_id: str) -> bool:
-        """Due whatever the thresholds: an ack waits on it, or a previous run left it pending."""
+        """Due whatever the thresholds: an ack waits on it, a previous run left it pending, or
+        its blob is unverified."""
         q = self._queries.get(query_id)
-        return q is not None and (bool(q.acks) or q.recovering)
+        return q is not None and (bool(q.acks) or q.recovering or q.unverified)
 
     def recovering(self, query_ids: set[str]) -> None:
         """A previous run left these pending: due until flushed."""
@@ -514,18 +607,81 @@ class FlushCore(Generic[W, L]):
         q = self._queries.get(query_id)
         return (q.generation if q is not None else self._last_op) <= since
 
-    def redis_says(self, query_id: str, batch: int | None, resets: int, since: int) -> list[W]:
+    def redis_says(
+        self,
+        query_id: str,
+        batch: int | None,
+        resets: int,
+        since: int,
+        recorded_reset: str | None = None,
+    ) -> list[W]:
         """Redis says the blob got ``batch`` (its flushed batch id, None: none recorded; read
-        at stamp ``since``, with the query's reset count ``resets``): evidence unless newer
-        evidence arrived since; the acks it answers."""
+        at stamp ``since``, with the query's reset count ``resets`` and the reset record of the
+        document that batch is in, ``recorded_reset``): evidence unless newer evidence arrived
+        since; the acks it answers. After a read under the lease held now, it is the check of
+        the blob against Redis: a blob below it is :class:`Behind` (:meth:`take_behind`)."""
         q = self._queries.get(query_id)
         if q is None or q.evidence > since:
             return []
         reset = q.resets is not None and resets != q.resets
         q.resets = resets
-        if batch is None:
-            return []
-        return self._advance(q, RedisSays(batch, reset))
+        term = self._held_term(q)
+        answered = [] if batch is None else self._advance(q, RedisSays(batch, reset, term))
+        blob = q.blob
+        if isinstance(blob, Seen) and term is not None and blob.read_under == term:
+            q.unverified = False  # read under the lease, then Redis: compared
+            if batch is not None and not reset and batch > blob.batch:
+                doc = blob.stored.document
+                foreign = reset_unrecorded(doc, batch, recorded_reset)
+                q.behind = Behind(blob.batch, batch, doc if foreign else None)
+        return answered
+
+    def take_behind(self, query_id: str) -> Behind | None:
+        """What the blob was last found below Redis (:class:`Behind`), once per finding; None
+        when there is none or it was taken already."""
+        q = self._queries.get(query_id)
+        if q is None or q.behind is None or q.behind == q.reported:
+            return None
+        q.reported = q.behind
+        return q.behind
+
+    def behind(self, query_id: str) -> Behind | None:
+        """The blob's current finding below Redis, reported or not."""
+        q = self._queries.get(query_id)
+        return q.behind if q is not None else None
+
+    def lease_version(self, query_id: str, version: str | None) -> None:
+        """The query's lease was acquired or renewed, the store reporting the blob at
+        ``version`` (None: not reported). A blob seen at another version changed under the
+        lease (the store went back, or was restored): forgotten. Unless it is seen at that very
+        version (or being written), the query is unverified: due, read and compared with Redis
+        at the next flush check."""
+        q = self._queries.get(query_id)
+        if q is None or version is None:
+            return
+        match q.blob:
+            case Writing():
+                return
+            case Seen() if q.blob.stored.version == version:
+                return
+            case Seen():
+                self._evidence(q)  # a read begun before may hold the old version too
+                q.blob, q.behind = Unread(q.blob.batch), None
+        q.unverified = True
+
+    def unverify(self, query_id: str) -> None:
+        """The query's blob may not hold what Redis says (the store's listing disagrees): due,
+        read and compared with Redis at the next flush check."""
+        self.record(query_id).unverified = True
+
+    def seen_version(self, query_id: str) -> str | None:
+        """The blob's version as seen here (None: not seen)."""
+        q = self._queries.get(query_id)
+        return q.blob.stored.version if q is not None and isinstance(q.blob, Seen) else None
+
+    def unverified(self) -> list[str]:
+        """The queries whose blob must be read and compared with Redis (:meth:`lease_version`)."""
+        return [q.query_id for q in self._queries.values() if q.unverified]
 
     # --- the rows applies return (blob ack mode) --------------------------------------------
 
@@ -537,7 +693,9 @@ class FlushCore(Generic[W, L]):
         for row in rows:
             self.record(row.query_id).row = (row, since)
             if row.flushed_batch_id is not None:
-                answered += self.redis_says(row.query_id, row.flushed_batch_id, row.resets, since)
+                answered += self.redis_says(
+                    row.query_id, row.flushed_batch_id, row.resets, since, row.flushed_reset
+                )
         return answered
 
     def rows_void(self, query_ids: list[str]) -> None:
@@ -567,10 +725,13 @@ class FlushCore(Generic[W, L]):
 
     def plan(self, query_id: str, batch: int) -> Plan:
         """What to do with a due row of ``batch``."""
-        blob = self.record(query_id).blob
+        q = self.record(query_id)
+        blob = q.blob
         match blob:
             case Seen() if batch <= blob.batch:
                 return Plan(Step.SKIP, blob)
+            case Seen() if q.behind is not None and q.behind.reset is not None:
+                return Plan(Step.REFUSE, blob)
             case Seen() if blob.stored.version is not None:
                 return Plan(Step.WRITE, blob)
         # Not seen, or seen absent (before the lease created it): no version to name.
@@ -612,6 +773,7 @@ class FlushCore(Generic[W, L]):
         if q is not None:
             self._evidence(q)
             q.blob = advance(q.blob, Lapsed())
+            q.behind, q.unverified = None, False  # judged again under the next term
 
     def abandoned(self, query_id: str) -> None:
         """The write was not sent (the lease was lost meanwhile)."""

@@ -50,6 +50,7 @@ from sidecar.errors import (
     LeaseLost,
     SidecarError,
     StoreUnavailable,
+    UnrecordedReset,
     VersionConflict,
 )
 from sidecar.flush.blob_state import BlobStates, Replan
@@ -70,6 +71,10 @@ ROWS_PER_READ, ROW_READS = 64, 2
 #: Writes of one flush when another writer keeps changing the blob (each refused write is
 #: read again and planned again); then the flush fails and backs off.
 WRITE_TRIES = 3
+#: How often the store's listing is held against Redis' record of each query's last flush
+#: (the first time at start): a blob that went back while no daemon was writing it (a store
+#: that lost writes before a restart, a restore of an idle query's blob) is found within this.
+AUDIT_EVERY_S = 600.0
 
 
 class Flusher:
@@ -123,12 +128,15 @@ class Flusher:
         the background, so the next check neither waits for them nor flushes them twice. A
         waiting ack wakes the loop between checks: its queries are flushed at once, without
         a check (they are due by definition; one Redis round trip less per ack)."""
-        next_check = 0.0
+        next_check = next_audit = 0.0
         self._started = True
         with self._loop:
             async with anyio.create_task_group() as tg:
                 task_status.started()
                 while True:
+                    if anyio.current_time() >= next_audit:
+                        next_audit = anyio.current_time() + AUDIT_EVERY_S
+                        tg.start_soon(self._audit)
                     if anyio.current_time() >= next_check:
                         next_check = anyio.current_time() + self._config.flush_interval_s
                         found = await self._check() or []
@@ -143,6 +151,23 @@ class Flusher:
                         await wake.wait()
                     wake.clear()  # before the pass: a wake during it starts one more
         self._loop_done.set()
+
+    async def _audit(self) -> None:
+        """Hold the store's listing against Redis' record of each query's last flush; a blob
+        that differs from both is read and compared at the next check (``BlobStates.audit``)."""
+        try:
+            odd = await self._blobs.audit(await self._buffer.flushed())
+        except SidecarError as exc:
+            log.warning("audit of the blobs against Redis skipped: %s", exc)
+            return
+        if odd:
+            log.info(
+                "audit: %d blob(s) not at the version their last flush left, read and compared "
+                "with Redis now: %s",
+                len(odd),
+                ", ".join(sorted(odd)),
+            )
+            self._blobs.wake.set()
 
     async def stop_loop(self) -> None:
         """Stop the periodic checks and their flushes (and wait for them) before the final
@@ -193,8 +218,13 @@ class Flusher:
         """The due queries, oldest first, from their flush state alone (no checkpoint is
         read); None when Redis could not be read."""
         since = self._blobs.stamp()  # before the read: an admin op after it voids what it says
+        # Beside the pending queries: those acks wait on, and those whose blob must be read
+        # and compared with Redis (the lease acquired anew, or its blob changed under it).
+        unverified = self._blobs.unverified()
         try:
-            now_ms, entries = await self._buffer.pending(extra=self._blobs.waiting())
+            now_ms, entries = await self._buffer.pending(
+                extra=[*self._blobs.waiting(), *unverified]
+            )
         except SidecarError as exc:
             log.warning("flush check skipped: %s", exc)
             return None
@@ -219,8 +249,12 @@ class Flusher:
                     self._track(query_id, label)
                 m.pending_updates.labels(label).set(count or 0)
                 m.checkpoint_age.labels(label).set(age_s)
-            self._blobs.flushed_in_redis(query_id, e.flushed_batch_id, e.resets, since)
-            if count == 0 or (not final and not self._blobs.ready(query_id)):
+            self._blobs.flushed_in_redis(
+                query_id, e.flushed_batch_id, e.resets, since, e.flushed_reset
+            )
+            if (count == 0 and query_id not in unverified) or (
+                not final and not self._blobs.ready(query_id)
+            ):
                 continue
             # Read the row of an unreadable count (quarantined then), of a query not seen yet
             # (its row tells its name, then whether it is due), of an unknown age (due now).
@@ -275,15 +309,19 @@ class Flusher:
                     if self._quarantined.add(query_id, bad):
                         log.error("flush query=%s skipped, record unreadable: %s", query_id, bad)
                 started = set()
+                unverified = set(self._blobs.unverified())
                 async with anyio.create_task_group() as tg:
                     for q, since in [*taken.values(), *((q, read_at) for q in rows.queries)]:
                         self._quarantined.readable(q.query_id, "redis")
                         self._blobs.seen(q.query_id, q.checkpoint.label)  # tracked from now
                         self._blobs.flushed_in_redis(
-                            q.query_id, q.flushed_batch_id, q.resets, since
+                            q.query_id, q.flushed_batch_id, q.resets, since, q.flushed_reset
                         )
                         age_s = (q.snapshot_ms - (q.first_pending_ms or 0)) / 1000
-                        if q.pending > 0 and (final or self._due(q, age_s)):
+                        # An unverified blob is read and compared with Redis even with
+                        # nothing pending: the store may have lost its last writes.
+                        owed = q.pending > 0 or q.query_id in unverified
+                        if owed and (final or self._due(q, age_s)):
                             started.add(q.query_id)
                             tg.start_soon(flush, q, since)
                     if unstarted is not None:  # read, and not due after all
@@ -306,8 +344,13 @@ class Flusher:
         self._metrics.flush_bodies_read.inc(len(rows.queries))
         fresh = next((r for r in rows.queries if r.query_id == q.query_id), None)
         if fresh is not None:
-            self._blobs.flushed_in_redis(q.query_id, fresh.flushed_batch_id, fresh.resets, since)
-        if fresh is None or fresh.pending == 0:
+            self._blobs.flushed_in_redis(
+                q.query_id, fresh.flushed_batch_id, fresh.resets, since, fresh.flushed_reset
+            )
+        # Nothing pending, yet the blob below the row: the store lost what was flushed.
+        if fresh is None or (
+            fresh.pending == 0 and not self._blobs.behind(q.query_id, fresh.batch_id)
+        ):
             log.debug("flush query=%s: nothing pending any more", q.checkpoint.label)
             return None
         return fresh
@@ -337,8 +380,15 @@ class Flusher:
                     q, checkpoint = fresh, fresh.checkpoint
                     plan = self._blobs.plan(q.query_id, checkpoint.batch_id)
                 self._quarantined.readable(q.query_id, "blob")
+                if plan.step is Step.REFUSE:
+                    raise UnrecordedReset(
+                        f"blob of query {label}: it holds a reset this daemon's Redis never "
+                        "recorded; nothing written over it (see the error logged when it was "
+                        "found: stop the other daemon, then run 'checkpoint-sidecar reset' here)"
+                    )
                 if plan.step is Step.SKIP:
                     assert plan.base is not None
+                    base_doc = plan.base.stored.document
                     durable, result = plan.base.batch, "skipped"
                     log.info(
                         "flush query=%s batch=%d: blob already holds batch %d, not writing",
@@ -347,6 +397,7 @@ class Flusher:
                         durable,
                     )
                     self._blobs.skipped(q.query_id)
+                    version = plan.base.stored.version
                     break
                 if plan.step is Step.READ:
                     continue  # read again meanwhile (a write in flight elsewhere ended unsure)
@@ -382,14 +433,17 @@ class Flusher:
                     log.info("flush query=%s batch=%d: lease lost meanwhile", label, q.batch_id)
                     return True
                 m.flush_seconds.observe(time.perf_counter() - started)
-                durable, result = checkpoint.batch_id, "ok"
+                durable, result, base_doc = checkpoint.batch_id, "ok", doc
+                version = stored.version
                 break
             else:
                 raise VersionConflict(
-                    f"blob of query {label}: changed by another writer at each of {WRITE_TRIES} "
-                    "tries; retried after a backoff"
+                    f"blob of query {label}: no write landed in {WRITE_TRIES} tries, the store "
+                    "refusing each as made over a version it no longer has (each refusal is "
+                    "logged with who last wrote the blob); retried after a backoff"
                 )
-            left = await self._buffer.mark_flushed(q, durable)
+            reset_at = base_doc.reset_at if base_doc is not None else None
+            left = await self._buffer.mark_flushed(q, durable, reset_at, version)
             self._blobs.marked(q.query_id)
         except LeaseLost as exc:
             m.flushes.labels("lease_lost").inc()
@@ -407,6 +461,8 @@ class Flusher:
             level = logging.WARNING if exc.retriable else logging.ERROR
             if isinstance(exc, CorruptRecord) and not self._quarantined.add(q.query_id, exc):
                 level = logging.DEBUG  # logged once, when it was first found unreadable
+            if isinstance(exc, UnrecordedReset):
+                level = logging.DEBUG  # logged once, in full, when it was found
             log.log(
                 level,
                 "flush query=%s batch=%d failed (retry %d in %.1fs): %s",
@@ -417,9 +473,10 @@ class Flusher:
                 exc,
                 extra={"retry_in_s": round(delay, 1), "query_id": q.query_id},  # JSON logs
             )
-            # A quarantined blob is not a failure the final flush should keep retrying until
-            # the grace period ends: only an operator can fix it (the update stays in Redis).
-            return isinstance(exc, CorruptRecord)
+            # A quarantined blob, or one holding a reset this Redis never recorded, is not a
+            # failure the final flush should keep retrying until the grace period ends: only
+            # an operator can fix it (the update stays in Redis).
+            return isinstance(exc, CorruptRecord | UnrecordedReset)
         self._blobs.flushed(q.query_id)
         m.flushes.labels(result).inc()
         m.checkpoint_batch_id.labels(label).set(durable)

@@ -45,9 +45,11 @@ class LeaseStore(Protocol):
 
     async def create_if_absent(self, query_id: str) -> str | None: ...
 
-    async def acquire_lease(self, query_id: str, lease_id: str, duration_s: int) -> None: ...
+    async def acquire_lease(self, query_id: str, lease_id: str, duration_s: int) -> str | None:
+        """The blob's version as the store reports it with the lease (None: not reported)."""
 
-    async def renew_lease(self, query_id: str, lease_id: str) -> None: ...
+    async def renew_lease(self, query_id: str, lease_id: str) -> str | None:
+        """Likewise."""
 
     async def release_lease(self, query_id: str, lease_id: str) -> None: ...
 
@@ -170,7 +172,7 @@ class LeaseManager:
             if version is not None:
                 self._core.created(query_id, version)
             started = self._clock()
-            await self._store.acquire_lease(query_id, self.lease_id, self._duration_s)
+            reported = await self._store.acquire_lease(query_id, self.lease_id, self._duration_s)
         except LeaseConflict:
             self._lose(lease, "another owner holds the lease", contested=True)
             return None
@@ -181,6 +183,8 @@ class LeaseManager:
         renew_in = renew_delay(self.renew_every_s, self._jitter())
         lease.acquired(next(self._terms), started, self._duration_s, renew_in)
         self._metrics.lease_held.labels(lease.label).set(1)
+        # Whatever was known of the blob before this term is checked against it.
+        self._core.lease_version(query_id, reported)
         return lease
 
     def lost(self, query_id: str, reason: str) -> None:
@@ -273,7 +277,7 @@ class LeaseManager:
         try:
             started = self._clock()
             try:
-                await self._store.renew_lease(q.query_id, self.lease_id)
+                reported = await self._store.renew_lease(q.query_id, self.lease_id)
             except LeaseLost as exc:
                 self._metrics.lease_renewals.labels("lost").inc()
                 async with q.locks.lease:
@@ -293,9 +297,11 @@ class LeaseManager:
                 return
             self._metrics.lease_renewals.labels("ok").inc()
             async with q.locks.lease:
-                lease.renewed(
+                if lease.renewed(
                     started, self._duration_s, renew_delay(self.renew_every_s, self._jitter())
-                )
+                ):
+                    # The blob changed under the lease (a store that went back, a restore)?
+                    self._core.lease_version(q.query_id, reported)
         finally:
             self._busy.discard(q.query_id)
 

@@ -249,7 +249,7 @@ async def reset_under_lease(
     doc = reset_document(
         current, target, writer, reason=request.reason, history_size=config.history_size
     )
-    answer = await buffer.reset(target, quiet_ms(config, request.force))
+    answer = await buffer.reset(target, quiet_ms(config, request.force), doc.reset_at)
     if int(answer[0]) == 1:
         label = target.name or target.query_id
         raise running(

@@ -336,8 +336,9 @@ class BlobStore:
                 return None
         return str(created["etag"])
 
-    async def acquire_lease(self, query_id: str, lease_id: str, duration_s: int) -> None:
-        """Acquire (or re-acquire) the lease with our ``lease_id``.
+    async def acquire_lease(self, query_id: str, lease_id: str, duration_s: int) -> str | None:
+        """Acquire (or re-acquire) the lease with our ``lease_id``; the blob's version (ETag)
+        as the store reports it with the lease (None: not reported).
 
         Raises:
             LeaseConflict: another lease is active on the blob.
@@ -345,11 +346,20 @@ class BlobStore:
         lease = await self._lease_client(query_id, lease_id)
         async with self._call("acquire lease"):
             await lease.acquire(lease_duration=duration_s)
+        return _etag(lease.etag)
 
-    async def renew_lease(self, query_id: str, lease_id: str) -> None:
-        """Raises: LeaseLost: the lease expired and was taken, or was broken."""
+    async def renew_lease(self, query_id: str, lease_id: str) -> str | None:
+        """Renew the lease; the blob's version (ETag) as the store reports it (None: not
+        reported): another than the one last written or read here means the blob changed under
+        the lease (the store went back, or was restored).
+
+        Raises:
+            LeaseLost: the lease expired and was taken, or was broken.
+        """
+        lease = await self._lease_client(query_id, lease_id)
         async with self._call("renew lease"):
-            await (await self._lease_client(query_id, lease_id)).renew()
+            await lease.renew()
+        return _etag(lease.etag)
 
     async def release_lease(self, query_id: str, lease_id: str) -> None:
         async with self._call("release lease"):
@@ -481,6 +491,18 @@ class BlobStore:
                 if item.name.endswith(".json") and "/" not in item.name[len(prefix) :]:
                     names.add(item.name.removeprefix(prefix).removesuffix(".json"))
         return names
+
+    async def listed_versions(self) -> dict[str, str]:
+        """Each query's blob version (ETag) in the namespace, by query id: one listing, nothing
+        downloaded (what the audit compares with Redis' record of each query's last flush)."""
+        prefix = f"{self._namespace}/"
+        out: dict[str, str] = {}
+        async with self._call("list checkpoint versions"), self._not_created_yet():
+            async for item in self._container.list_blobs(name_starts_with=prefix):
+                name = item.name[len(prefix) :]
+                if name.endswith(".json") and "/" not in name:
+                    out[name.removesuffix(".json")] = _etag(item.etag) or ""
+        return out
 
     async def lease_state(self, query_id: str) -> str:
         """The blob's lease state as the store reports it (available, leased, broken, ...)."""
@@ -744,7 +766,10 @@ def _translate(exc: HttpResponseError, what: str, where: str) -> SidecarError:
     code = _code(exc)
     detail = f"blob store {where}: {what} refused ({status} {code})"
     if status == 412 and code == "ConditionNotMet":
-        return VersionConflict(f"{detail}: the blob changed since it was read (another writer)")
+        return VersionConflict(
+            f"{detail}: the blob is no longer the version it was read at (changed since, or the "
+            "store went back)"
+        )
     if code == "LeaseAlreadyPresent":
         return LeaseConflict(f"{detail}: another owner holds the lease")
     if status in (409, 412) and code.startswith("Lease"):
@@ -769,3 +794,12 @@ def _translate(exc: HttpResponseError, what: str, where: str) -> SidecarError:
             reason=f"{status} {code}",
         )
     return StoreError(detail)
+
+
+def _etag(value: object) -> str | None:
+    """An ETag in the form a write's and a download's answers give it, quoted (the lease
+    client and the listing give it bare): the same text for the same version."""
+    if value is None:
+        return None
+    text = str(value)
+    return text if text.startswith('"') else f'"{text}"'

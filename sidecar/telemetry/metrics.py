@@ -191,6 +191,21 @@ class Metrics:
             ["what"],
             registry=r,
         )
+        self.store_lost_writes = Counter(
+            "checkpoint_sidecar_store_lost_writes",
+            "Times a query's blob, read under this daemon's lease, held a batch below the one "
+            "Redis records as flushed, with no reset since: the blob store lost writes (a crash, "
+            "an account failover, a restore of an older version). The newest acknowledged "
+            "batch is written over it; the log names the query and both batches",
+            registry=r,
+        )
+        self.resets_unrecorded = Gauge(
+            "checkpoint_sidecar_blob_resets_unrecorded",
+            "Queries whose blob holds a reset that this daemon's Redis never recorded (another "
+            "daemon on the namespace, with its own Redis): nothing is written over it until an "
+            "operator resets the query here; /readyz and the log name each",
+            registry=r,
+        )
         self.lease_elsewhere = Gauge(
             "checkpoint_sidecar_lease_held_elsewhere",
             "1 while another daemon holds the lease on the query's blob (this one buffers its "

@@ -484,10 +484,10 @@ async def test_marking_a_flush_never_clears_a_batch_newer_than_the_blobs(
         await r.delete(buffer.keys.query(QID), buffer.keys.pending)
         await r.aclose()
         assert await buffer.apply([checkpoint_of(QID, 2)]) == [Outcome.APPLIED]
-        assert await buffer.mark_flushed(row, 1) == 1  # still owed a write
+        assert await buffer.mark_flushed(row, 1, None) == 1  # still owed a write
         (left,) = (await buffer.snapshot()).queries
         assert (left.batch_id, left.pending, left.flushed_batch_id) == (2, 1, 1)
-        assert await buffer.mark_flushed(left, 2) == 0  # that write clears it
+        assert await buffer.mark_flushed(left, 2, None) == 0  # that write clears it
         assert (await buffer.snapshot()).queries == []
     finally:
         await buffer.aclose()
@@ -512,7 +512,7 @@ async def test_the_rows_an_apply_returns_are_what_a_snapshot_reads_right_after(
         assert sorted(map(fields, first.rows)) == sorted(map(fields, snap.queries))
         assert all(r.snapshot_ms <= snap.now_ms for r in first.rows)
         row = first.rows[0]
-        assert await buffer.mark_flushed(row, 1) == 0
+        assert await buffer.mark_flushed(row, 1, None) == 0
         # A stale update and one below the floor return no row; applied ones count on.
         later = await buffer.apply_rows(
             [checkpoint_of(QID, 1), checkpoint_of(QID, 3), checkpoint_of(QID, 4)], [None, 5, 5]
@@ -530,7 +530,70 @@ async def test_the_rows_an_apply_returns_are_what_a_snapshot_reads_right_after(
             2,
             last.rows[0].snapshot_ms,  # pending since the first of the two
         )
-        assert await buffer.mark_flushed(last.rows[1], 3) == 0  # the row covers both
+        assert await buffer.mark_flushed(last.rows[1], 3, None) == 0  # the row covers both
         assert [q.query_id for q in (await buffer.snapshot()).queries] == [other]
     finally:
         await buffer.aclose()
+
+
+async def restore_older(store: BlobStore, lease_id: str, doc: bytes, version: str) -> str:
+    """Write ``doc`` over the blob at ``version`` under ``lease_id``, as a restore of an older
+    version would put it back (its new version)."""
+    return await store.write(QID, doc, lease_id=lease_id, query_name=None, version=version)
+
+
+async def test_a_blob_restored_below_redis_while_no_daemon_ran_is_rewritten_at_start(
+    make_config: ConfigFactory,
+) -> None:
+    # An idle query's blob goes back (batch 5 -> 2: a restore, a store that lost writes)
+    # while its daemon is stopped. The new daemon has nothing pending for it; its audit at
+    # start holds the store's listing against Redis' record of the last flush, reads the blob
+    # and writes batch 5 back over it, logged and counted once.
+    config = make_config(count_threshold=1)
+    async with blob_reader(config) as store:
+        async with running_daemon(config), await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(rate_progress(QID, 2))).applied
+            older = await wait_blob_batch(store, QID, 2)
+            assert (await c.progress(rate_progress(QID, 5))).applied
+            await wait_blob_batch(store, QID, 5)
+        other = "0e0e0e0e-0000-4000-8000-00000000000b"
+        await store.acquire_lease(QID, other, 15)
+        now = (await store.read_stored(QID)).version
+        assert now is not None
+        await restore_older(store, other, msgspec.json.encode(older), now)
+        await store.release_lease(QID, other)
+        assert await blob_batch(store) == 2
+        async with running_daemon(config) as daemon:
+            doc = await wait_blob_batch(store, QID, 5)
+            assert sample(daemon, "checkpoint_sidecar_store_lost_writes_total") == 1
+        assert doc.batch_id == 5 and doc.history[0].batch_id == 2  # written over what it held
+
+
+async def test_a_blob_restored_below_redis_under_the_daemons_lease_is_rewritten(
+    make_config: ConfigFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The daemon holds the lease of an idle query at batch 5; the blob goes back to batch 2
+    # under that very lease (the store lost the write). No write of the daemon's is refused,
+    # nothing is pending: the next renewal reports another version than the one written,
+    # and the blob is read, found below Redis, and written back over.
+    config = make_config(count_threshold=1, lease_duration_s=15)
+    async with blob_reader(config) as store:
+        async with running_daemon(config) as daemon:
+            async with await SidecarClient.connect(config.socket_path) as c:
+                assert (await c.progress(rate_progress(QID, 2))).applied
+                older = await wait_blob_batch(store, QID, 2)
+                assert (await c.progress(rate_progress(QID, 5))).applied
+                await wait_blob_batch(store, QID, 5)
+            now = (await store.read_stored(QID)).version
+            assert now is not None
+            lease_id = daemon.blobs.lease_id
+            await restore_older(store, lease_id, msgspec.json.encode(older), now)
+            assert await blob_batch(store) == 2
+            doc = await wait_blob_batch(store, QID, 5, timeout_s=15)  # within a renewal
+            assert sample(daemon, "checkpoint_sidecar_store_lost_writes_total") == 1
+        assert doc.history[0].batch_id == 2
+    said = [r.getMessage() for r in caplog.records if "lost writes" in r.getMessage()]
+    assert said == [
+        "query=rate-demo: the blob store lost writes: the blob held batch 2, Redis had "
+        "flushed 5 (no reset since); rewriting it with the newest acknowledged batch"
+    ]

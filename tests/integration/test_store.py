@@ -8,12 +8,14 @@ import logging
 
 import pytest
 
+from sidecar.model.document import encode_document
 from sidecar.store import blobs
 from sidecar.store.blobs import BlobStore
 from sidecar.store.proxies import proxies_for, shown
 from tests.faults.store_proxy import StoreFaultProxy
 from tests.helpers import ConfigFactory
 from tests.services import Azurite
+from tests.unit.fakes import document
 
 QID = "5f2c9a41-7a0e-4c7b-9d51-0f6a8e2b3c10"
 
@@ -106,5 +108,40 @@ async def test_blob_clients_are_kept_for_the_queries_used_last(
         # again; never more than two kept
         assert made[0] is made[2] is made[4] and made[1] is not made[5]
         assert len(store._blobs) == 2
+    finally:
+        await store.aclose()
+
+
+async def test_the_lease_and_the_listing_report_the_version_a_write_returned(
+    make_config: ConfigFactory,
+) -> None:
+    # The store-went-back checks compare versions from four answers: a write's, a renewal's,
+    # an acquisition's and the listing's. Each is the same text for the same version, and a
+    # renewal after someone else's change of the blob (here: the store's own older content
+    # written back, as a restore would) reports the new one.
+    store = BlobStore(make_config(), creates_container=True)
+    lease_id = "0f0f0f0f-0000-4000-8000-00000000000a"
+    try:
+        await store.ensure_container()
+        created = await store.create_if_absent(QID)
+        assert created is not None
+        assert await store.acquire_lease(QID, lease_id, 15) == created
+        first = await store.write(
+            QID, encode_document(document(QID, 3)), lease_id=lease_id, query_name="q",
+            version=created,
+        )  # fmt: skip
+        assert await store.renew_lease(QID, lease_id) == first
+        assert (await store.listed_versions())[QID] == first
+        second = await store.write(
+            QID, encode_document(document(QID, 6)), lease_id=lease_id, query_name="q", version=first
+        )
+        assert await store.renew_lease(QID, lease_id) == second != first
+        restored = await store.write(
+            QID, encode_document(document(QID, 3)), lease_id=lease_id, query_name="q",
+            version=second,
+        )  # fmt: skip
+        assert await store.renew_lease(QID, lease_id) == restored
+        assert (await store.listed_versions()) == {QID: restored}
+        assert (await store.read_stored(QID)).version == restored
     finally:
         await store.aclose()

@@ -93,19 +93,21 @@ class FakeBlobStore:
             return None
         return self._set(query_id, b"")
 
-    async def acquire_lease(self, query_id: str, lease_id: str, duration_s: int) -> None:
+    async def acquire_lease(self, query_id: str, lease_id: str, duration_s: int) -> str | None:
         self._call()
         active = self._active(query_id)
         if active is not None and active.lease_id != lease_id:
             raise LeaseConflict("fake store: another owner holds the lease")
         self.leases[query_id] = Lease(lease_id, self._clock() + duration_s, duration_s)
+        return self.versions.get(query_id)
 
-    async def renew_lease(self, query_id: str, lease_id: str) -> None:
+    async def renew_lease(self, query_id: str, lease_id: str) -> str | None:
         self._call()
         lease = self.leases.get(query_id)
         if lease is None or lease.lease_id != lease_id:
             raise LeaseLost("fake store: lease taken or broken")
         lease.expires_at = self._clock() + lease.duration_s
+        return self.versions.get(query_id)
 
     async def release_lease(self, query_id: str, lease_id: str) -> None:
         self._call()
@@ -144,3 +146,7 @@ class FakeBlobStore:
     async def query_ids(self) -> set[str]:
         self._call()
         return {q for q, body in self.bodies.items() if body}
+
+    async def listed_versions(self) -> dict[str, str]:
+        self._call()
+        return dict(self.versions)

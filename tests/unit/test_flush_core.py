@@ -14,6 +14,7 @@ from sidecar.buffer.lua import NO_BLOB
 from sidecar.flush.core import (
     Abandoned,
     Begin,
+    Behind,
     Blob,
     BlobEvent,
     Created,
@@ -24,19 +25,23 @@ from sidecar.flush.core import (
     RedisSays,
     Refused,
     Seen,
+    Step,
     Unread,
     Unsure,
     Writing,
     Wrote,
     advance,
+    reset_unrecorded,
 )
-from sidecar.model.document import SnapshotRef, Stored
-from tests.unit.fakes import document
+from sidecar.model.document import SnapshotRef, Stored, reset_document
+from tests.unit.fakes import WRITER, checkpoint, document
 
 Q = "core"
 AT_3 = Seen(Stored('"v3"', document(Q, 3)))
 AT_7 = Stored('"v7"', document(Q, 7))
-VALUES: list[Blob] = [Unread(2), AT_3, Writing(AT_3)]
+#: Seen at batch 3, read under lease term 4 (the term the lease is held under below).
+READ_3 = Seen(AT_3.stored, read_under=4)
+VALUES: list[Blob] = [Unread(2), AT_3, Writing(AT_3), READ_3]
 EVENTS: list[BlobEvent] = [
     Read(AT_7),
     Begin(),
@@ -51,6 +56,9 @@ EVENTS: list[BlobEvent] = [
     Lapsed(),
     RedisSays(1),
     RedisSays(1, reset=True),
+    Read(AT_7, term=4),
+    RedisSays(5, term=4),  # the lease held under term 4
+    RedisSays(5, term=9),  # held under a term the blob was not read under
 ]
 
 #: Every allowed move: (value, event) → the value after it. Anything else is refused.
@@ -88,6 +96,31 @@ ALLOWED: dict[tuple[int, int], Blob] = {
     (0, 10): Unread(2),
     (1, 10): Unread(3),
     (2, 10): Writing(AT_3),
+    # a read under the lease held now remembers its term
+    (0, 13): Seen(AT_7, read_under=4),
+    (1, 13): Seen(AT_7, read_under=4),
+    (2, 13): Writing(AT_3),
+    (3, 13): Seen(AT_7, read_under=4),
+    # Redis above the blob while the lease is held: nobody else wrote it. Read under this
+    # term: what the blob holds (the store went back: the core judges it); written here, or
+    # read under another term: read it before anything else
+    (0, 14): Unread(5),
+    (0, 15): Unread(5),
+    (1, 14): Unread(3),
+    (1, 15): Unread(3),
+    (2, 14): Writing(AT_3),
+    (2, 15): Writing(AT_3),
+    (3, 14): READ_3,
+    (3, 15): Unread(3),
+    # read under the held term, the other events as for any Seen
+    (3, 0): Seen(AT_7),
+    (3, 1): Writing(READ_3),
+    (3, 7): Seen(Stored('"v0"', None)),
+    (3, 8): READ_3,
+    (3, 9): Unread(5),  # the lease not held: another writer's batch
+    (3, 10): Unread(3),
+    (3, 11): READ_3,
+    (3, 12): Unread(1),
 }
 
 
@@ -118,3 +151,73 @@ def test_a_snapshot_names_the_newest_and_never_brings_a_retired_query_back() -> 
     core.forget(Q)  # retired while a snapshot was in flight
     core.snapshot_taken(Q, SnapshotRef(6, "s6"))
     assert Q not in core and core.snapshot_of(Q) is None
+
+
+def held_core(term: int = 4) -> FlushCore[object, None]:
+    """A core whose query Q has its lease HELD under ``term``."""
+    core: FlushCore[object, None] = FlushCore(Backoff(1, 2), clock=lambda: 0.0, locks=lambda: None)
+    core.record(Q).lease.acquired(term, 0.0, 60.0, 20.0)
+    assert core.held_term(Q) == term
+    return core
+
+
+def test_a_blob_read_under_the_lease_below_redis_went_back_and_is_written_over() -> None:
+    core = held_core()
+    since = core.stamp
+    core.read(Q, AT_3.stored, since, term=4)
+    # Redis' flushed batch 6, its document without a reset record, as this one
+    core.redis_says(Q, 6, 0, core.stamp, recorded_reset="")
+    assert core.take_behind(Q) == Behind(3, 6) and core.take_behind(Q) is None  # said once
+    plan = core.plan(Q, 7)
+    assert plan.step is Step.WRITE and plan.base == READ_3
+    core.redis_says(Q, 6, 0, core.stamp, recorded_reset="")  # again before the write: no news
+    assert core.take_behind(Q) is None and core.behind(Q) == Behind(3, 6)
+    assert core.begin_write(Q, READ_3)
+    core.wrote(Q, AT_7)
+    assert core.behind(Q) is None
+
+
+def test_a_read_begun_under_another_term_proves_nothing() -> None:
+    core = held_core(term=5)
+    core.read(Q, AT_3.stored, core.stamp, term=4)  # begun before the lease came back
+    core.redis_says(Q, 6, 0, core.stamp, recorded_reset="")
+    assert core.behind(Q) is None and core.plan(Q, 7).step is Step.READ
+
+
+def test_a_reset_this_redis_never_recorded_is_never_written_over() -> None:
+    core = held_core()
+    reset = reset_document(document(Q, 9), checkpoint(Q, 3), WRITER, reason="twin", history_size=4)
+    core.read(Q, Stored('"r3"', reset), core.stamp, term=4)
+    core.redis_says(Q, 6, 0, core.stamp, recorded_reset="")
+    behind = core.take_behind(Q)
+    assert behind is not None and behind.reset == reset
+    assert core.plan(Q, 7).step is Step.REFUSE
+    assert core.plan(Q, 3).step is Step.SKIP  # nothing to write anyway
+
+
+def test_a_reset_is_told_from_a_store_that_went_back_by_its_record() -> None:
+    old = reset_document(document(Q, 9), checkpoint(Q, 3), WRITER, reason="r", history_size=4)
+    assert old.reset_at is not None
+    assert not reset_unrecorded(None, 6, "")  # no document: the store lost it whole
+    assert not reset_unrecorded(document(Q, 3), 6, "")  # no reset record, none recorded
+    assert not reset_unrecorded(old, 6, old.reset_at)  # the record Redis kept: same timeline
+    assert reset_unrecorded(old, 6, "")  # Redis flushed with no reset: a new one
+    assert reset_unrecorded(old, 6, "2020-01-01T00:00:00.000+00:00")  # another reset
+    # Not recorded (a row of a version before it was kept): a reset that replaced a batch at
+    # or above Redis' flushed one came after that flush
+    assert reset_unrecorded(old, 9, None) and not reset_unrecorded(old, 10, None)
+
+
+def test_a_renewal_reporting_another_version_makes_the_blob_unverified() -> None:
+    core = held_core()
+    core.read(Q, AT_3.stored, core.stamp, term=4)
+    core.lease_version(Q, '"v3"')  # the version seen: nothing to check
+    assert core.unverified() == [] and core.plan(Q, 7).step is Step.WRITE
+    core.lease_version(Q, '"v9"')  # changed under the lease
+    assert core.unverified() == [Q] and core.due(Q) and core.plan(Q, 7).step is Step.READ
+    core.read(Q, AT_3.stored, core.stamp, term=4)
+    core.redis_says(Q, 3, 0, core.stamp, recorded_reset="")  # compared: nothing behind
+    assert core.unverified() == [] and core.behind(Q) is None
+    core.unverify(Q)  # the store's listing disagrees
+    core.lapsed(Q)  # then the lease is lost: whoever holds it next judges
+    assert core.unverified() == []
