@@ -35,7 +35,8 @@ def show(report: Report) -> None:
     print(f"  faults: {report['faults_total']} {report['faults_injected']}")
     print(
         f"  acked {report['updates_acked']}, lost {report['lost']}, backward moves "
-        f"{report['backward_moves']}, longest blob lag behind an ack "
+        f"{report['backward_moves']} (store losses rewritten "
+        f"{report['store_losses_rewritten']}), longest blob lag behind an ack "
         f"{report['longest_blob_lag_behind_an_ack_s']} s, daemon restarts "
         f"{report['daemon_restarts']}, SIGTERM exits {sorted(set(report['sigterm_exit_codes']))}"
     )

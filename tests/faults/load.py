@@ -116,6 +116,8 @@ class Load:
     senders: int = 0
     #: The longest any acknowledged batch waited until the watcher saw it in its blob.
     blob_lag_max_s: float = 0.0
+    #: Raised by :meth:`store_went_back`: a blob read begun before is not judged.
+    blob_epoch: int = 0
 
     # --- what the tests use ----------------------------------------------------------------
 
@@ -184,6 +186,15 @@ class Load:
         """Each query's batch in its blob now (None: no readable document)."""
         async with self._store() as store:
             return {q.query_id: await _blob_batch(store, q.query_id) for q in self.queries}
+
+    def store_went_back(self) -> None:
+        """The store came back having lost writes (killed, restarted on its data): what each
+        blob holds from now on is judged from what it holds then, not from before (a move back
+        by the store itself is not a regression; any later one is)."""
+        self.blob_epoch += 1
+        for (where, _), w in self.watched.items():
+            if where == "blob":
+                w.highest, w.last = -1, None
 
     def check(self) -> None:
         """Fail on any backwards move seen or any reply no client should get."""
@@ -325,9 +336,11 @@ class Load:
                             else:
                                 self._failed(where, q)
                         try:
+                            epoch = self.blob_epoch
                             batch = await _blob_batch(store, q.query_id)
-                            self._see("blob", q, batch)
-                            self._in_blob(q, batch)
+                            if epoch == self.blob_epoch:  # else read before the store went back
+                                self._see("blob", q, batch)
+                                self._in_blob(q, batch)
                         except SidecarError:
                             self._failed("blob", q)
                     await anyio.sleep(WATCH_EVERY_S)

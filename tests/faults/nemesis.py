@@ -15,10 +15,15 @@ them still varies). One fault at a time, each healed before a pause and the next
 - ``kill -9 redis``: down for the fault's duration, restarted on its AOF;
 - ``store stalled`` (every response held past the write timeout), ``store slow`` (0.3 s per
   response), ``store 503`` (half the calls ServerBusy), ``store down`` (connections reset);
-- ``lease broken``: another client breaks one query's blob lease.
+- ``lease broken``: another client breaks one query's blob lease;
+- ``kill -9 store``: Azurite killed with SIGKILL and restarted on its data after the fault's
+  duration: it comes back without its last writes (up to 5 s: it saves its metadata that
+  often), so the blobs go back below what Redis records as flushed. The watcher judges each
+  blob from what it holds on return (``Load.store_went_back``).
 
 At the end, with every fault healed: each acknowledged batch is in its blob and in Redis
-("lost 0"), nothing moved backwards, and both daemons exit 0 on SIGTERM.
+("lost 0"), nothing moved backwards (but by what the store lost), and both daemons exit 0 on
+SIGTERM.
 """
 
 from __future__ import annotations
@@ -52,7 +57,11 @@ KINDS = (
     "store 503",
     "store down",
     "lease broken",
+    "kill -9 store",
 )
+#: Azurite saves its metadata every 5 s: a kill sooner after its start would lose the container
+#: itself (a store that lost everything, not its last writes).
+AZURITE_SAVE_S = 5.5
 QUERIES = 6
 NAMESPACE = "soak"
 SETTINGS = {
@@ -101,6 +110,8 @@ class Soak:
     #: Exit codes of daemons stopped by a SIGTERM fault (each must be 0).
     sigterm_exits: list[int] = field(default_factory=list)
     restarts: int = 0
+    #: When Azurite last (re)started, monotonic.
+    store_started: float = 0.0
 
     async def run(self) -> dict[str, Any]:
         """Run the soak; its report. Raises AssertionError when an invariant broke."""
@@ -108,6 +119,7 @@ class Soak:
         log.info("soak: seed %d, %.0f s, %d faults", self.seed, self.duration_s, len(steps))
         print(f"soak: seed {self.seed} (SOAK_SEED={self.seed} replays this schedule)", flush=True)
         with RedisServer() as redis_server, Azurite() as azurite:
+            self.store_started = time.monotonic()
             with StoreFaultProxy(azurite.port, seed=self.seed) as proxy:
                 return await self._run(steps, redis_server, azurite, proxy)
 
@@ -148,7 +160,7 @@ class Soak:
                     await anyio.sleep(max(0.0, started + step.at_s - time.monotonic()))
                     log.info("soak: t=%.1fs %s (%d, %.1fs)", step.at_s, step.kind, step.target,
                              step.duration_s)  # fmt: skip
-                    await self._inject(step, daemons, redis_server, proxy, service, load)
+                    await self._inject(step, daemons, redis_server, azurite, proxy, service, load)
                     self.injected[step.kind] += 1
                 await anyio.sleep(max(0.0, started + self.duration_s - time.monotonic()))
                 # Heal: everything up, then let the senders stop and every ack reach its blob.
@@ -173,6 +185,7 @@ class Soak:
         step: Step,
         daemons: list[DaemonProcess],
         redis_server: RedisServer,
+        azurite: Azurite,
         proxy: StoreFaultProxy,
         service: BlobServiceClient,
         load: Load,
@@ -191,6 +204,14 @@ class Soak:
             await anyio.to_thread.run_sync(redis_server.stop, SIGKILL)
             await anyio.sleep(step.duration_s)
             await anyio.to_thread.run_sync(redis_server.start)
+            return
+        if kind == "kill -9 store":
+            await anyio.sleep(max(0.0, self.store_started + AZURITE_SAVE_S - time.monotonic()))
+            await anyio.to_thread.run_sync(azurite.stop, SIGKILL)
+            await anyio.sleep(step.duration_s)
+            await anyio.to_thread.run_sync(azurite.start)
+            self.store_started = time.monotonic()
+            load.store_went_back()
             return
         if kind == "lease broken":
             q = load.queries[step.target]
@@ -233,10 +254,21 @@ class Soak:
             "reconnects": load.reconnects,
             "lost": 0,  # wait_durable returned: every acknowledged batch is in blob and Redis
             "backward_moves": len(load.regressions),
+            "store_losses_rewritten": self._losses_logged(),
             "longest_blob_lag_behind_an_ack_s": round(load.blob_lag_max_s, 2),
             "all_durable_after_healing_s": round(settle_s, 2),
             "sigterm_exit_codes": self.sigterm_exits + exits,
         }
+
+    def _losses_logged(self) -> int:
+        """Blobs the daemons found below Redis after the store lost writes (their log lines,
+        which outlive the daemons' restarts)."""
+        logs = [self.tmp / f"daemon-{name}.log" for name in "ab"]
+        return sum(
+            p.read_text(errors="replace").count("the blob store lost writes:")
+            for p in logs
+            if p.exists()
+        )
 
 
 async def _listening(d: DaemonProcess, timeout_s: float = 60) -> None:
