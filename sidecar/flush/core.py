@@ -728,6 +728,8 @@ class FlushCore(Generic[W, L]):
         q = self.record(query_id)
         blob = q.blob
         match blob:
+            case Seen() if q.unverified and blob.read_under != self._held_term(q):
+                return Plan(Step.READ)  # compared with Redis first (lease_version, unverify)
             case Seen() if batch <= blob.batch:
                 return Plan(Step.SKIP, blob)
             case Seen() if q.behind is not None and q.behind.reset is not None:

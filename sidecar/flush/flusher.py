@@ -74,7 +74,8 @@ WRITE_TRIES = 3
 #: How often the store's listing is held against Redis' record of each query's last flush
 #: (the first time at start): a blob that went back while no daemon was writing it (a store
 #: that lost writes before a restart, a restore of an idle query's blob) is found within this.
-AUDIT_EVERY_S = 600.0
+#: One listing of the namespace (no download) and one Redis script a minute.
+AUDIT_EVERY_S = 60.0
 
 
 class Flusher:
@@ -88,10 +89,12 @@ class Flusher:
         *,
         on_durable: Callable[[ckpt.Checkpoint], None] | None = None,
         track: Callable[[str, str], None] | None = None,
+        audit_every_s: float = AUDIT_EVERY_S,
     ) -> None:
         """``blobs``: each query's blob state (lease, floor, acks), asked and told here.
         ``track(query_id, label)``: called for each query a pass finds pending, so that
-        idle-query retirement knows every query the flusher holds state for."""
+        idle-query retirement knows every query the flusher holds state for.
+        ``audit_every_s``: the period of the store's audit against Redis."""
         self._config = config
         self._buffer = buffer
         self._blobs = blobs
@@ -100,6 +103,7 @@ class Flusher:
         #: Called with each checkpoint once it is in the blob (Kafka commits follow it).
         self._on_durable = on_durable
         self._track = track
+        self._audit_every_s = audit_every_s
         self._limiter = anyio.CapacityLimiter(config.flush_concurrency)
         self._row_reads = anyio.CapacityLimiter(ROW_READS)
         self._quarantined = Quarantine(metrics)
@@ -135,7 +139,7 @@ class Flusher:
                 task_status.started()
                 while True:
                     if anyio.current_time() >= next_audit:
-                        next_audit = anyio.current_time() + AUDIT_EVERY_S
+                        next_audit = anyio.current_time() + self._audit_every_s
                         tg.start_soon(self._audit)
                     if anyio.current_time() >= next_check:
                         next_check = anyio.current_time() + self._config.flush_interval_s
