@@ -229,11 +229,16 @@ def snapshot_command(args: argparse.Namespace, config: Config) -> int:
         elif r.outcome == "newer":
             print(f"kept {r.directory}: it holds a checkpoint at least as new as batch "
                   f"{r.batch_id} of query {r.name or r.query_id}")  # fmt: skip
+        elif r.outcome == "refused":
+            print(f"refused query {r.name or r.query_id}: {r.directory} {r.error}",
+                  file=sys.stderr)  # fmt: skip
+        elif r.outcome == "failed":
+            print(f"failed query {r.name or r.query_id}: {r.error}", file=sys.stderr)
         else:
             print(f"restored batch {r.batch_id} of query {r.name or r.query_id} (snapshot "
                   f"{r.snapshot}) into {r.directory}: {r.files} files, {r.bytes} bytes, "
                   f"checksums verified, in {r.seconds:.2f}s; {r.checkpoint}")  # fmt: skip
-    return EXIT_OK
+    return EXIT_OK if all(r.ok for r in done) else EXIT_FAILURE
 
 
 def doctor(config: Config, *, as_json: bool) -> int:

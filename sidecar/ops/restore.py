@@ -12,9 +12,25 @@ through (``state_rewound``); ``--force`` is implied for the quiet time (the quer
 running: its checkpoint directory was lost).
 
 ``restore --all ROOT`` is an init container's form: every query of the namespace that has a
-snapshot is put back at the location it was snapshotted from (relative to the root), unless
-that directory already holds a checkpoint at least as new as the snapshot (a pod restarted
-with its volume intact keeps it): never an older checkpoint over a newer one.
+snapshot is put back at the location it was snapshotted from (relative to the root). What it
+finds there decides, query by query (:func:`judge`):
+
+=============================================  ==========================================
+the location holds                             restore --all
+=============================================  ==========================================
+nothing (a lost or new volume)                 restores the snapshot
+no ``metadata`` (a restore cut short, files    restores over it: Spark could not resume
+of no checkpoint)                              from it (it would start a new query)
+this query's ``metadata``, no commit, or a     restores over it (never an older checkpoint
+commit older than the snapshot's               over a newer one: see the next row)
+this query's ``metadata`` and a commit at      kept (a pod restarted on its volume)
+least as new as the snapshot's
+**another query's** ``metadata`` (the          refused, nothing written: that query's
+location reused by a new query)                checkpoint is not this one's to replace
+=============================================  ==========================================
+
+One query's failure (refused, a broken snapshot, the store, a directory it may not write) never
+stops the others: each gets one line, and the command exits 1 at the end if any failed.
 """
 
 from __future__ import annotations
@@ -28,7 +44,7 @@ import msgspec
 
 from sidecar.config import Config
 from sidecar.errors import AdminRefused, NotFound, SidecarError
-from sidecar.model.spark_dir import SparkCheckpointError
+from sidecar.model.spark_dir import SparkCheckpointError, parse_query_metadata
 from sidecar.ops import admin_tool, spark_import
 from sidecar.snapshot.index import SnapshotIndex, all_prefix
 from sidecar.snapshot.restore import find_snapshot, list_snapshots, restore
@@ -64,10 +80,17 @@ class Restored(msgspec.Struct, frozen=True):
     files: int
     bytes: int
     seconds: float
-    #: "restored", or why not: "newer" (the directory holds a checkpoint at least as new).
+    #: "restored", or why not: "newer" (the directory holds a checkpoint at least as new),
+    #: "refused" (it holds another query's checkpoint), "failed" (``error`` says why).
     outcome: str = "restored"
     #: The reset's one-line summary (how the sidecar's checkpoint moved), when it did.
     checkpoint: str | None = None
+    #: Why it was refused or failed.
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in ("restored", "newer")
 
 
 def row(index: SnapshotIndex) -> SnapshotRow:
@@ -133,7 +156,13 @@ async def restore_query(
 
 
 async def restore_all(config: Config, root: Path) -> list[Restored]:
-    """``restore --all ROOT``: every query with a snapshot, back to where it was taken from."""
+    """``restore --all ROOT``: every query with a snapshot, back to where it was taken from,
+    as :func:`judge` decides; each query's outcome, failures included (never raised for one
+    query: the others go on).
+
+    Raises:
+        SidecarError: the store cannot be listed (nothing was restored).
+    """
     store = BlobStore(config)
     blobs = SnapshotBlobs(store)
     out: list[Restored] = []
@@ -144,34 +173,110 @@ async def restore_all(config: Config, root: Path) -> list[Restored]:
         )
         infos = {i.query_id: i for i in await store.list()}
         for query_id in query_ids:
-            found = await list_snapshots(blobs, config.namespace, query_id)
-            if not found:
-                continue  # packs of a failed first snapshot only: nothing to restore
-            index = found[0]
             info = infos.get(query_id)
             name = info.query_name if info is not None else None
-            dest = root / index.location if index.location else root
-            held = _committed(dest)
-            if held is not None and held >= index.batch:
-                log.info(
-                    "restore query=%s: %s holds batch %d, at least as new as its snapshot (%d): "
-                    "kept",
-                    name or query_id,
-                    dest,
-                    held,
-                    index.batch,
-                )
-                out.append(
-                    Restored(query_id, name, index.batch, index.id, str(dest), 0, 0, 0.0, "newer")
-                )
-                continue
-            started = time.perf_counter()
-            await restore(index, blobs, config.namespace, dest, force=held is not None)
-            seconds = time.perf_counter() - started
-            out.append(await _moved(config, query_id, name, index, dest, seconds))
+            try:
+                done = await _restore_one(config, blobs, root, query_id, name)
+            except (SidecarError, OSError) as exc:
+                reason = _said(exc)
+                log.error("restore query=%s failed: %s", name or query_id, reason)
+                done = Restored(query_id, name, -1, "", "", 0, 0, 0.0, "failed", error=reason)
+            if done is not None:
+                out.append(done)
     finally:
         await store.aclose()
     return out
+
+
+async def _restore_one(
+    config: Config, blobs: SnapshotBlobs, root: Path, query_id: str, name: str | None
+) -> Restored | None:
+    found = await list_snapshots(blobs, config.namespace, query_id)
+    if not found:
+        return None  # packs of a failed first snapshot only: nothing to restore
+    index = found[0]
+    dest = root / index.location if index.location else root
+    verdict = await anyio.to_thread.run_sync(judge, dest, query_id, index.batch)
+    label = name or query_id
+    if verdict.keep or verdict.refuse:
+        log.log(
+            logging.ERROR if verdict.refuse else logging.INFO,
+            "restore query=%s: %s: %s",
+            label,
+            dest,
+            verdict.why,
+        )
+        outcome = "refused" if verdict.refuse else "newer"
+        return Restored(
+            query_id,
+            name,
+            index.batch,
+            index.id,
+            str(dest),
+            0,
+            0,
+            0.0,
+            outcome,
+            error=verdict.why if verdict.refuse else None,
+        )
+    if verdict.why:
+        log.warning("restore query=%s: %s: %s", label, dest, verdict.why)
+    started = time.perf_counter()
+    await restore(index, blobs, config.namespace, dest, force=verdict.replace)
+    seconds = time.perf_counter() - started
+    return await _moved(config, query_id, name, index, dest, seconds)
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    """What ``restore --all`` does with a query's location (module docstring's table)."""
+
+    #: Leave it as it is: it holds this query's checkpoint, at least as new.
+    keep: bool = False
+    #: Write nothing: it holds another query's checkpoint.
+    refuse: bool = False
+    #: Restore over what it holds (else it must be empty or absent).
+    replace: bool = False
+    #: Why, for the log and the command's line.
+    why: str = ""
+
+
+def judge(dest: Path, query_id: str, batch: int) -> Verdict:
+    """What ``restore --all`` does with ``dest``, the location of ``query_id``'s snapshot of
+    ``batch``, from what it holds (blocking: call from a thread).
+
+    Raises:
+        OSError: ``dest`` cannot be read (permissions).
+    """
+    if not dest.exists():
+        return Verdict()
+    if not dest.is_dir():
+        return Verdict(refuse=True, why="is not a directory: nothing written")
+    if not any(dest.iterdir()):
+        return Verdict()
+    try:
+        owner = parse_query_metadata((dest / "metadata").read_bytes(), str(dest))
+    except FileNotFoundError:
+        return Verdict(
+            replace=True,
+            why="holds files but no checkpoint metadata (a restore cut short?): restored over",
+        )
+    except SparkCheckpointError as exc:
+        return Verdict(refuse=True, why=f"nothing written: {exc}")
+    if owner != query_id:
+        return Verdict(
+            refuse=True,
+            why=(
+                f"holds the checkpoint of another query ({owner}), not of {query_id}: nothing "
+                "written (the location was reused by a new query; restore this one elsewhere "
+                "with 'checkpoint-sidecar restore QUERY DIR')"
+            ),
+        )
+    held = _committed(dest)
+    if held is not None and held >= batch:
+        return Verdict(
+            keep=True, why=f"holds batch {held}, at least as new as its snapshot ({batch}): kept"
+        )
+    return Verdict(replace=True)
 
 
 def _committed(directory: Path) -> int | None:
@@ -179,9 +284,21 @@ def _committed(directory: Path) -> int | None:
     commits = directory / "commits"
     try:
         batches = [int(p.name) for p in commits.iterdir() if p.name.isdigit()]
-    except OSError:
+    except FileNotFoundError:
         return None
     return max(batches, default=None)
+
+
+def _said(exc: BaseException) -> str:
+    """An error as one line an operator can act on."""
+    if isinstance(exc, PermissionError):
+        return (
+            f"{exc.filename or 'the directory'}: permission denied: run the restore as a user "
+            "that may write the volume (the pod's fsGroup), or fix the volume's permissions"
+        )
+    if isinstance(exc, OSError) and not isinstance(exc, SidecarError):
+        return f"{exc.filename or 'the directory'}: {exc.strerror or exc}"
+    return str(exc)
 
 
 async def _moved(

@@ -186,3 +186,57 @@ def test_restore_all_fills_an_empty_volume_and_keeps_a_newer_checkpoint(
     kept = cli(init, "restore", "--all", str(volume))
     assert kept.returncode == 0, kept.stderr
     assert "kept" in kept.stdout and tree(volume / "app" / NAME) == before
+
+
+def test_restore_all_refuses_another_querys_location_and_restores_the_others(
+    daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
+) -> None:
+    # Two queries snapshotted; the pod's volume is then reused: one location now holds a new
+    # query's checkpoint (far behind the old one's snapshot), the other was cut short by a
+    # killed restore (files, no metadata). restore --all writes nothing over the new query,
+    # says so on its line, still restores the other, and exits 1 for the one refused.
+    root = tmp_path / "root"
+    other_id = "7a7a7a7a-0000-4000-8000-0000000000b2"
+    cks = {
+        QUERY_ID: HdfsCheckpoint(root / "app" / NAME, partitions=2, delta_bytes=500),
+        other_id: HdfsCheckpoint(
+            root / "app" / "other", partitions=2, delta_bytes=500, query_id=other_id
+        ),
+    }
+    env = daemon_env | {"SIDECAR_SNAPSHOT_ROOT": str(root), "SIDECAR_COUNT_THRESHOLD": "1"}
+    daemon = started(env, tmp_path / "daemon.log", procs)
+    for query_id, ck in cks.items():
+        for _ in range(3):
+            batch = ck.batch()
+            progress = rate_progress(query_id, batch, name=f"n-{query_id[:4]}")
+            progress["stateOperators"] = [{"operatorName": "stateStoreSave", "numRowsTotal": 3}]
+            assert post_progress(daemon.socket_path, progress).ok
+
+    def newest(query_id: str) -> int | None:
+        listed = cli(env, "snapshots", query_id, "--json")
+        rows = json.loads(listed.stdout)["snapshots"] if listed.returncode == 0 else []
+        return rows[0]["batch_id"] if rows else None
+
+    wait_for(lambda: newest(QUERY_ID) == 2 and newest(other_id) == 2, 30, "both snapshots")
+    assert daemon.stop() == 0
+
+    volume = tmp_path / "volume"
+    reused = HdfsCheckpoint(volume / "app" / NAME, partitions=1, query_id="new-query-id")
+    reused.batch()
+    cut = volume / "app" / "other"
+    (cut / "offsets").mkdir(parents=True)
+    (cut / "offsets" / "0").write_bytes(b"v1\n")
+    before = tree(volume / "app" / NAME)
+    init = env | {"SIDECAR_SNAPSHOT_ROOT": str(volume)}
+    done = cli(init, "restore", "--all", str(volume), "--json")
+    assert done.returncode == 1, done.stderr
+    rows = {r["query_id"]: r for r in map(json.loads, done.stdout.splitlines())}
+    assert rows[QUERY_ID]["outcome"] == "refused"
+    assert "another query (new-query-id)" in rows[QUERY_ID]["error"]
+    assert tree(volume / "app" / NAME) == before  # not a byte written
+    assert rows[other_id]["outcome"] == "restored" and rows[other_id]["batch_id"] == 2
+    assert "commits/2" in tree(cut)
+    plain = cli(init, "restore", "--all", str(volume))
+    assert plain.returncode == 1
+    assert f"refused query n-{QUERY_ID[:4]}" in plain.stderr
+    assert "kept" in plain.stdout  # the other query's, restored just now
