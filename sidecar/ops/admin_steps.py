@@ -161,8 +161,14 @@ def target_of(
     label = name or query_id
     if current is not None and not request.state_rewound:
         if request.from_spark:  # Spark's own batch: refused only when older than the blob's
-            older = request.batch_id if request.batch_id is not None else current.batch_id
-            refusal = rewind_refusal(current, to_batch=older, explicit=False)
+            # A directory with state/ says stateful, whatever the document said before; and
+            # offsets with no batch say nothing of where they stand: judged as explicit ones.
+            judged: Checkpoint = current
+            if request.stateful:
+                judged = stateful.with_state(current, stateful.State.STATEFUL)
+            refusal = rewind_refusal(
+                judged, to_batch=request.batch_id, explicit=request.batch_id is None
+            )
         else:
             refusal = rewind_refusal(
                 current, to_batch=request.to_batch, explicit=request.to_batch is None
