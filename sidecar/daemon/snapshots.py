@@ -32,6 +32,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from sidecar.errors import SidecarError
+from sidecar.flush.lease import Ownership
 from sidecar.model.checkpoint import Checkpoint
 from sidecar.model.document import SnapshotRef
 from sidecar.snapshot.contents import Contents
@@ -86,6 +87,8 @@ class _Query:
     retry_at: float = 0.0
     pruned_at: float = float("-inf")
     contents: Contents | None = None
+    #: The lease term ``contents`` was loaded under.
+    contents_term: int = -1
 
 
 class Snapshotter:
@@ -98,14 +101,16 @@ class Snapshotter:
         namespace: str,
         metrics: Metrics,
         *,
-        owns: Callable[[str, str], Awaitable[Callable[[], bool] | None]],
+        owns: Callable[[str, str], Awaitable[Ownership | None]],
         taken: Callable[[str, SnapshotRef], None],
         named: Callable[[str], SnapshotRef | None],
         retain: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``owns(query id, label)``: None when this daemon does not hold the query's lease,
-        else a check that it still does (right before the index is written); ``taken``: told
+        else a check that it still does (right before the index is written), with its term:
+        what is known of the query's stored contents is loaded again under a new term (another
+        owner may have pruned them in between); ``taken``: told
         each new snapshot (the blob state names it in the next document); ``named``: the
         snapshot the query's document names (always kept); ``retain``: snapshots kept."""
         self._source = source
@@ -232,8 +237,11 @@ class Snapshotter:
                     q.retry_at = self._clock() + RELIST_S
                     return
                 q.location, q.elsewhere = location, False
-                if q.contents is None:
+                if q.contents is None or q.contents_term != still_owner.term:
+                    # Loaded again under a new term: another owner may have pruned packs
+                    # since, and a snapshot must never name a pack that is gone.
                     q.contents = await Contents.load(self._blobs, self._namespace, query_id)
+                    q.contents_term = still_owner.term
                 upload = await upload_snapshot(
                     self._source,
                     location,

@@ -52,7 +52,7 @@ from sidecar.buffer.lua import NO_BLOB
 from sidecar.buffer.rows import PendingQuery
 from sidecar.errors import CorruptRecord, LeaseLost, NotOwner, StoreUnavailable, VersionConflict
 from sidecar.flush.core import Ack, FlushCore, Plan, Seen
-from sidecar.flush.lease import Held, LeaseState
+from sidecar.flush.lease import Held, LeaseState, Ownership
 from sidecar.flush.lease_manager import LeaseManager, LeaseStore
 from sidecar.model.document import CheckpointDocument, SnapshotRef, Stored
 from sidecar.telemetry.metrics import Metrics
@@ -535,13 +535,14 @@ class BlobStates:
         """The snapshot the query's document names, as last seen (always kept)."""
         return self._core.snapshot_named(query_id)
 
-    async def owner_check(self, query_id: str, label: str) -> Callable[[], bool] | None:
+    async def owner_check(self, query_id: str, label: str) -> Ownership | None:
         """None unless this daemon holds the query's lease (acquired if due); else a check,
-        to make right before a write that must be the owner's, that it still does."""
+        to make right before a write that must be the owner's, that it still does, with the
+        term it holds."""
         held = await self.held(query_id, label)
         if held is None:
             return None
-        return lambda: self.leases.holds(held)
+        return Ownership(held.term, lambda: self.leases.holds(held))
 
     def note_thinned(self, query_id: str, thinned: bool) -> bool:
         """Whether a document's history was thinned; True the first time in a row."""

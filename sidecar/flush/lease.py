@@ -98,6 +98,20 @@ class Held:
     term: int
 
 
+@dataclass(frozen=True, slots=True)
+class Ownership:
+    """This daemon's hold on a query's lease under one ``term``, as a check to make right
+    before a write that must be the owner's: calling it says whether that term is still held.
+    What was learnt of the query's blobs under another term may be stale (another owner may
+    have written or deleted them in between)."""
+
+    term: int
+    holds: Callable[[], bool]
+
+    def __call__(self) -> bool:
+        return self.holds()
+
+
 class QueryLease:
     """The lease on one query's blob, as this daemon sees it. Its fields change only through
     its methods, each a move of the state table."""

@@ -20,6 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
+from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
+
+from sidecar.config import Config
+from sidecar.snapshot.index import prefix
 from tests.faults.load import scrape_process
 from tests.helpers import metric_value, post_progress, read_blob, wait_blob, wait_for
 from tests.services import REPO_ROOT, DaemonProcess
@@ -240,3 +245,56 @@ def test_restore_all_refuses_another_querys_location_and_restores_the_others(
     assert plain.returncode == 1
     assert f"refused query n-{QUERY_ID[:4]}" in plain.stderr
     assert "kept" in plain.stdout  # the other query's, restored just now
+
+
+def test_a_snapshot_after_another_owner_pruned_names_no_pack_that_is_gone(
+    daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
+) -> None:
+    # The daemon snapshots batch 1 and keeps what it stored where. Its lease is then broken,
+    # another owner takes the query, prunes every pack (as a repack would) and lets go; the
+    # daemon takes the lease back under a new term and snapshots batch 2, whose files are
+    # mostly batch 1's. What it knew of the stored contents is from the old term: loaded
+    # again, the packs are written anew, and snapshot 2 restores. (Kept from before, the
+    # index named the deleted packs: counted good, failing only on restore, missing_blob.)
+    root = tmp_path / "root"
+    ck = HdfsCheckpoint(root / "app" / NAME, partitions=2, delta_bytes=500)
+    env = daemon_env | {
+        "SIDECAR_SNAPSHOT_ROOT": str(root),
+        "SIDECAR_COUNT_THRESHOLD": "1",
+        "SIDECAR_ADMIN_OPS": "true",
+        "SIDECAR_ADMIN_QUIET_S": "0",
+    }
+    daemon = started(env, tmp_path / "daemon.log", procs)
+    commit(daemon, ck)
+    commit(daemon, ck)
+    wait_for(lambda: snapshots(env) and snapshots(env)[0]["batch_id"] == 1, 30, "batch 1's")
+
+    async def another_owner_prunes() -> int:
+        config = Config.from_env(env)
+        service = BlobServiceClient.from_connection_string(env["AZURE_STORAGE_CONNECTION_STRING"])
+        async with service:
+            container = service.get_container_client(config.container)
+            blob = container.get_blob_client(f"{config.namespace}/{QUERY_ID}.json")
+            await BlobLeaseClient(blob).break_lease(lease_break_period=0)
+            lease = BlobLeaseClient(blob)
+            await lease.acquire(lease_duration=15)
+            packs = [
+                b.name
+                async for b in container.list_blobs(
+                    name_starts_with=prefix(config.namespace, QUERY_ID)
+                )
+                if "/index/" not in b.name
+            ]
+            for name in packs:
+                await container.delete_blob(name)
+            await lease.release()
+            return len(packs)
+
+    assert anyio.run(another_owner_prunes) > 0
+    wait_for(lambda: "-> HELD" in daemon.log().split("renewal refused")[-1], 30, "a new term")
+    commit(daemon, ck)
+    wait_for(lambda: snapshots(env)[0]["batch_id"] == 2, 30, "batch 2's")
+    assert daemon.stop() == 0
+    done = cli(env, "restore", QUERY_ID, str(tmp_path / "back"), "--batch", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "commits/2" in tree(tmp_path / "back")
