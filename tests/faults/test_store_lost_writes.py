@@ -1,11 +1,10 @@
 """The blob store loses its last writes under load, and every checkpoint converges again.
 
 Azurite killed with SIGKILL in the middle of writes and restarted on its data comes back
-without its last seconds of writes (up to 5 s: it saves its metadata that often): the blobs
-hold batches below what Redis records as flushed, as after an Azure account failover or a
-restore of older blob versions. Two daemon processes on one namespace and one Redis flush six
-queries under load (``tests/faults/load.py``, both sockets); the store is killed at a random
-moment of that load.
+without its last seconds of writes (it saves its metadata every 5 s; the kill comes 2 s after
+a save): the blobs hold batches below what Redis records as flushed, as after an Azure account
+failover or a restore of older blob versions. Two daemon processes on one namespace and one
+Redis flush six queries under load (``tests/faults/load.py``, both sockets).
 
 Checked: within 30 s of the store's return every query's blob holds the newest batch
 acknowledged by then; nothing moves backwards in Redis, in a ``get`` reply or in a blob,
@@ -36,6 +35,18 @@ CONVERGE_S = 30.0
 #: Azurite keeps its metadata (which blobs exist, their versions) in memory and saves it every
 #: 5 s (its LokiJS store's autosave): a SIGKILL loses what changed since the last save.
 AZURITE_SAVE_S = 5.5
+#: How long after one of its saves the store is killed: the writes it loses.
+LOSE_S = 2.0
+
+
+async def saved(azurite: Azurite, timeout_s: float = 2 * AZURITE_SAVE_S) -> None:
+    """Wait until Azurite saves its metadata again (its database file is rewritten)."""
+    db = azurite.dir / "data" / "__azurite_db_blob__.json"
+    first = db.stat().st_mtime_ns
+    deadline = time.monotonic() + timeout_s
+    while db.stat().st_mtime_ns == first:
+        assert time.monotonic() < deadline, f"Azurite did not save {db} in {timeout_s}s"
+        await anyio.sleep(0.02)
 
 
 async def test_checkpoints_converge_after_the_store_loses_its_last_writes(
@@ -69,8 +80,11 @@ async def test_checkpoints_converge_after_the_store_loses_its_last_writes(
                 await load.wait_every_blob()
                 # Azurite saves its metadata every AZURITE_SAVE_S: past that, the container and
                 # the blobs are on disk and only the last writes can be lost, as in a store
-                # that ran for long. Then mid-write: flushes run every few tens of ms here.
-                await anyio.sleep(AZURITE_SAVE_S + random.uniform(0.5, 2.0))
+                # that ran for long. Then the kill comes LOSE_S after a save, mid-write
+                # (flushes run every few tens of ms here): those seconds of writes are lost.
+                await anyio.sleep(AZURITE_SAVE_S)
+                await saved(azurite)
+                await anyio.sleep(LOSE_S + random.uniform(0.0, 0.5))
                 before = await load.blob_batches()
                 await anyio.to_thread.run_sync(azurite.stop, SIGKILL)
                 await anyio.sleep(2.0)  # down: the daemons buffer in Redis and retry
