@@ -92,6 +92,36 @@ class Restored(msgspec.Struct, frozen=True):
     def ok(self) -> bool:
         return self.outcome in ("restored", "newer")
 
+    @classmethod
+    def of(
+        cls,
+        query_id: str,
+        name: str | None,
+        index: SnapshotIndex,
+        dest: Path,
+        *,
+        seconds: float | None = None,
+        outcome: str = "restored",
+        checkpoint: str | None = None,
+        error: str | None = None,
+    ) -> Restored:
+        """What was done with ``index`` at ``dest``: restored in ``seconds`` (its files and
+        bytes counted), or not (``outcome``: none counted)."""
+        written = seconds is not None
+        return cls(
+            query_id,
+            name,
+            index.batch,
+            index.id,
+            str(dest),
+            len(index.files) if written else 0,
+            index.total_bytes if written else 0,
+            round(seconds, 3) if seconds is not None else 0.0,
+            outcome,
+            checkpoint,
+            error,
+        )
+
 
 def row(index: SnapshotIndex) -> SnapshotRow:
     return SnapshotRow(
@@ -206,17 +236,12 @@ async def _restore_one(
             dest,
             verdict.why,
         )
-        outcome = "refused" if verdict.refuse else "newer"
-        return Restored(
+        return Restored.of(
             query_id,
             name,
-            index.batch,
-            index.id,
-            str(dest),
-            0,
-            0,
-            0.0,
-            outcome,
+            index,
+            dest,
+            outcome="refused" if verdict.refuse else "newer",
             error=verdict.why if verdict.refuse else None,
         )
     if verdict.why:
@@ -312,17 +337,7 @@ async def _moved(
     """A restore written into ``dest`` in ``seconds``: the sidecar's checkpoint moved with it
     (:func:`_move_checkpoint`), and what was done."""
     summary = await _move_checkpoint(config, dest, name or query_id, index, seconds)
-    return Restored(
-        query_id,
-        name,
-        index.batch,
-        index.id,
-        str(dest),
-        len(index.files),
-        index.total_bytes,
-        round(seconds, 3),
-        checkpoint=summary,
-    )
+    return Restored.of(query_id, name, index, dest, seconds=seconds, checkpoint=summary)
 
 
 async def _move_checkpoint(

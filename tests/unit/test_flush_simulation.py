@@ -1286,22 +1286,22 @@ def sample(sim: FlushSimulation, name: str) -> float | None:
     return sim.daemon.metrics.registry.get_sample_value(name)
 
 
+#: Ours flushes batch 3; a twin on its own Redis resets the query to batch 1.
+TWIN_RESETS: list[Step] = [
+    lambda s: s.twin_starts(),
+    *[lambda s: s.update(query="q1", back=0, blob_ack=False)] * 3,
+    lambda s: s.time_passes(seconds=0.6),
+    lambda s: s.twin_resets(query="q1", back=2),
+]
+
+
 def test_a_twins_reset_that_our_redis_never_recorded_is_never_written_over() -> None:
     # Ours flushed batch 3; an operator reset the query to 1 through a twin on its own Redis
     # (ours fenced out first); ours applied batch 4 meanwhile. Once the twin is gone, ours
     # takes the lease back and reads the twin's reset below its Redis' flushed batch, with a
     # reset record its Redis never saw: it writes nothing over it, and says so.
     sim: list[FlushSimulation] = []
-    replay(
-        [
-            sim.append,
-            lambda s: s.twin_starts(),
-            *[lambda s: s.update(query="q1", back=0, blob_ack=False)] * 3,
-            lambda s: s.time_passes(seconds=0.6),
-            lambda s: s.twin_resets(query="q1", back=2),
-            lambda s: s.update(query="q1", back=0, blob_ack=False),
-        ]
-    )
+    replay([sim.append, *TWIN_RESETS, lambda s: s.update(query="q1", back=0, blob_ack=False)])
     s = sim[0]
     doc = s.store.document("q1")
     assert doc is not None and (doc.batch_id, doc.reset_reason) == (1, "twin")
@@ -1318,10 +1318,7 @@ def test_a_reset_here_after_a_twins_reset_resumes_the_flushes() -> None:
     replay(
         [
             sim.append,
-            lambda s: s.twin_starts(),
-            *[lambda s: s.update(query="q1", back=0, blob_ack=False)] * 3,
-            lambda s: s.time_passes(seconds=0.6),
-            lambda s: s.twin_resets(query="q1", back=2),
+            *TWIN_RESETS,
             lambda s: s.twin_stops(killed=False),
             lambda s: s.time_passes(seconds=20.0),
             lambda s: s.reset(query="q1", back=0),
