@@ -501,7 +501,7 @@ class BlobStore:
             async for item in self._container.list_blobs(name_starts_with=prefix):
                 name = item.name[len(prefix) :]
                 if name.endswith(".json") and "/" not in name:
-                    out[name.removesuffix(".json")] = _etag(item.etag) or ""
+                    out[name.removesuffix(".json")] = quoted_etag(item.etag)
         return out
 
     async def lease_state(self, query_id: str) -> str:
@@ -796,10 +796,13 @@ def _translate(exc: HttpResponseError, what: str, where: str) -> SidecarError:
     return StoreError(detail)
 
 
-def _etag(value: object) -> str | None:
-    """An ETag in the form a write's and a download's answers give it, quoted (the lease
-    client and the listing give it bare): the same text for the same version."""
-    if value is None:
-        return None
-    text = str(value)
+def quoted_etag(value: object) -> str:
+    """An ETag in the form a write's and a download's answers give it, quoted: ``"0x…"`` (the
+    lease client and the listings give it bare): the same text for the same version."""
+    text = str(value or "")
     return text if text.startswith('"') else f'"{text}"'
+
+
+def _etag(value: object) -> str | None:
+    """:func:`quoted_etag`, or None when the answer had none."""
+    return None if value is None else quoted_etag(value)

@@ -14,7 +14,7 @@ from datetime import datetime
 import msgspec
 
 from sidecar.errors import VersionConflict
-from sidecar.store.blobs import BlobStore
+from sidecar.store.blobs import BlobStore, quoted_etag
 from sidecar.store.remote import BlobTarget, block_id
 from sidecar.store.sdk import load as sdk
 
@@ -166,7 +166,10 @@ class SnapshotBlobs:
                 async for item in page:
                     out.append(
                         ListedBlob(
-                            item.name, int(item.size or 0), _quoted(item.etag), item.last_modified
+                            item.name,
+                            int(item.size or 0),
+                            quoted_etag(item.etag),
+                            item.last_modified,
                         )
                     )
         return out
@@ -215,9 +218,3 @@ class SnapshotBlobs:
             except sdk().ResourceNotFoundError:
                 return False
         return True
-
-
-def _quoted(etag: str | None) -> str:
-    """An ETag in the form a write's or a read's answer gives it: ``"0x…"``."""
-    text = str(etag or "")
-    return text if text.startswith('"') else f'"{text}"'
