@@ -262,7 +262,7 @@ class Snapshotter:
                 result = "ok"
                 if self._clock() - q.pruned_at >= PRUNE_EVERY_S and still_owner():
                     q.pruned_at = self._clock()
-                    await self._prune(query_id, q)
+                    await self._prune(query_id, q, still_owner)
         except Exception as exc:  # a snapshot's failure never stops the offsets' path
             reason = failure_reason(exc)
             if reason == "not_owner":
@@ -299,7 +299,7 @@ class Snapshotter:
         self._metrics.snapshot_batch.labels(q.label).set(q.done)
         self._taken(query_id, SnapshotRef(batch, snapshot_id))
 
-    async def _prune(self, query_id: str, q: _Query) -> None:
+    async def _prune(self, query_id: str, q: _Query, owner: Ownership) -> None:
         """Retention and the sweep, never beside an upload of the same query (the caller is
         that query's one snapshot in flight), only by the owner."""
         try:
@@ -311,6 +311,7 @@ class Snapshotter:
                 named=self._named(query_id),
                 contents=q.contents,
                 grace_s=GRACE_S,
+                owner=owner,
             )
         except SidecarError as exc:
             log.warning("snapshot query=%s: prune failed (tried again later): %s", q.label, exc)

@@ -9,7 +9,9 @@ this order:
    conflict means another pass is running: this one stops, changing nothing else;
 2. delete the indexes beyond retention, then the packs the plan sweeps (idempotent: a blob
    already gone is fine). Indexes first: a crash between leaves unreferenced packs (swept by
-   the next pass), never an index naming a deleted pack;
+   the next pass), never an index naming a deleted pack. Each delete names the version
+   listed (``If-Match``): a blob changed since (an index another pass rewrote) is left for a
+   later pass to judge;
 3. repack: copy the live contents of the sparse packs into new packs (each content's
    SHA-256 checked on the way: a damaged one stops that repack and is reported), then rewrite
    every kept index that references them (``If-Match`` on the listed version: an index changed
@@ -19,7 +21,9 @@ this order:
 A crash or failure at any point leaves only blobs a later pass deletes, and running a pass
 twice is harmless. Run it from the owner of the query only, and never while that owner
 uploads a snapshot of it (the snapshot loop runs them one after the other): ``contents`` is
-kept true here (places in deleted packs forgotten, rewritten indexes learned).
+kept true here (places in deleted packs forgotten, rewritten indexes learned). Ownership is
+checked again before each phase (``owner``): a pass whose owner lost the query's lease
+stops there, leaving the rest to the new owner.
 """
 
 from __future__ import annotations
@@ -106,10 +110,12 @@ async def prune(
     max_repack_bytes: int = MAX_REPACK_BYTES,
     repack_target_bytes: int = REPACK_TARGET_BYTES,
     clock: Callable[[], float] = time.time,
+    owner: Callable[[], bool] = lambda: True,
 ) -> PruneResult:
     """One pass over the query's snapshots (see the module docstring): keep the newest
     ``retain`` and the one the document ``named``, sweep what no kept index references after
     ``grace_s`` seconds, repack packs whose live share is below ``repack_below``.
+    ``owner()``: whether this process still owns the query, asked before each phase.
 
     Raises:
         ValueError: ``retain`` < 1 (the newest snapshot is always kept) and the like.
@@ -177,6 +183,15 @@ async def prune(
     )
     result = _Pass(counted, namespace, query_id, contents, decided)
 
+    def still_owner(phase: str) -> bool:
+        if owner():
+            return True
+        log.info("snapshot prune stopped before %s: query=%s is no longer owned", phase, query_id)
+        result.add("conflicts")
+        return False
+
+    if not still_owner("its marks"):
+        return result.done()
     if decided.marks != marks or (marks_version is None and decided.marks):
         body = encode_marks(decided.marks)
         try:
@@ -191,7 +206,11 @@ async def prune(
             result.add("conflicts")
             return result.done()
 
-    await result.delete()
+    if not still_owner("its deletes"):
+        return result.done()
+    await result.delete(still_owner)
+    if not still_owner("its repack"):
+        return result.done()
     await result.repack(repack_target_bytes)
     done = result.done()
     if done.deleted_indexes or done.deleted_packs or done.repacked_packs:
@@ -256,12 +275,16 @@ class _Pass:
             requests=dict(self.blobs.requests),
         )
 
-    async def delete(self) -> None:
+    async def delete(self, still_owner: Callable[[str], bool]) -> None:
         limiter = anyio.CapacityLimiter(CONCURRENCY)
 
-        async def delete(name: str, size: int, kind: str) -> None:
+        async def delete(name: str, version: str | None, size: int, kind: str) -> None:
             async with limiter:
-                await retried(f"delete {name}", partial(self.blobs.delete, name))
+                try:
+                    await retried(f"delete {name}", partial(self.blobs.delete, name, version))
+                except VersionConflict:  # changed since listed: a later pass judges it
+                    self.add("conflicts")
+                    return
             self.add(kind)
             if kind == "deleted_packs":
                 self.add("deleted_bytes", size)
@@ -273,13 +296,17 @@ class _Pass:
         with first_error():
             async with anyio.create_task_group() as tg:
                 for stored in self.plan.delete_indexes:
-                    tg.start_soon(delete, stored.name, 0, "deleted_indexes")
+                    tg.start_soon(delete, stored.name, stored.version, 0, "deleted_indexes")
+        if not still_owner("its pack deletes"):
+            return
         if self.contents is not None:
             self.contents.forget(packs=[p.id for p in self.plan.delete_packs])
         with first_error():
             async with anyio.create_task_group() as tg:
                 for pack in self.plan.delete_packs:
-                    tg.start_soon(delete, pack.name, pack.size, "deleted_packs")
+                    tg.start_soon(
+                        delete, pack.name, pack.version or None, pack.size, "deleted_packs"
+                    )
 
     async def repack(self, target_bytes: int) -> None:
         if not self.plan.repack:

@@ -98,6 +98,8 @@ class StoredPack(msgspec.Struct, frozen=True):
     size: int
     #: Seconds since the epoch; 0 when the listing did not say.
     written_at: float
+    #: Its version as listed: a delete names it (``If-Match``).
+    version: str = ""
 
 
 class Listing(msgspec.Struct, frozen=True):
@@ -140,7 +142,9 @@ def classify(listed: Iterable[ListedLike], namespace: str, query_id: str) -> Lis
                 )
             )
         elif pack_id is not None and rest.count("/") == 1:
-            packs[pack_id] = StoredPack(blob.name, pack_id, blob.size, _seconds(blob.last_modified))
+            packs[pack_id] = StoredPack(
+                blob.name, pack_id, blob.size, _seconds(blob.last_modified), blob.version
+            )
         elif rest == MARKS:
             marks_version = blob.version
         else:

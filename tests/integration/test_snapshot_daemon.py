@@ -291,7 +291,12 @@ def test_a_snapshot_after_another_owner_pruned_names_no_pack_that_is_gone(
             return len(packs)
 
     assert anyio.run(another_owner_prunes) > 0
-    wait_for(lambda: "-> HELD" in daemon.log().split("renewal refused")[-1], 30, "a new term")
+
+    def retaken() -> bool:  # the loss noticed (its renewal refused), then held again
+        log = daemon.log()
+        return "renewal refused" in log and "-> HELD" in log.split("renewal refused")[-1]
+
+    wait_for(retaken, 30, "a new term")
     commit(daemon, ck)
     wait_for(lambda: snapshots(env)[0]["batch_id"] == 2, 30, "batch 2's")
     assert daemon.stop() == 0

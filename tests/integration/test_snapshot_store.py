@@ -1247,3 +1247,60 @@ async def test_packs_larger_than_a_block_go_up_in_blocks_and_come_back_whole(
         name = pack_name(namespace, QUERY_ID, next(iter(result.index.packs)))
         with pytest.raises(VersionConflict):
             await blobs.put(name, chunks_of(b"x" * 200_000, 200_000))
+
+
+async def test_a_prune_stops_at_the_phase_where_its_owner_lost_the_query(
+    blobs: SnapshotBlobs, namespace: str, tmp_path: Path
+) -> None:
+    # Six snapshots, two kept. The owner loses the query's lease after the marks are written
+    # (a new owner may be pruning by now): the pass deletes nothing; its owner back, the
+    # next pass does it all.
+    ck = HdfsCheckpoint(tmp_path / "ck", partitions=4, snapshot_every=2)
+    for _ in range(6):
+        ck.batch()
+        await snapshot(ck, blobs, namespace, Contents())
+    asked: list[bool] = []
+
+    def owner() -> bool:
+        asked.append(len(asked) < 1)  # owned for the marks, lost before the deletes
+        return asked[-1]
+
+    stopped = await prune(blobs, namespace, QUERY_ID, retain=2, named=None, grace_s=0, owner=owner)
+    assert asked == [True, False]
+    assert (stopped.deleted_indexes, stopped.deleted_packs) == (0, 0)
+    assert len(await consistent(blobs, namespace)) == 6
+    done = await prune(blobs, namespace, QUERY_ID, retain=2, named=None, grace_s=0)
+    assert done.deleted_indexes == 4 and len(await consistent(blobs, namespace)) == 2
+
+
+async def test_a_prune_deletes_no_blob_changed_since_it_listed_it(
+    blobs: SnapshotBlobs, namespace: str, tmp_path: Path
+) -> None:
+    # An index beyond retention is rewritten (by another pass's repack) between this pass's
+    # listing and its delete: the delete names the version listed and is refused; the index
+    # stays for a later pass to judge, the others go.
+    ck = HdfsCheckpoint(tmp_path / "ck", partitions=4, snapshot_every=2)
+    for _ in range(4):
+        ck.batch()
+        await snapshot(ck, blobs, namespace, Contents())
+    oldest = classify(await blobs.list(prefix(namespace, QUERY_ID)), namespace, QUERY_ID)
+    target = oldest.indexes[-1]
+
+    class RewrittenFirst(Faulty):
+        def counted(self) -> RewrittenFirst:
+            return RewrittenFirst(self.inner.counted(), self.rules)
+
+        async def delete(self, name: str, version: str | None = None) -> bool:
+            if name == target.name:
+                got = await self.inner.read(name)
+                assert got is not None and version == target.version
+                await self.inner.replace(name, got[0], got[1])  # same body, a new version
+            return await super().delete(name, version)
+
+    result = await prune(
+        RewrittenFirst(blobs), namespace, QUERY_ID, retain=1, named=None, grace_s=3600
+    )
+    left = {s.name for s in classify(await blobs.list(prefix(namespace, QUERY_ID)), namespace,
+                                     QUERY_ID).indexes}  # fmt: skip
+    assert result.deleted_indexes == 2 and result.conflicts >= 1
+    assert target.name in left and len(left) == 2

@@ -244,7 +244,7 @@ def test_a_listing_is_sorted_into_indexes_packs_marks_and_others() -> None:
     ]
     listing = classify(listed, NS, QID)
     assert [(i.batch, i.id[0]) for i in listing.indexes] == [(12, "3"), (12, "2"), (3, "1")]
-    assert listing.packs == {pid: StoredPack(pack_name(NS, QID, pid), pid, 99, t.timestamp())}
+    assert listing.packs == {pid: StoredPack(pack_name(NS, QID, pid), pid, 99, t.timestamp(), "vp")}
     assert listing.marks_version == "vm" and len(listing.other) == 2
 
 
