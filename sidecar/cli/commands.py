@@ -187,7 +187,11 @@ def snapshot_command(args: argparse.Namespace, config: Config) -> int:
     from sidecar.ops import restore  # the snapshot modules, only for these commands
 
     try:
+        if args.command == "snapshots" and args.check:
+            return _check(config, args)
         if args.command == "snapshots":
+            if args.read_data:
+                raise ConfigError("--read-data goes with --check")
             query_id, name, found = anyio.run(restore.snapshots, config, args.query)
             if args.json:
                 rows = [restore.row(i) for i in found]
@@ -239,6 +243,24 @@ def snapshot_command(args: argparse.Namespace, config: Config) -> int:
                   f"{r.snapshot}) into {r.directory}: {r.files} files, {r.bytes} bytes, "
                   f"checksums verified, in {r.seconds:.2f}s; {r.checkpoint}")  # fmt: skip
     return EXIT_OK if all(r.ok for r in done) else EXIT_FAILURE
+
+
+def _check(config: Config, args: argparse.Namespace) -> int:
+    """``snapshots QUERY --check [--read-data]``: 0 every snapshot can be restored, 1 not."""
+    from sidecar.ops import restore
+
+    check = functools.partial(restore.check, config, args.query, read_data=args.read_data)
+    query_id, name, found = anyio.run(check)
+    broken = [c for c in found if c.problem is not None]
+    if args.json:
+        print(msgspec.json.encode({"query_id": query_id, "name": name, "checked": found}).decode())
+    else:
+        how = "every file read back and verified" if args.read_data else "indexes and packs"
+        print(f"query {name or '-'} ({query_id}): {len(found)} snapshot(s) checked ({how}), "
+              f"{len(broken)} cannot be restored")  # fmt: skip
+        for c in found:
+            print(f"  batch {c.batch_id:>8}  {c.id}  {'ok' if c.problem is None else c.problem}")
+    return EXIT_FAILURE if broken else EXIT_OK
 
 
 def doctor(config: Config, *, as_json: bool) -> int:

@@ -239,6 +239,18 @@ def _add_snapshot_commands(sub: Any) -> None:
         "was taken from. Reads the blobs directly.",
     )
     listing.add_argument("query", metavar="QUERY", help="query name or query id")
+    listing.add_argument(
+        "--check",
+        action="store_true",
+        help="check that each snapshot can be restored: its index readable and every pack it "
+        "names stored (one listing; exit code 1 if any cannot)",
+    )
+    listing.add_argument(
+        "--read-data",
+        action="store_true",
+        help="with --check: also read every file back and verify its checksum (restores each "
+        "snapshot into a temporary directory: its size on disk, one at a time)",
+    )
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     _add_settings(listing)
     back = sub.add_parser(
@@ -252,8 +264,10 @@ def _add_snapshot_commands(sub: Any) -> None:
         "and Event Hubs checkpoints are set back with it on purpose, each move logged. The "
         "state moves with the offsets, so a stateful query may move back. Refuses a non-empty "
         "DIR unless --force. `restore --all ROOT` is an init container's form: every query "
-        "with a snapshot back to where it was taken from under ROOT, skipping a directory "
-        "that holds a checkpoint at least as new. A sink that skips batch ids it already "
+        "with a snapshot back to where it was taken from under ROOT, keeping a directory "
+        "that holds the query's checkpoint at least as new and never writing over another "
+        "query's (docs/snapshots.md has the table); one line per query, each failure its "
+        "own. A sink that skips batch ids it already "
         "committed (Delta, the file sink) skips the batches replayed after the restored one: "
         "docs/snapshots.md. Exit code 0 done, 1 refused or failed, 2 bad usage.",
     )

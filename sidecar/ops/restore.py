@@ -47,7 +47,13 @@ from sidecar.errors import AdminRefused, NotFound, SidecarError
 from sidecar.model.spark_dir import SparkCheckpointError, parse_query_metadata
 from sidecar.ops import admin_tool, spark_import
 from sidecar.snapshot.index import SnapshotIndex, all_prefix
-from sidecar.snapshot.restore import find_snapshot, list_snapshots, restore
+from sidecar.snapshot.restore import (
+    Checked,
+    check_snapshots,
+    find_snapshot,
+    list_snapshots,
+    restore,
+)
 from sidecar.store.blobs import BlobStore, newest_named
 from sidecar.store.snapshots import SnapshotBlobs
 
@@ -158,6 +164,21 @@ async def snapshots(config: Config, query: str) -> tuple[str, str | None, list[S
             name,
             await list_snapshots(SnapshotBlobs(store), config.namespace, query_id),
         )
+    finally:
+        await store.aclose()
+
+
+async def check(
+    config: Config, query: str, *, read_data: bool = False
+) -> tuple[str, str | None, list[Checked]]:
+    """The query's id, name and each of its snapshots checked (``snapshots --check``)."""
+    store = BlobStore(config)
+    try:
+        query_id, name = await resolve(store, query)
+        found = await check_snapshots(
+            SnapshotBlobs(store), config.namespace, query_id, read_data=read_data
+        )
+        return query_id, name, found
     finally:
         await store.aclose()
 

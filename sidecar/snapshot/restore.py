@@ -31,7 +31,9 @@
   restore left is removed by the next restore into the same ``dest``.
 
 :func:`list_snapshots` and :func:`find_snapshot` read a query's indexes for ``snapshots`` and
-``restore [--batch N]``.
+``restore [--batch N]``; :func:`check_snapshots` (restic's ``check``) says of each kept
+snapshot whether it can be restored: its index readable and every pack it names stored and
+long enough, and with ``read_data`` every file read back and its checksum verified.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import hashlib
 import logging
 import os
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -53,7 +56,7 @@ import anyio.abc
 import anyio.to_thread
 import msgspec
 
-from sidecar.errors import SidecarError
+from sidecar.errors import CorruptRecord, SidecarError
 from sidecar.snapshot import crc
 from sidecar.snapshot.index import SnapshotIndex, new_id, pack_name, prefix
 from sidecar.snapshot.retention import StoredIndex, classify
@@ -641,6 +644,69 @@ async def find_snapshot(
         f"query {query_id} has no snapshot {what} (batches with one: {shown})",
         available=available,
     )
+
+
+class Checked(msgspec.Struct, frozen=True):
+    """One snapshot as :func:`check_snapshots` found it."""
+
+    batch_id: int
+    id: str
+    #: None: it can be restored; else why not (the index unreadable, a pack missing or cut
+    #: short, a file whose bytes are not the ones the index names).
+    problem: str | None = None
+
+
+async def check_snapshots(
+    blobs: SnapshotStore,
+    namespace: str,
+    query_id: str,
+    *,
+    read_data: bool = False,
+    scratch: Path | None = None,
+) -> list[Checked]:
+    """Each of the query's snapshots, newest first, checked: its index read, every pack it
+    names listed and long enough; with ``read_data``, restored into a temporary directory
+    under ``scratch`` (default: the system's) and removed, every file's size and checksum
+    verified on the way. A snapshot that fails says why; the others are still checked.
+
+    Raises:
+        SidecarError: the store cannot be listed (after retries).
+    """
+    out: list[Checked] = []
+    for stored in await _indexes(blobs, namespace, query_id):
+        try:
+            got = await read_index(blobs, stored.name)
+        except CorruptRecord as exc:
+            out.append(Checked(stored.batch, stored.id, f"its index cannot be read: {exc}"))
+            continue
+        if got is None:
+            continue  # deleted since the listing (a prune)
+        index = got[0]
+        try:
+            if read_data:
+                await _read_back(index, blobs, namespace, scratch)
+            else:
+                await _check_packs(index, blobs, namespace, anyio.Event())
+        except RestoreError as exc:
+            out.append(Checked(stored.batch, stored.id, str(exc)))
+            continue
+        out.append(Checked(stored.batch, stored.id))
+    return out
+
+
+async def _read_back(
+    index: SnapshotIndex, blobs: SnapshotStore, namespace: str, scratch: Path | None
+) -> None:
+    """Restore ``index`` into a temporary directory (every checksum verified), then remove it."""
+    top = Path(
+        await anyio.to_thread.run_sync(
+            partial(tempfile.mkdtemp, prefix=".snapshot-check-", dir=scratch)
+        )
+    )
+    try:
+        await restore(index, blobs, namespace, top / "checkpoint")
+    finally:
+        await anyio.to_thread.run_sync(partial(shutil.rmtree, top, ignore_errors=True))
 
 
 async def _indexes(blobs: SnapshotStore, namespace: str, query_id: str) -> list[StoredIndex]:

@@ -1304,3 +1304,33 @@ async def test_a_prune_deletes_no_blob_changed_since_it_listed_it(
                                      QUERY_ID).indexes}  # fmt: skip
     assert result.deleted_indexes == 2 and result.conflicts >= 1
     assert target.name in left and len(left) == 2
+
+
+async def test_check_finds_each_snapshot_that_cannot_be_restored(
+    blobs: SnapshotBlobs, namespace: str, tmp_path: Path
+) -> None:
+    # Three snapshots, each with a pack of its own (every file is new in each). The newest's
+    # pack is damaged (same size, other bytes): only reading it back finds that. The oldest's
+    # is deleted: a listing finds that. The middle one is whole.
+    ck = HdfsCheckpoint(tmp_path / "ck", partitions=2, delta_bytes=400)
+    made = []
+    for _ in range(3):
+        ck.batch()
+        made.append((await snapshot(ck, blobs, namespace, Contents())).index)
+    own = [set(i.packs) - set().union(*(set(o.packs) for o in made if o is not i)) for i in made]
+    assert all(own), "each snapshot has a pack no other uses"
+    gone = pack_name(namespace, QUERY_ID, sorted(own[0])[0])
+    await blobs.delete(gone)
+    damaged = pack_name(namespace, QUERY_ID, sorted(own[2])[0])
+    body, version = await blobs.read(damaged) or (b"", "")
+    await blobs.replace(damaged, bytes([body[0] ^ 0xFF]) + body[1:], version)
+
+    listed = await restore_module.check_snapshots(blobs, namespace, QUERY_ID)
+    assert [(c.batch_id, c.problem is None) for c in listed] == [(2, True), (1, True), (0, False)]
+    assert listed[2].problem is not None and gone in listed[2].problem
+    read = await restore_module.check_snapshots(
+        blobs, namespace, QUERY_ID, read_data=True, scratch=tmp_path
+    )
+    assert [(c.batch_id, c.problem is None) for c in read] == [(2, False), (1, True), (0, False)]
+    assert read[0].problem is not None and damaged in read[0].problem
+    assert leftovers(tmp_path) == []  # nothing left behind
