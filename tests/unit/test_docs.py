@@ -119,6 +119,25 @@ def test_docs_and_manifests_name_only_real_settings() -> None:
     assert not unknown, f"not settings of the daemon: {sorted(unknown)}"
 
 
+def test_the_driver_side_is_installed_as_the_bridge_everywhere() -> None:
+    # One install story: a Spark driver installs checkpoint-sidecar-bridge (Python 3.8+, no
+    # dependencies); `pip install checkpoint-sidecar` (Python 3.11+) is the daemon's and
+    # fails on the Spark 3.5 images. A page saying the latter for a driver misleads.
+    pages = [*DOCS, REPO_ROOT / "pyproject.toml", REPO_ROOT / "spark_bridge" / "README.md"]
+    wrong = {
+        f"{path.relative_to(REPO_ROOT)}:{number}"
+        for path in pages
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"checkpoint-sidecar\[bridge\]|…\[bridge\]", line)
+        or (
+            re.search(r"pip install ['\"]?checkpoint-sidecar(?![-\w\[])", line)
+            and re.search(r"driver|spark-submit", line, re.I)
+        )
+    }
+    assert not wrong, f"the driver installs checkpoint-sidecar-bridge, not: {sorted(wrong)}"
+    assert "pip install checkpoint-sidecar-bridge" in README.read_text()
+
+
 # --- metrics -------------------------------------------------------------------------------
 
 #: name as exported -> (type, label names, {label: the values exported from the start}).
