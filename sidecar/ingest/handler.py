@@ -143,13 +143,17 @@ class RequestHandler:
         self._stale = metrics.updates.labels("stale")
         self._no_offsets = metrics.updates.labels("no_offsets")
         self._rejected = metrics.updates.labels("rejected")
-        #: Whether a Spark listener has sent a progress update since the daemon started.
+        #: Whether a Spark listener has sent a progress update since the daemon started, and
+        #: when the last one arrived (Unix seconds; read at scrape time, not set per update).
         self.listener_seen = False
+        self.last_update = 0.0
+        metrics.last_update.set_function(lambda: self.last_update)
 
     async def begin(self, event: Event) -> Answer:
         """Start handling ``event`` (a progress is submitted to Redis now); its answer."""
         started = time.perf_counter()
         if isinstance(event, Progress):
+            self.last_update = time.time()
             if not self.listener_seen:
                 self._first_progress(event)
             if self._heard is not None:

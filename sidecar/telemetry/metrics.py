@@ -118,6 +118,12 @@ class Metrics:
             "(the listener connects at its query's first progress), 0 until then",
             registry=r,
         )
+        self.last_update = Gauge(
+            "checkpoint_sidecar_last_update_timestamp_seconds",
+            "When the last progress update of any Spark listener arrived, Unix seconds (0 "
+            "before the first): a listener that connected and went quiet shows as its age",
+            registry=r,
+        )
         self.redis_resets = Counter(
             "checkpoint_sidecar_redis_resets",
             "Times Redis lost the namespace's data while the daemon ran (restart without AOF, "

@@ -26,6 +26,7 @@ import logging
 import math
 import ssl
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -357,3 +358,23 @@ async def test_listener_seen_turns_1_at_the_first_progress_only(
             assert metric_value(text, seen) == 1
     first = [r for r in caplog.records if r.getMessage().startswith("first progress update")]
     assert len(first) == 1 and "batch=1" in first[0].getMessage()
+
+
+async def test_the_last_updates_time_is_exported_for_a_listener_that_goes_quiet(
+    make_config: ConfigFactory,
+) -> None:
+    # A ping or a lookup is no listener's progress: only progress updates move it.
+    config = make_config()
+    last = "checkpoint_sidecar_last_update_timestamp_seconds"
+    async with running_daemon(config) as daemon:
+        assert sample(daemon, last) == 0
+        async with await SidecarClient.connect(config.socket_path) as c:
+            before = time.time()
+            assert (await c.progress(kafka_progress(QID, 1))).applied
+            after = time.time()
+            at = sample(daemon, last)
+            assert before <= at <= after
+            assert (await c.ping()).ok and (await c.get(QID)).ok
+            assert sample(daemon, last) == at
+        _, text = await anyio.to_thread.run_sync(scrape, daemon)
+        assert metric_value(text, last) == at
