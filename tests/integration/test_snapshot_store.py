@@ -1249,16 +1249,25 @@ async def test_packs_larger_than_a_block_go_up_in_blocks_and_come_back_whole(
             await blobs.put(name, chunks_of(b"x" * 200_000, 200_000))
 
 
+async def snapshots_of(
+    ck: HdfsCheckpoint, count: int, blobs: SnapshotStore, namespace: str
+) -> list[SnapshotIndex]:
+    """``count`` batches of ``ck``, each snapshotted (knowing nothing stored before it)."""
+    made = []
+    for _ in range(count):
+        ck.batch()
+        made.append((await snapshot(ck, blobs, namespace, Contents())).index)
+    return made
+
+
 async def test_a_prune_stops_at_the_phase_where_its_owner_lost_the_query(
     blobs: SnapshotBlobs, namespace: str, tmp_path: Path
 ) -> None:
     # Six snapshots, two kept. The owner loses the query's lease after the marks are written
     # (a new owner may be pruning by now): the pass deletes nothing; its owner back, the
     # next pass does it all.
-    ck = HdfsCheckpoint(tmp_path / "ck", partitions=4, snapshot_every=2)
-    for _ in range(6):
-        ck.batch()
-        await snapshot(ck, blobs, namespace, Contents())
+    await snapshots_of(HdfsCheckpoint(tmp_path / "ck", partitions=4, snapshot_every=2), 6, blobs,
+                       namespace)  # fmt: skip
     asked: list[bool] = []
 
     def owner() -> bool:
@@ -1279,10 +1288,8 @@ async def test_a_prune_deletes_no_blob_changed_since_it_listed_it(
     # An index beyond retention is rewritten (by another pass's repack) between this pass's
     # listing and its delete: the delete names the version listed and is refused; the index
     # stays for a later pass to judge, the others go.
-    ck = HdfsCheckpoint(tmp_path / "ck", partitions=4, snapshot_every=2)
-    for _ in range(4):
-        ck.batch()
-        await snapshot(ck, blobs, namespace, Contents())
+    await snapshots_of(HdfsCheckpoint(tmp_path / "ck", partitions=4, snapshot_every=2), 4, blobs,
+                       namespace)  # fmt: skip
     oldest = classify(await blobs.list(prefix(namespace, QUERY_ID)), namespace, QUERY_ID)
     target = oldest.indexes[-1]
 
@@ -1312,11 +1319,9 @@ async def test_check_finds_each_snapshot_that_cannot_be_restored(
     # Three snapshots, each with a pack of its own (every file is new in each). The newest's
     # pack is damaged (same size, other bytes): only reading it back finds that. The oldest's
     # is deleted: a listing finds that. The middle one is whole.
-    ck = HdfsCheckpoint(tmp_path / "ck", partitions=2, delta_bytes=400)
-    made = []
-    for _ in range(3):
-        ck.batch()
-        made.append((await snapshot(ck, blobs, namespace, Contents())).index)
+    made = await snapshots_of(
+        HdfsCheckpoint(tmp_path / "ck", partitions=2, delta_bytes=400), 3, blobs, namespace
+    )
     own = [set(i.packs) - set().union(*(set(o.packs) for o in made if o is not i)) for i in made]
     assert all(own), "each snapshot has a pack no other uses"
     gone = pack_name(namespace, QUERY_ID, sorted(own[0])[0])

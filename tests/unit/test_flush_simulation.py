@@ -398,6 +398,17 @@ def sources_of(c: ckpt.Checkpoint) -> ckpt.Checkpoint:
     )
 
 
+def reset_to(query: str, batch: int, reason: str) -> Reset:
+    """``checkpoint-sidecar reset --offsets`` of ``query`` to ``batch`` (forced)."""
+    return Reset(
+        reason=reason,
+        query_id=query,
+        sources=(SourceSpec(end_offset=batch, description="rate"),),
+        batch_id=batch,
+        force=True,
+    )
+
+
 def answered(a: BlobAck) -> bool:
     """The ack's wait ended with an answer (durable or timed out), not not_owner."""
     return a.task.done() and not a.task.cancelled() and a.task.exception() is None
@@ -788,16 +799,9 @@ class FlushSimulation(RuleBasedStateMachine):
         if held is None:
             return
         target = max(0, held - back)
-        request = Reset(
-            reason="sim",
-            query_id=query,
-            sources=(SourceSpec(end_offset=target, description="rate"),),
-            batch_id=target,
-            force=True,
-        )
         self.store.lowering.add(query)
         try:
-            self.run(self.daemon.admin(request))
+            self.run(self.daemon.admin(reset_to(query, target, "sim")))
         except SidecarError:
             pass
         finally:
@@ -890,17 +894,10 @@ class FlushSimulation(RuleBasedStateMachine):
         if self.twin is None or held is None or self.store.down:
             return
         target = max(0, held - back)
-        request = Reset(
-            reason="twin",
-            query_id=query,
-            sources=(SourceSpec(end_offset=target, description="rate"),),
-            batch_id=target,
-            force=True,
-        )
         self.store.break_lease(query)
         self.store.lowering.add(query)
         try:
-            self.run(self.twin.admin(request))
+            self.run(self.twin.admin(reset_to(query, target, "twin")))
         except SidecarError:
             pass
         finally:
