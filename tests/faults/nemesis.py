@@ -59,8 +59,9 @@ KINDS = (
     "lease broken",
     "kill -9 store",
 )
-#: Azurite saves its metadata every 5 s: a kill sooner after its start would lose the container
-#: itself (a store that lost everything, not its last writes).
+#: Azurite keeps its metadata (which blobs exist, their versions) in memory and saves it every
+#: 5 s (its LokiJS store's autosave): a SIGKILL loses what changed since the last save, and one
+#: sooner than this after its start the container itself (a store that lost everything).
 AZURITE_SAVE_S = 5.5
 QUERIES = 6
 NAMESPACE = "soak"

@@ -25,16 +25,13 @@ import anyio
 import pytest
 
 from tests.faults.load import metric, run_load
-from tests.faults.nemesis import SETTINGS, _listening
+from tests.faults.nemesis import AZURITE_SAVE_S, SETTINGS, _listening
 from tests.services import Azurite, DaemonProcess, RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 #: How long after the store's return every blob must hold what was acknowledged by then.
 CONVERGE_S = 30.0
-#: Azurite keeps its metadata (which blobs exist, their versions) in memory and saves it every
-#: 5 s (its LokiJS store's autosave): a SIGKILL loses what changed since the last save.
-AZURITE_SAVE_S = 5.5
 #: How long after one of its saves the store is killed: the writes it loses.
 LOSE_S = 2.0
 
