@@ -366,10 +366,16 @@ class BlobStates:
         resets: int,
         since: int,
         recorded_reset: str | None = None,
+        *,
+        judge: bool = False,
     ) -> None:
         """Redis' flushed batch of the query, its reset count and the reset record of the
-        document that batch is in, read at stamp ``since``."""
-        self._answer(self._core.redis_says(query_id, batch_id, resets, since, recorded_reset))
+        document that batch is in, read at stamp ``since``; ``judge``: read by a flush right
+        after its read of the blob (``FlushCore.redis_says``)."""
+        answered = self._core.redis_says(
+            query_id, batch_id, resets, since, recorded_reset, judge=judge
+        )
+        self._answer(answered)
         self._report(query_id)
 
     def _report(self, query_id: str) -> None:

@@ -614,12 +614,16 @@ class FlushCore(Generic[W, L]):
         resets: int,
         since: int,
         recorded_reset: str | None = None,
+        *,
+        judge: bool = False,
     ) -> list[W]:
         """Redis says the blob got ``batch`` (its flushed batch id, None: none recorded; read
         at stamp ``since``, with the query's reset count ``resets`` and the reset record of the
         document that batch is in, ``recorded_reset``): evidence unless newer evidence arrived
-        since; the acks it answers. After a read under the lease held now, it is the check of
-        the blob against Redis: a blob below it is :class:`Behind` (:meth:`take_behind`)."""
+        since; the acks it answers. With ``judge`` (the flush's own read of Redis after its
+        read of the blob, under its lock: no admin op is half done), after a read under the
+        lease held now, it is the check of the blob against Redis: a blob below it, or with a
+        reset Redis never kept, is :class:`Behind` (:meth:`take_behind`)."""
         q = self._queries.get(query_id)
         if q is None or q.evidence > since:
             return []
@@ -628,7 +632,7 @@ class FlushCore(Generic[W, L]):
         term = self._held_term(q)
         answered = [] if batch is None else self._advance(q, RedisSays(batch, reset, term))
         blob = q.blob
-        if isinstance(blob, Seen) and term is not None and blob.read_under == term:
+        if judge and isinstance(blob, Seen) and term is not None and blob.read_under == term:
             q.unverified = False  # read under the lease, then Redis: compared
             if batch is not None and not reset and batch > blob.batch:
                 doc = blob.stored.document

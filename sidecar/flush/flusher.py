@@ -347,9 +347,14 @@ class Flusher:
         rows = await self._buffer.snapshot([q.query_id], only=True)
         self._metrics.flush_bodies_read.inc(len(rows.queries))
         fresh = next((r for r in rows.queries if r.query_id == q.query_id), None)
-        if fresh is not None:
+        if fresh is not None:  # the blob was read just before, under this flush's lock
             self._blobs.flushed_in_redis(
-                q.query_id, fresh.flushed_batch_id, fresh.resets, since, fresh.flushed_reset
+                q.query_id,
+                fresh.flushed_batch_id,
+                fresh.resets,
+                since,
+                fresh.flushed_reset,
+                judge=True,
             )
         # Nothing pending, yet the blob below the row: the store lost what was flushed.
         if fresh is None or (

@@ -166,11 +166,13 @@ def test_a_blob_read_under_the_lease_below_redis_went_back_and_is_written_over()
     since = core.stamp
     core.read(Q, AT_3.stored, since, term=4)
     # Redis' flushed batch 6, its document without a reset record, as this one
-    core.redis_says(Q, 6, 0, core.stamp, recorded_reset="")
+    core.redis_says(Q, 6, 0, core.stamp, recorded_reset="", judge=True)
     assert core.take_behind(Q) == Behind(3, 6) and core.take_behind(Q) is None  # said once
     plan = core.plan(Q, 7)
     assert plan.step is Step.WRITE and plan.base == READ_3
-    core.redis_says(Q, 6, 0, core.stamp, recorded_reset="")  # again before the write: no news
+    core.redis_says(
+        Q, 6, 0, core.stamp, recorded_reset="", judge=True
+    )  # again before the write: no news
     assert core.take_behind(Q) is None and core.behind(Q) == Behind(3, 6)
     assert core.begin_write(Q, READ_3)
     core.wrote(Q, AT_7)
@@ -180,7 +182,7 @@ def test_a_blob_read_under_the_lease_below_redis_went_back_and_is_written_over()
 def test_a_read_begun_under_another_term_proves_nothing() -> None:
     core = held_core(term=5)
     core.read(Q, AT_3.stored, core.stamp, term=4)  # begun before the lease came back
-    core.redis_says(Q, 6, 0, core.stamp, recorded_reset="")
+    core.redis_says(Q, 6, 0, core.stamp, recorded_reset="", judge=True)
     assert core.behind(Q) is None and core.plan(Q, 7).step is Step.READ
 
 
@@ -188,7 +190,7 @@ def test_a_reset_this_redis_never_recorded_is_never_written_over() -> None:
     core = held_core()
     reset = reset_document(document(Q, 9), checkpoint(Q, 3), WRITER, reason="twin", history_size=4)
     core.read(Q, Stored('"r3"', reset), core.stamp, term=4)
-    core.redis_says(Q, 6, 0, core.stamp, recorded_reset="")
+    core.redis_says(Q, 6, 0, core.stamp, recorded_reset="", judge=True)
     behind = core.take_behind(Q)
     assert behind is not None and behind.reset == reset
     assert core.plan(Q, 7).step is Step.REFUSE
@@ -216,7 +218,7 @@ def test_a_renewal_reporting_another_version_makes_the_blob_unverified() -> None
     core.lease_version(Q, '"v9"')  # changed under the lease
     assert core.unverified() == [Q] and core.due(Q) and core.plan(Q, 7).step is Step.READ
     core.read(Q, AT_3.stored, core.stamp, term=4)
-    core.redis_says(Q, 3, 0, core.stamp, recorded_reset="")  # compared: nothing behind
+    core.redis_says(Q, 3, 0, core.stamp, recorded_reset="", judge=True)  # compared: nothing behind
     assert core.unverified() == [] and core.behind(Q) is None
     core.unverify(Q)  # the store's listing disagrees
     core.lapsed(Q)  # then the lease is lost: whoever holds it next judges

@@ -176,6 +176,15 @@ class SimStore(FakeBlobStore):
         del states[max(1, len(states) - back) :]
         self.bodies[query_id], self.versions[query_id] = states[-1]
         after = self.batch(query_id)
+        doc = self.document(query_id)
+        if query_id in self.sim.unrecorded and (doc is None or doc.reset_reason != "twin"):
+            # The twin's reset lost with the rest: only our Redis' word is left, as if it had
+            # never been made (the store itself undid it).
+            self.sim.unrecorded.discard(query_id)
+            self.sim.since_reset[query_id] = None
+            watch = self.sim.rewinds.get(query_id)
+            if watch is not None and watch.daemon is not self.sim.daemon:  # the twin's rewind
+                del self.sim.rewinds[query_id]
         if before is not None and (after is None or after < before):
             self.lost[query_id] = max(self.lost.get(query_id, before), before)
             self.lowering.add(query_id)
@@ -886,14 +895,16 @@ class FlushSimulation(RuleBasedStateMachine):
         except SidecarError:
             return
 
-    @rule(query=st.sampled_from(QUERIES), back=st.integers(0, 3))
+    @rule(query=st.sampled_from(QUERIES), back=st.integers(1, 3))
     def twin_resets(self, query: str, back: int) -> None:
         """An operator resets the query through the twin (its own Redis records it; ours
-        never does), our lease broken first so that the twin may take it."""
+        never does) to an earlier batch, our lease broken first so that the twin may take it.
+        Not to the batch the blob holds: a reset this Redis never recorded is told only below
+        Redis' flushed batch (a known limit: ``docs/architecture.md``)."""
         held = self.store.batch(query)
-        if self.twin is None or held is None or self.store.down:
+        if self.twin is None or held is None or held < back or self.store.down:
             return
-        target = max(0, held - back)
+        target = held - back
         self.store.break_lease(query)
         self.store.lowering.add(query)
         try:
@@ -1274,6 +1285,29 @@ FOUND: dict[str, list[Step]] = {
         lambda s: s.reset(query="q1", back=0),
         lambda s: s.store_loses_writes(query="q1", back=1),
         lambda s: s.restart(killed=False, same_pod=False, blob_mode=False),
+    ],
+    # The twin reset the query (its groups rewound with it) and stopped; the store lost that
+    # reset; the twin, back, flushed and committed a batch above the rewind. Found at 5,000
+    # examples, a defect of the simulation's model: a reset the store itself undid still
+    # held the groups to it.
+    "a twin's rewind the store lost": [
+        lambda s: s.twin_starts(),
+        lambda s: s.update(query="q2", back=0, blob_ack=True),
+        lambda s: s.twin_resets(query="q2", back=1),
+        lambda s: s.twin_stops(killed=False),
+        lambda s: s.store_crashes_and_loses_its_last_writes(back=1),
+        lambda s: s.twin_starts(),
+        lambda s: s.twin_update(query="q2", ahead=0),
+    ],
+    # The store lost the twin's reset with the rest of its last writes (the blob back to
+    # empty): ours wrote back what its Redis holds. Found at 5,000 examples, a defect of the
+    # simulation's model (it still forbade writes for a reset the store itself undid).
+    "a twin's reset lost with the store's last writes": [
+        *[lambda s: s.update(query="q2", back=0, blob_ack=True)] * 2,
+        lambda s: s.twin_starts(),
+        lambda s: s.time_passes(seconds=6.0),
+        lambda s: s.twin_resets(query="q2", back=1),
+        lambda s: s.store_crashes_and_loses_its_last_writes(back=2),
     ],
 }
 
