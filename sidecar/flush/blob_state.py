@@ -297,8 +297,6 @@ class BlobStates:
 
     def applied(self, rows: list[PendingQuery], since: int) -> None:
         self._answer(self._core.applied(rows, since))
-        for row in rows:
-            self._report(row.query_id)
 
     def void(self, query_ids: list[str]) -> None:
         self._core.rows_void(query_ids)
@@ -376,7 +374,8 @@ class BlobStates:
             query_id, batch_id, resets, since, recorded_reset, judge=judge
         )
         self._answer(answered)
-        self._report(query_id)
+        if judge:  # only a judging read finds the blob behind
+            self._report(query_id)
 
     def _report(self, query_id: str) -> None:
         """Say, once per finding, that the query's blob was found below Redis
