@@ -152,8 +152,10 @@ class SimStore(FakeBlobStore):
         self.held: list[tuple[str, bytes, str, str]] = []
         #: Each blob's states (body, version), oldest first: what losing writes goes back to.
         self.states: dict[str, list[tuple[bytes, str]]] = {}
-        #: The highest batch each blob lost to the store going back.
+        #: The highest batch each blob lost to the store going back, and the lowest batch it
+        #: held after such a loss (NO_BLOB: none): groups may come down to it.
         self.lost: dict[str, int] = {}
+        self.kept_after_loss: dict[str, int] = {}
 
     def _set(self, query_id: str, body: bytes) -> str:
         version = super()._set(query_id, body)
@@ -187,6 +189,8 @@ class SimStore(FakeBlobStore):
                 del self.sim.rewinds[query_id]
         if before is not None and (after is None or after < before):
             self.lost[query_id] = max(self.lost.get(query_id, before), before)
+            kept = NO_BLOB if after is None else after
+            self.kept_after_loss[query_id] = min(self.kept_after_loss.get(query_id, kept), kept)
             self.lowering.add(query_id)
             self._took(query_id, NO_BLOB if after is None else after, "lost")
             self.lowering.discard(query_id)
@@ -293,11 +297,14 @@ def position_landed(
     """A group's position (as a batch: Kafka's offset, an Event Hubs sequence number + 1)
     moves from ``before`` to ``at``. It goes down only as a reset's rewind landing (once, to a
     batch of that reset's), and once the rewind landed it holds only that reset's batches:
-    nothing from before the reset raises it again."""
+    nothing from before the reset raises it again. Or it goes down to a batch the blob
+    still held after the store lost writes: the batch it was committed for is gone with them,
+    and a daemon whose Redis never had it (the twin's) writes and commits what it has."""
     watch = sim.rewinds.get(query)
     ours = watch is not None and at in watch.allowed
     landed = watch.landed if watch is not None else set()
-    if before is not None and at < before and not (ours and key not in landed):
+    store_lost = at >= sim.store.kept_after_loss.get(query, at + 1)
+    if before is not None and at < before and not (ours and key not in landed) and not store_lost:
         sim.violations.append(f"{key} lowered {before} -> {at}")
     elif watch is not None and key in landed and not ours:
         sim.violations.append(
@@ -1298,6 +1305,20 @@ FOUND: dict[str, list[Step]] = {
         lambda s: s.store_crashes_and_loses_its_last_writes(back=1),
         lambda s: s.twin_starts(),
         lambda s: s.twin_update(query="q2", ahead=0),
+    ],
+    # The store lost the batch ours had flushed and committed the group for; the twin, whose
+    # Redis never had it, wrote and committed batch 0. Found at 5,000 examples, a defect of
+    # the simulation's model: a group may come down to what the store kept.
+    "a group committed for a batch the store lost": [
+        lambda s: s.twin_starts(),
+        lambda s: s.store_down(down=True),
+        lambda s: s.update(query="q2", back=0, blob_ack=False),
+        lambda s: s.store_crashes_and_loses_its_last_writes(back=1),
+        lambda s: s.twin_update(query="q2", ahead=0),
+        lambda s: s.update(query="q2", back=3, blob_ack=True),
+        lambda s: s.lease_broken(query="q2"),
+        lambda s: s.time_passes(seconds=20.0),
+        lambda s: s.store_crashes_and_loses_its_last_writes(back=2),
     ],
     # The store lost the twin's reset with the rest of its last writes (the blob back to
     # empty): ours wrote back what its Redis holds. Found at 5,000 examples, a defect of the
