@@ -194,16 +194,18 @@ def snapshot_command(args: argparse.Namespace, config: Config) -> int:
                 raise ConfigError("--read-data goes with --check")
             query_id, name, found = anyio.run(restore.snapshots, config, args.query)
             if args.json:
-                rows = [restore.row(i) for i in found]
                 print(msgspec.json.encode({"query_id": query_id, "name": name,
-                                           "snapshots": rows}).decode())  # fmt: skip
+                                           "snapshots": found}).decode())  # fmt: skip
                 return EXIT_OK
             print(f"query {name or '-'} ({query_id}): {len(found)} snapshot(s), newest first")
-            for i in found:
-                row = restore.row(i)
-                print(f"  batch {row.batch_id:>8}  {row.id}  {row.created_at}  {row.files} "
+            for row in found:
+                mark = "*" if row.marker else " "
+                print(f" {mark}batch {row.batch_id:>8}  {row.id}  {row.created_at}  {row.files} "
                       f"files  {row.bytes} bytes ({row.new_bytes} new)  "
-                      f"{row.location or '.'}")  # fmt: skip
+                      f"{row.location or '.'}  {row.line}")  # fmt: skip
+            if any(row.marker for row in found):
+                print("  * the snapshot the checkpoint names (its marker); abandoned: a rewind "
+                      "point of a timeline the query left")  # fmt: skip
             return EXIT_OK
         if args.all_root is not None:
             if args.query is not None or args.dir is not None or args.batch is not None:

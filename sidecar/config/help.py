@@ -99,8 +99,11 @@ HELP = {
         "snapshot_root": "directory holding the queries' Spark checkpoint locations, as mounted "
         "in this container (read-only is enough): each location is found by its metadata "
         "file, and the state of stateful queries is snapshotted from it (unset: off)",
-        "snapshot_retain": "snapshots kept per query (and always the one its checkpoint "
-        "document names); older ones, and bytes no kept snapshot needs, are deleted",
+        "snapshot_retain": "snapshots kept per query on its current timeline (and always the "
+        "one its checkpoint document names); older ones, and bytes no kept snapshot needs, "
+        "are deleted",
+        "snapshot_abandoned_keep_s": "seconds a snapshot of an abandoned timeline (the batches "
+        "after a rewind's point, as they were) is kept after it was taken, as a rewind point",
     },
     "admin endpoint, logging, event loop, shutdown": {
         "metrics_host": "address for /metrics, /healthz, /readyz",

@@ -206,6 +206,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     # checkpoint snapshots
     snapshot_root: AbsolutePath | None = None
     snapshot_retain: Annotated[int, Meta(ge=1, le=10_000)] = 10
+    snapshot_abandoned_keep_s: Annotated[float, Meta(ge=0, le=366 * 86400)] = 7 * 86400.0
     # admin endpoint, logging, event loop, shutdown
     metrics_host: str = "0.0.0.0"
     metrics_port: Annotated[int, Meta(ge=0, le=65535)] = 9400

@@ -171,8 +171,9 @@ class Daemon:
                 self.metrics,
                 owns=self.blobs.owner_check,
                 taken=self.blobs.snapshot_taken,
-                named=self.blobs.snapshot_named,
+                marker=self.blobs.snapshot_marker,
                 retain=config.snapshot_retain,
+                abandoned_keep_s=config.snapshot_abandoned_keep_s,
             )
         self.flusher = Flusher(
             config,

@@ -14,10 +14,17 @@ Invariants:
 - **Bounded**: at most :data:`IN_FLIGHT` snapshots at once over all queries, each upload's
   memory bounded by the upload module.
 
+- **On the document's timeline** (``sidecar.snapshot.lineage``). A snapshot is taken only
+  once the document's marker is known (seen under the lease held now); each records its
+  parent, found by content, and its timeline; a directory whose lineage leaves the marker's
+  is not snapshotted (``off_timeline``). A new run of the query that starts below the
+  newest snapshot (a rewind) is followed at once: its batches are wanted from there.
+
 Each snapshot's outcome is counted and timed; the lag (batches and seconds behind Spark's
 commits) is a gauge per query; the newest snapshot is told to the query's blob state, so the
-next checkpoint document names it. Old snapshots are pruned (retention, then a sweep of what
-no kept snapshot references, after a grace period) at most every :data:`PRUNE_EVERY_S` per
+next checkpoint document names it (if it follows the document's marker). Old snapshots are
+pruned (retention by timeline, then a sweep of what no kept snapshot references, after a
+grace period) at most every :data:`PRUNE_EVERY_S` per
 query, and once at start for what a previous run left.
 """
 
@@ -25,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import anyio
@@ -35,7 +42,9 @@ from sidecar.errors import SidecarError
 from sidecar.flush.lease import Ownership
 from sidecar.model.checkpoint import Checkpoint
 from sidecar.model.document import SnapshotRef
+from sidecar.snapshot import lineage
 from sidecar.snapshot.contents import Contents
+from sidecar.snapshot.index import SnapshotIndex
 from sidecar.snapshot.prune import prune
 from sidecar.snapshot.source import CheckpointSource, Location
 from sidecar.snapshot.upload import failure_reason, upload_snapshot
@@ -69,6 +78,10 @@ class _Query:
     """What the loop keeps of one query."""
 
     label: str
+    #: The run (Spark's run id) whose progress set ``wanted``, and how many rewinds were
+    #: followed (a snapshot begun before one does not move ``done``).
+    run_id: str | None = None
+    rewinds: int = 0
     #: Its checkpoint location under the root (None: not found there: not snapshotted, and
     #: no lag shown — its checkpoint is elsewhere).
     location: str | None = None
@@ -85,6 +98,8 @@ class _Query:
     elsewhere: bool = False
     told: bool = False
     retry_at: float = 0.0
+    #: The last off-timeline refusal said (said again only when it changes).
+    off_said: str | None = None
     pruned_at: float = float("-inf")
     contents: Contents | None = None
     #: The lease term ``contents`` was loaded under.
@@ -103,24 +118,28 @@ class Snapshotter:
         *,
         owns: Callable[[str, str], Awaitable[Ownership | None]],
         taken: Callable[[str, SnapshotRef], None],
-        named: Callable[[str], SnapshotRef | None],
+        marker: Callable[[str], tuple[bool, SnapshotRef | None]],
         retain: int,
+        abandoned_keep_s: float = 7 * 86400.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``owns(query id, label)``: None when this daemon does not hold the query's lease,
         else a check that it still does (right before the index is written), with its term:
         what is known of the query's stored contents is loaded again under a new term (another
         owner may have pruned them in between); ``taken``: told
-        each new snapshot (the blob state names it in the next document); ``named``: the
-        snapshot the query's document names (always kept); ``retain``: snapshots kept."""
+        each new snapshot (the blob state names it in the next document); ``marker``: the
+        snapshot the query's document names (always kept; its timeline is the current one)
+        and whether that is known; ``retain``: snapshots kept of the current timeline;
+        ``abandoned_keep_s``: how long one of an abandoned timeline is kept."""
         self._source = source
         self._blobs = blobs
         self._namespace = namespace
         self._metrics = metrics
         self._owns = owns
         self._taken = taken
-        self._named = named
+        self._marker = marker
         self._retain = retain
+        self._abandoned_keep_s = abandoned_keep_s
         self._clock = clock
         self._queries: dict[str, _Query] = {}
         self._locations: dict[str, str] = {}
@@ -138,6 +157,14 @@ class Snapshotter:
         q = self._queries.get(checkpoint.query_id)
         if q is None:
             q = self._queries[checkpoint.query_id] = _Query(checkpoint.label)
+        if checkpoint.run_id != q.run_id:
+            q.run_id = checkpoint.run_id
+            if checkpoint.batch_id <= q.wanted:
+                # A new run below the newest batch seen: rewound (a restore of an earlier
+                # batch). Its timeline is followed from here, not once it passes the old one.
+                q.wanted, q.done = -1, min(q.done, checkpoint.batch_id - 1)
+                q.reported.clear()
+                q.rewinds += 1
         if checkpoint.batch_id > q.wanted:
             q.wanted = checkpoint.batch_id
             if not q.elsewhere:
@@ -211,7 +238,7 @@ class Snapshotter:
         return location
 
     async def _snapshot(self, query_id: str, q: _Query) -> None:
-        batch = q.wanted
+        batch, rewinds = q.wanted, q.rewinds
         started = time.perf_counter()
         result = "error"
         try:
@@ -237,6 +264,11 @@ class Snapshotter:
                     q.retry_at = self._clock() + RELIST_S
                     return
                 q.location, q.elsewhere = location, False
+                known, _ = self._marker(query_id)
+                if not known:  # read under this lease first (the flusher does it soon)
+                    result = "waiting"
+                    q.retry_at = self._clock() + TICK_S
+                    return
                 if q.contents is None or q.contents_term != still_owner.term:
                     # Loaded again under a new term: another owner may have pruned packs
                     # since, and a snapshot must never name a pack that is gone.
@@ -251,8 +283,9 @@ class Snapshotter:
                     query_id,
                     q.contents,
                     owner=still_owner,
+                    lineage=lambda batch, shas: self._lineage(query_id, q, batch, shas),
                 )
-                self._done(query_id, q, upload.index.batch, upload.index.id)
+                self._done(query_id, q, upload.index, rewinds)
                 m = self._metrics
                 m.snapshot_bytes.labels("content").inc(upload.uploaded_bytes)
                 m.snapshot_bytes.labels("index").inc(upload.index_bytes)
@@ -267,12 +300,18 @@ class Snapshotter:
             reason = failure_reason(exc)
             if reason == "not_owner":
                 result = "not_owner"
+            elif reason == lineage.OFF_TIMELINE:
+                self._metrics.snapshot_failures.labels(reason).inc()
+                q.retry_at = self._clock() + RELIST_S  # the document is read again meanwhile
             else:
                 self._metrics.snapshot_failures.labels(reason).inc()
             if reason == "other":  # a bug: its traceback
                 log.exception("snapshot query=%s batch=%d failed unexpectedly", q.label, batch)
             else:
                 quiet = reason in ("file_changed", "cut_not_committed", "not_owner")
+                if reason == lineage.OFF_TIMELINE:  # said once per query and timeline
+                    quiet = q.off_said == str(exc)
+                    q.off_said = str(exc)
                 log.log(
                     logging.INFO if quiet else logging.WARNING,
                     "snapshot query=%s batch=%d not taken (%s): %s",
@@ -285,33 +324,58 @@ class Snapshotter:
             q.in_flight = False
             if q.wanted > q.done and result == "ok":
                 self._wake.set()  # Spark committed meanwhile: the newest batch at once
-            if result != "no_location":
+            if result not in ("no_location", "waiting"):
                 self._metrics.snapshot_seconds.observe(time.perf_counter() - started)
                 self._metrics.snapshots.labels(result).inc()
             if result == "error":
                 q.retry_at = self._clock() + RETRY_S
 
-    def _done(self, query_id: str, q: _Query, batch: int, snapshot_id: str) -> None:
-        q.done = max(q.done, batch)
+    def _lineage(
+        self, query_id: str, q: _Query, batch: int, shas: Mapping[str, bytes]
+    ) -> tuple[str | None, str]:
+        """A new snapshot's parent and timeline (``sidecar.snapshot.lineage``), against the
+        document's marker as known now.
+
+        Raises:
+            OffTimeline: the directory left the marker's timeline.
+        """
+        known, marker = self._marker(query_id)
+        if not known:
+            raise lineage.OffTimeline(
+                "the checkpoint document's marker is not known under the lease held now"
+            )
+        assert q.contents is not None
+        parent = lineage.parent_of(batch, shas, q.contents.indexes())
+        return (parent.id if parent is not None else None), lineage.place(parent, marker)
+
+    def _done(self, query_id: str, q: _Query, index: SnapshotIndex, rewinds: int) -> None:
+        batch = index.batch
+        q.off_said = None
+        if rewinds == q.rewinds:  # else of the timeline before a rewind: done stays
+            q.done = max(q.done, batch)
         for reported in [b for b in q.reported if b <= q.done]:
             del q.reported[reported]
         self._metrics.snapshot_lag_batches.labels(q.label).set(max(0, q.wanted - q.done))
         self._metrics.snapshot_batch.labels(q.label).set(q.done)
-        self._taken(query_id, SnapshotRef(batch, snapshot_id))
+        self._taken(query_id, SnapshotRef(batch, index.id, index.timeline))
 
     async def _prune(self, query_id: str, q: _Query, owner: Ownership) -> None:
         """Retention and the sweep, never beside an upload of the same query (the caller is
         that query's one snapshot in flight), only by the owner."""
+        known, marker = self._marker(query_id)
+        if not known:
+            return  # what the document names is not known: nothing may be deleted
         try:
             pruned = await prune(
                 self._blobs,
                 self._namespace,
                 query_id,
                 retain=self._retain,
-                named=self._named(query_id),
+                named=marker,
                 contents=q.contents,
                 grace_s=GRACE_S,
                 owner=owner,
+                abandoned_s=self._abandoned_keep_s,
             )
         except SidecarError as exc:
             log.warning("snapshot query=%s: prune failed (tried again later): %s", q.label, exc)

@@ -536,9 +536,10 @@ class BlobStates:
         """The newest snapshot of the query known here (the next document names it)."""
         return self._core.snapshot_of(query_id)
 
-    def snapshot_named(self, query_id: str) -> SnapshotRef | None:
-        """The snapshot the query's document names, as last seen (always kept)."""
-        return self._core.snapshot_named(query_id)
+    def snapshot_marker(self, query_id: str) -> tuple[bool, SnapshotRef | None]:
+        """The snapshot the query's document names (its marker: always kept), and whether
+        that is known (seen under the lease held now; else the blob is read soon)."""
+        return self._core.snapshot_marker(query_id)
 
     async def owner_check(self, query_id: str, label: str) -> Ownership | None:
         """None unless this daemon holds the query's lease (acquired if due); else a check,

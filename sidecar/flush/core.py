@@ -86,7 +86,7 @@ from sidecar.backoff import Backoff
 from sidecar.buffer.lua import NO_BLOB
 from sidecar.buffer.rows import PendingQuery
 from sidecar.flush.lease import LeaseState, QueryLease
-from sidecar.model.document import CheckpointDocument, SnapshotRef, Stored
+from sidecar.model.document import CheckpointDocument, SnapshotRef, Stored, follows
 
 #: A waiting ack's handle: whatever the shell settles when its batch is durable.
 W = TypeVar("W")
@@ -488,7 +488,10 @@ class FlushCore(Generic[W, L]):
             if isinstance(event, Wrote):
                 q.reported = None  # written: a later finding is news again
         if isinstance(q.blob, Seen) and q.blob.stored.document is not None:
-            q.named = q.blob.stored.document.snapshot or q.named
+            q.named = q.blob.stored.document.snapshot
+            ours = q.snapshot
+            if ours is not None and ours != q.named and not follows(ours, q.named):
+                q.snapshot = None  # of another timeline than the document's (a reset's)
         return self._durable(q)
 
     # --- the floor (ingest) ----------------------------------------------------------------
@@ -806,22 +809,30 @@ class FlushCore(Generic[W, L]):
         return self._durable(q) if q is not None else []
 
     def snapshot_taken(self, query_id: str, ref: SnapshotRef) -> None:
-        """A snapshot of the query was written: its next document names it (a query retired
-        meanwhile stays forgotten)."""
+        """A snapshot of the query was written: its next document names it if it follows the
+        document's marker (``follows``; a query retired meanwhile stays forgotten). A query's
+        snapshots are taken one at a time, so the last told is the newest."""
+        q = self._queries.get(query_id)
+        if q is not None:
+            q.snapshot = ref
+
+    def snapshot_marker(self, query_id: str) -> tuple[bool, SnapshotRef | None]:
+        """The marker of the query's document, and whether it is known: the blob seen (read
+        or written) while this daemon holds its lease — it moves only under that lease. Not
+        known (another process may have reset it meanwhile): the blob is read at the next
+        flush check."""
         q = self._queries.get(query_id)
         if q is None:
-            return
-        if q.snapshot is None or ref.batch_id >= q.snapshot.batch_id:
-            q.snapshot = ref
+            return False, None
+        blob = q.blob.base if isinstance(q.blob, Writing) else q.blob
+        if self._held_term(q) is None or not isinstance(blob, Seen):
+            q.unverified = True
+            return False, None
+        return True, q.named
 
     def snapshot_of(self, query_id: str) -> SnapshotRef | None:
         q = self._queries.get(query_id)
         return q.snapshot if q is not None else None
-
-    def snapshot_named(self, query_id: str) -> SnapshotRef | None:
-        """The snapshot the query's document names, as last seen here."""
-        q = self._queries.get(query_id)
-        return q.named if q is not None else None
 
     def thinned(self, query_id: str, thinned: bool) -> bool:
         """Whether the history of the document just built was thinned; True the first time in
@@ -879,6 +890,7 @@ class FlushCore(Generic[W, L]):
         batches above it are stored and acknowledged again; its retries start over."""
         q = self.record(query_id)
         answered = self.wrote(query_id, stored)
+        q.snapshot = stored.document.snapshot if stored.document is not None else None
         q.failures, q.retry_at, q.recovering = 0, 0.0, False
         q.resets = None  # this reset counted one more in Redis: news to no one here
         return answered

@@ -48,10 +48,27 @@ class Writer(msgspec.Struct, frozen=True):
 
 
 class SnapshotRef(msgspec.Struct, frozen=True):
-    """A checkpoint snapshot (``sidecar.snapshot``) as the document names it: its batch and id."""
+    """A checkpoint snapshot (``sidecar.snapshot``) as the document names it: its batch and id,
+    and the timeline it is on (``sidecar.snapshot.lineage``: a rewind or restore starts a new
+    one; None in a document written before timelines were kept)."""
 
     batch_id: int
     id: str
+    timeline: str | None = None
+
+
+def follows(ref: SnapshotRef | None, marker: SnapshotRef | None) -> bool:
+    """Whether the document's marker may move from ``marker`` to ``ref``: a snapshot later on
+    the marker's own timeline (a marker of no timeline, written before they were kept: any
+    snapshot at least as new). A snapshot of another timeline never replaces it: only a reset
+    (a rewind, a restore) moves a marker to another timeline."""
+    if ref is None:
+        return False
+    if marker is None:
+        return True
+    if marker.timeline is not None and ref.timeline != marker.timeline:
+        return False
+    return ref.batch_id >= marker.batch_id
 
 
 class HistoryEntry(msgspec.Struct, frozen=True):
@@ -78,8 +95,11 @@ class CheckpointDocument(Checkpoint, frozen=True, omit_defaults=False):
     Absent (None) until a reset; carried by every later write. Optional fields of version 2:
     older documents decode without them, older readers ignore them.
 
-    ``snapshot``: the newest checkpoint snapshot of the query as of this write (its batch and
-    id; ``sidecar.snapshot``), carried by every later write until a newer one; None: none.
+    ``snapshot``: the **marker** (Samza's state checkpoint marker): the snapshot of the query's
+    state that belongs to the position this document records (its batch, id and timeline;
+    ``sidecar.snapshot``). Flushes move it along its timeline to newer snapshots
+    (:func:`follows`); a reset sets it (a rewind or restore to the snapshot it restored, a reset
+    of offsets to none); ``restore`` follows it, never the newest snapshot. None: none.
     """
 
     schema_version: int
@@ -104,7 +124,7 @@ class CheckpointDocument(Checkpoint, frozen=True, omit_defaults=False):
     ) -> CheckpointDocument:
         """A new document (fresh checkpoint id, written now) for ``checkpoint``; the record of
         the last reset is carried from ``reset_of`` (the document it replaces), and so is its
-        snapshot unless ``snapshot`` names a newer one."""
+        marker unless ``snapshot`` follows it (:func:`follows`)."""
         last = reset_of
         return cls(
             **msgspec.structs.asdict(checkpoint),
@@ -116,7 +136,7 @@ class CheckpointDocument(Checkpoint, frozen=True, omit_defaults=False):
             reset_from=last.reset_from if last else None,
             reset_at=last.reset_at if last else None,
             reset_reason=last.reset_reason if last else None,
-            snapshot=snapshot or (last.snapshot if last else None),
+            snapshot=_marker(snapshot, last.snapshot if last else None),
         )
 
     def at_batch(self, batch_id: int) -> Checkpoint | None:
@@ -166,6 +186,10 @@ class CheckpointDocument(Checkpoint, frozen=True, omit_defaults=False):
         return out
 
 
+def _marker(ref: SnapshotRef | None, marker: SnapshotRef | None) -> SnapshotRef | None:
+    return ref if follows(ref, marker) else marker
+
+
 def carry_history(
     previous: CheckpointDocument | None, batch_id: int, size: int
 ) -> tuple[tuple[HistoryEntry, ...], int]:
@@ -198,16 +222,18 @@ def reset_document(
     *,
     reason: str,
     history_size: int,
+    snapshot: SnapshotRef | None = None,
 ) -> CheckpointDocument:
     """The document a reset writes: ``checkpoint`` replacing ``previous`` (what the blob held,
-    None: nothing), with the history ``previous`` retains below the new batch, and the reset
-    recorded (``reset_from`` = the batch it replaced, ``reset_at`` = now, ``reset_reason``)."""
+    None: nothing), with the history ``previous`` retains below the new batch, the reset
+    recorded (``reset_from`` = the batch it replaced, ``reset_at`` = now, ``reset_reason``),
+    and ``snapshot`` as its marker, whatever ``previous`` named: the snapshot a restore wrote
+    back (its state goes with the new position), None for offsets alone."""
     history, _ = carry_history(previous, checkpoint.batch_id, history_size)
-    doc = CheckpointDocument.of(
-        checkpoint, writer, history, snapshot=previous.snapshot if previous else None
-    )
+    doc = CheckpointDocument.of(checkpoint, writer, history)
     return msgspec.structs.replace(
         doc,
+        snapshot=snapshot,
         reset_from=previous.batch_id if previous is not None else None,
         reset_at=doc.written_at,
         reset_reason=reason,

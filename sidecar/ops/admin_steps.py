@@ -253,7 +253,12 @@ async def reset_under_lease(
             reset, the blob not: run it again.
     """
     doc = reset_document(
-        current, target, writer, reason=request.reason, history_size=config.history_size
+        current,
+        target,
+        writer,
+        reason=request.reason,
+        history_size=config.history_size,
+        snapshot=request.snapshot,
     )
     answer = await buffer.reset(target, quiet_ms(config, request.force), doc.reset_at)
     if int(answer[0]) == 1:

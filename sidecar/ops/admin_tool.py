@@ -40,7 +40,7 @@ from sidecar.errors import (
     SidecarError,
 )
 from sidecar.model.checkpoint import Checkpoint, SourceOffsets, offset_value
-from sidecar.model.document import Writer
+from sidecar.model.document import SnapshotRef, Writer
 from sidecar.model.offsets import eventhubs_offsets, kafka_offsets
 from sidecar.model.stateful import State, state_of
 from sidecar.ops.admin_steps import (
@@ -79,13 +79,16 @@ async def apply_reset(
     force: bool = False,
     from_spark: bool = False,
     state_rewound: bool = False,
+    snapshot: SnapshotRef | None = None,
 ) -> AdminResult:
     """Make ``checkpoint`` (its query id, name, batch id, run id, timestamp and sources) the
     query's position, as a reset: through the daemon when one runs on the configured socket,
     else under the blob's lease. ``force``: even if the query was heard from within
     ``SIDECAR_ADMIN_QUIET_S``; ``from_spark``: the offsets are Spark's own committed batch
     (``Reset.from_spark``); ``state_rewound``: a stateful query's state store moved with it
-    (``sidecar.model.stateful``). What was done (``.summary()`` says it in one line).
+    (``sidecar.model.stateful``); ``snapshot``: the snapshot restored with it, which the
+    document names from then on (its marker; None: none). What was done (``.summary()``
+    says it in one line).
 
     Raises:
         AdminForbidden: the daemon runs without ``SIDECAR_ADMIN_OPS=true``.
@@ -108,6 +111,7 @@ async def apply_reset(
         # Spark's directory with state says so; without it, nothing is known (never stateless)
         stateful=(True if state_of(checkpoint) is State.STATEFUL else None) if from_spark else None,
         state_rewound=state_rewound,
+        snapshot=snapshot,
     )
     return await reset(config, request)
 

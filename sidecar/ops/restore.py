@@ -11,22 +11,34 @@ newer than N voided. The state moved with the offsets, so the stateful-rewind ru
 through (``state_rewound``); ``--force`` is implied for the quiet time (the query is not
 running: its checkpoint directory was lost).
 
+Which snapshot: the one the checkpoint document's marker leads to (``sidecar.snapshot.
+lineage``: the newest of the marker's timeline at or after it), never merely the newest — a
+rewind's abandoned snapshots have higher batch numbers. The restore writes the marker with
+the position: on the same timeline when it restored that head, on a new one otherwise (a
+rewind).
+
 ``restore --all ROOT`` is an init container's form: every query of the namespace that has a
 snapshot is put back at the location it was snapshotted from (relative to the root). What it
-finds there decides, query by query (:func:`judge`):
+finds there decides, query by query, by identity before batch numbers (:func:`judge`; B is
+the head's batch, C the directory's newest commit):
 
 =============================================  ==========================================
 the location holds                             restore --all
 =============================================  ==========================================
-nothing (a lost or new volume)                 restores the snapshot
+nothing (a lost or new volume)                 restores the head
 no ``metadata`` (a restore cut short, files    restores over it: Spark could not resume
 of no checkpoint)                              from it (it would start a new query)
-this query's ``metadata``, no commit, or a     restores over it (never an older checkpoint
-commit older than the snapshot's               over a newer one: see the next row)
-this query's ``metadata`` and a commit at      kept (a pod restarted on its volume)
-least as new as the snapshot's
 **another query's** ``metadata`` (the          refused, nothing written: that query's
 location reused by a new query)                checkpoint is not this one's to replace
+this query's, C ≥ B, ``offsets/B`` and         kept (a pod restarted on its volume, or a
+``commits/B`` identical to the head's          rewound query run on)
+this query's, C ≥ B, those files differ        refused: a timeline the document does not
+                                               know (rewound by hand?)
+this query's, C ≥ B, those files gone          kept (Spark's retention deleted them: it
+                                               is newer)
+this query's, no commit, or C < B (its own     restores over it (behind on the same line)
+files identical to the head's, or gone)
+this query's, C < B, its files differ          refused: another timeline
 =============================================  ==========================================
 
 One query's failure (refused, a broken snapshot, the store, a directory it may not write) never
@@ -35,6 +47,7 @@ stops the others: each gets one line, and the command exits 1 at the end if any 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from pathlib import Path
@@ -43,14 +56,16 @@ import anyio
 import msgspec
 
 from sidecar.config import Config
-from sidecar.errors import AdminRefused, NotFound, SidecarError
+from sidecar.errors import AdminRefused, CorruptRecord, NotFound, SidecarError
+from sidecar.model.document import SnapshotRef
 from sidecar.model.spark_dir import SparkCheckpointError, parse_query_metadata
 from sidecar.ops import admin_tool, spark_import
+from sidecar.snapshot import lineage
 from sidecar.snapshot.index import SnapshotIndex, all_prefix
 from sidecar.snapshot.restore import (
     Checked,
+    SnapshotNotFound,
     check_snapshots,
-    find_snapshot,
     list_snapshots,
     restore,
 )
@@ -73,6 +88,13 @@ class SnapshotRow(msgspec.Struct, frozen=True):
     bytes: int
     new_bytes: int
     location: str
+    #: Its lineage: the snapshot it follows and its timeline (None: before they were kept).
+    parent: str | None = None
+    timeline: str | None = None
+    #: "current" (on the timeline of the document's marker) or "abandoned" (a rewind point
+    #: of a timeline the query left); whether the document names it (its marker).
+    line: str = "current"
+    marker: bool = False
 
 
 class Restored(msgspec.Struct, frozen=True):
@@ -129,16 +151,25 @@ class Restored(msgspec.Struct, frozen=True):
         )
 
 
-def row(index: SnapshotIndex) -> SnapshotRow:
-    return SnapshotRow(
-        index.batch,
-        index.id,
-        index.created_at,
-        len(index.files),
-        index.total_bytes,
-        index.new_bytes,
-        index.location,
-    )
+def rows(indexes: list[SnapshotIndex], marker: SnapshotRef | None) -> list[SnapshotRow]:
+    """The snapshots as listed, each with its line (current or abandoned)."""
+    on_line = lineage.current(indexes, marker)
+    return [
+        SnapshotRow(
+            index.batch,
+            index.id,
+            index.created_at,
+            len(index.files),
+            index.total_bytes,
+            index.new_bytes,
+            index.location,
+            index.parent,
+            index.timeline,
+            "current" if index.id in on_line else "abandoned",
+            marker is not None and marker.id == index.id,
+        )
+        for index in indexes
+    ]
 
 
 async def resolve(store: BlobStore, query: str) -> tuple[str, str | None]:
@@ -154,18 +185,47 @@ async def resolve(store: BlobStore, query: str) -> tuple[str, str | None]:
     return query, None  # an id whose checkpoint blob is gone: its snapshots may remain
 
 
-async def snapshots(config: Config, query: str) -> tuple[str, str | None, list[SnapshotIndex]]:
-    """The query's id, name and snapshots, newest first."""
+async def marker_of(store: BlobStore, query_id: str) -> SnapshotRef | None:
+    """The snapshot the query's checkpoint document names (None: none, or no document)."""
+    try:
+        doc = await store.read(query_id)
+    except CorruptRecord:
+        return None
+    return doc.snapshot if doc is not None else None
+
+
+async def snapshots(config: Config, query: str) -> tuple[str, str | None, list[SnapshotRow]]:
+    """The query's id, name and snapshots, newest first, each with its line."""
     store = BlobStore(config)
     try:
         query_id, name = await resolve(store, query)
-        return (
-            query_id,
-            name,
-            await list_snapshots(SnapshotBlobs(store), config.namespace, query_id),
-        )
+        found = await list_snapshots(SnapshotBlobs(store), config.namespace, query_id)
+        return query_id, name, rows(found, await marker_of(store, query_id))
     finally:
         await store.aclose()
+
+
+async def _chosen(
+    store: BlobStore, blobs: SnapshotBlobs, namespace: str, query_id: str, batch: int | None
+) -> tuple[SnapshotIndex, SnapshotRef, SnapshotIndex | None]:
+    """The snapshot a restore writes back (``lineage.choose``), the marker the document names
+    with it, and the head of the current line (None: no snapshot of it is left).
+
+    Raises:
+        SnapshotNotFound: there is no such snapshot.
+    """
+    found = await list_snapshots(blobs, namespace, query_id)
+    marker = await marker_of(store, query_id)
+    index = lineage.choose(found, marker, batch)
+    if index is None:
+        available = tuple(sorted({i.batch for i in found}))
+        shown = ", ".join(str(b) for b in available[-20:]) or "none"
+        what = f"of batch {batch}" if batch is not None else "at all"
+        raise SnapshotNotFound(
+            f"query {query_id} has no snapshot {what} (batches with one: {shown})",
+            available=available,
+        )
+    return index, lineage.marker_for(index, found, marker), lineage.choose(found, marker)
 
 
 async def check(
@@ -197,13 +257,14 @@ async def restore_query(
     store = BlobStore(config)
     try:
         query_id, name = await resolve(store, query)
-        index = await find_snapshot(SnapshotBlobs(store), config.namespace, query_id, batch)
+        blobs = SnapshotBlobs(store)
+        index, marker, _ = await _chosen(store, blobs, config.namespace, query_id, batch)
         started = time.perf_counter()
-        await restore(index, SnapshotBlobs(store), config.namespace, dest, force=force)
+        await restore(index, blobs, config.namespace, dest, force=force)
         seconds = time.perf_counter() - started
     finally:
         await store.aclose()
-    return await _moved(config, query_id, name, index, dest, seconds)
+    return await _moved(config, query_id, name, index, marker, dest, seconds)
 
 
 async def restore_all(config: Config, root: Path) -> list[Restored]:
@@ -227,7 +288,7 @@ async def restore_all(config: Config, root: Path) -> list[Restored]:
             info = infos.get(query_id)
             name = info.query_name if info is not None else None
             try:
-                done = await _restore_one(config, blobs, root, query_id, name)
+                done = await _restore_one(config, store, blobs, root, query_id, name)
             except (SidecarError, OSError) as exc:
                 reason = _said(exc)
                 log.error("restore query=%s failed: %s", name or query_id, reason)
@@ -240,14 +301,21 @@ async def restore_all(config: Config, root: Path) -> list[Restored]:
 
 
 async def _restore_one(
-    config: Config, blobs: SnapshotBlobs, root: Path, query_id: str, name: str | None
+    config: Config,
+    store: BlobStore,
+    blobs: SnapshotBlobs,
+    root: Path,
+    query_id: str,
+    name: str | None,
 ) -> Restored | None:
-    found = await list_snapshots(blobs, config.namespace, query_id)
-    if not found:
-        return None  # packs of a failed first snapshot only: nothing to restore
-    index = found[0]
+    try:
+        index, marker, _ = await _chosen(store, blobs, config.namespace, query_id, None)
+    except SnapshotNotFound as exc:
+        if not exc.available:
+            return None  # packs of a failed first snapshot only: nothing to restore
+        raise
     dest = root / index.location if index.location else root
-    verdict = await anyio.to_thread.run_sync(judge, dest, query_id, index.batch)
+    verdict = await anyio.to_thread.run_sync(judge, dest, query_id, index)
     label = name or query_id
     if verdict.keep or verdict.refuse:
         log.log(
@@ -270,7 +338,7 @@ async def _restore_one(
     started = time.perf_counter()
     await restore(index, blobs, config.namespace, dest, force=verdict.replace)
     seconds = time.perf_counter() - started
-    return await _moved(config, query_id, name, index, dest, seconds)
+    return await _moved(config, query_id, name, index, marker, dest, seconds)
 
 
 class Verdict(msgspec.Struct, frozen=True):
@@ -286,9 +354,10 @@ class Verdict(msgspec.Struct, frozen=True):
     why: str = ""
 
 
-def judge(dest: Path, query_id: str, batch: int) -> Verdict:
-    """What ``restore --all`` does with ``dest``, the location of ``query_id``'s snapshot of
-    ``batch``, from what it holds (blocking: call from a thread).
+def judge(dest: Path, query_id: str, head: SnapshotIndex) -> Verdict:
+    """What ``restore --all`` does with ``dest``, the location of ``query_id``'s snapshot
+    ``head`` (the one its marker leads to), from what it holds (blocking: call from a thread;
+    the module docstring's table).
 
     Raises:
         OSError: ``dest`` cannot be read (permissions).
@@ -318,11 +387,44 @@ def judge(dest: Path, query_id: str, batch: int) -> Verdict:
             ),
         )
     held = _committed(dest)
-    if held is not None and held >= batch:
+    if held is None:
+        return Verdict(replace=True)
+    same = _same_line(dest, head, min(held, head.batch))
+    if same is False:
+        at = min(held, head.batch)
         return Verdict(
-            keep=True, why=f"holds batch {held}, at least as new as its snapshot ({batch}): kept"
+            refuse=True,
+            why=(
+                f"holds batch {held} of a timeline the checkpoint does not know: its "
+                f"offsets/{at} and commits/{at} differ from those of snapshot {head.id} "
+                f"(batch {head.batch}, which the checkpoint's marker leads to): nothing written "
+                "(rewound or restored by hand? keep it with 'checkpoint-sidecar "
+                "import-spark-checkpoint', or replace it with 'checkpoint-sidecar restore QUERY "
+                "DIR --force')"
+            ),
+        )
+    if held >= head.batch:
+        return Verdict(
+            keep=True,
+            why=f"holds batch {held}, on the timeline of its snapshot of batch {head.batch}: kept",
         )
     return Verdict(replace=True)
+
+
+def _same_line(dest: Path, head: SnapshotIndex, batch: int) -> bool | None:
+    """Whether ``dest``'s ``offsets/`` and ``commits/`` file of ``batch`` are byte-identical
+    to ``head``'s copies (None: one side does not have them: nothing to compare)."""
+    theirs = {f.path: f.sha256 for f in head.files}
+    for path in lineage.tip_paths(batch):
+        if path not in theirs:
+            return None
+        try:
+            mine = hashlib.sha256((dest / path).read_bytes()).digest()
+        except FileNotFoundError:
+            return None
+        if mine != theirs[path]:
+            return False
+    return True
 
 
 def _committed(directory: Path) -> int | None:
@@ -352,17 +454,23 @@ async def _moved(
     query_id: str,
     name: str | None,
     index: SnapshotIndex,
+    marker: SnapshotRef,
     dest: Path,
     seconds: float,
 ) -> Restored:
-    """A restore written into ``dest`` in ``seconds``: the sidecar's checkpoint moved with it
-    (:func:`_move_checkpoint`), and what was done."""
-    summary = await _move_checkpoint(config, dest, name or query_id, index, seconds)
+    """A restore written into ``dest`` in ``seconds``: the sidecar's checkpoint moved with it,
+    naming ``marker`` (:func:`_move_checkpoint`), and what was done."""
+    summary = await _move_checkpoint(config, dest, name or query_id, index, marker, seconds)
     return Restored.of(query_id, name, index, dest, seconds=seconds, checkpoint=summary)
 
 
 async def _move_checkpoint(
-    config: Config, dest: Path, name: str, index: SnapshotIndex, seconds: float
+    config: Config,
+    dest: Path,
+    name: str,
+    index: SnapshotIndex,
+    marker: SnapshotRef,
+    seconds: float,
 ) -> str:
     """Make the restored batch the sidecar's checkpoint of the query, as an import of the
     restored directory (a reset: the daemon's, or under a lease waited for). The reset's
@@ -387,6 +495,7 @@ async def _move_checkpoint(
                 force=True,
                 from_spark=True,
                 state_rewound=True,
+                snapshot=marker,
             )
             return result.summary()
         except AdminRefused as exc:

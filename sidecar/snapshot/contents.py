@@ -132,6 +132,10 @@ class Contents:
         kept = self._indexes.get(name)
         return kept[1] if kept is not None and kept[0] == version else None
 
+    def indexes(self) -> list[SnapshotIndex]:
+        """Every index kept here (the listed ones, as learned): the query's lineage."""
+        return [index for _, index in self._indexes.values()]
+
     def keep_indexes(self, names: Collection[str]) -> None:
         """Forget every index blob kept but ``names`` (those a listing still shows)."""
         self._indexes = {n: kept for n, kept in self._indexes.items() if n in names}

@@ -80,6 +80,12 @@ class SnapshotIndex(msgspec.Struct, frozen=True, kw_only=True):
     packs: dict[str, int]
     #: Bytes of the files first uploaded by this snapshot (the rest were reused).
     new_bytes: int = 0
+    #: Its lineage (``sidecar.snapshot.lineage``): the snapshot it follows — the newest one
+    #: whose ``offsets/`` and ``commits/`` file of its batch this cut holds identical — and
+    #: the timeline it is on. None in an index written before lineage was kept (and a
+    #: parent of None: none provable, a first snapshot or one after a gap).
+    parent: str | None = None
+    timeline: str | None = None
 
     @property
     def total_bytes(self) -> int:

@@ -42,6 +42,7 @@ from sidecar.model.document import SnapshotRef
 from sidecar.snapshot.contents import Contents
 from sidecar.snapshot.index import SnapshotIndex, encode_index, new_id, pack_name, prefix
 from sidecar.snapshot.retention import (
+    DEFAULT_ABANDONED_S,
     DEFAULT_GRACE_S,
     MAX_REPACK_BYTES,
     REPACK_BELOW,
@@ -111,9 +112,11 @@ async def prune(
     repack_target_bytes: int = REPACK_TARGET_BYTES,
     clock: Callable[[], float] = time.time,
     owner: Callable[[], bool] = lambda: True,
+    abandoned_s: float = DEFAULT_ABANDONED_S,
 ) -> PruneResult:
     """One pass over the query's snapshots (see the module docstring): keep the newest
-    ``retain`` and the one the document ``named``, sweep what no kept index references after
+    ``retain`` of the current timeline, the one the document ``named``, those of abandoned
+    timelines younger than ``abandoned_s``, sweep what no kept index references after
     ``grace_s`` seconds, repack packs whose live share is below ``repack_below``.
     ``owner()``: whether this process still owns the query, asked before each phase.
 
@@ -180,6 +183,7 @@ async def prune(
         grace_s=grace_s,
         repack_below=repack_below,
         max_repack_bytes=max_repack_bytes,
+        abandoned_s=abandoned_s,
     )
     result = _Pass(counted, namespace, query_id, contents, decided)
 

@@ -4,8 +4,10 @@ Given one listing of a query's snapshot blobs (:func:`classify`), the indexes re
 of the previous pass and the clock, :func:`plan` decides; ``sidecar.snapshot.prune`` performs
 what it decides. Mark and sweep, as restic's ``prune`` and git's ``gc``:
 
-**Kept** are the newest ``retain`` intact snapshots (by batch, then time written) and always
-the one the checkpoint document names (``SnapshotRef``), whatever its age or state. An index
+**Kept** are, by timeline (``sidecar.snapshot.lineage``): always the one the checkpoint
+document names (its marker, ``SnapshotRef``), whatever its age or state; the newest ``retain``
+intact snapshots (by batch, then time written) of the marker's current line; and abandoned
+ones (a rewind's old timeline, kept as rewind points) while younger than ``abandoned_s``. An index
 naming a pack that is not in the listing is **broken** (it cannot be restored): reported,
 never counted among the ``retain``, deleted unless the document names it. An index that
 cannot be read (damaged, or another version's format) is **unreadable**: never deleted, and
@@ -47,6 +49,7 @@ from typing import Protocol
 import msgspec
 
 from sidecar.model.document import SnapshotRef
+from sidecar.snapshot import lineage
 from sidecar.snapshot.index import (
     FileEntry,
     SnapshotIndex,
@@ -60,6 +63,9 @@ REPACK_BELOW = 0.5
 #: How long a pack stays after a pass first finds no kept index referencing it, seconds: it
 #: must outlast the longest snapshot upload and the longest restore.
 DEFAULT_GRACE_S = 3600.0
+#: How long snapshots of an abandoned timeline (a rewind's old one) are kept after they were
+#: taken, seconds (``SIDECAR_SNAPSHOT_ABANDONED_KEEP_S``).
+DEFAULT_ABANDONED_S = 7 * 86400.0
 #: Live bytes copied by one pass's repacks at most (the sparsest packs first).
 MAX_REPACK_BYTES = 256 * 1024 * 1024
 #: The marks blob's name, under the query's snapshot prefix.
@@ -231,13 +237,15 @@ def plan(
     grace_s: float = DEFAULT_GRACE_S,
     repack_below: float = REPACK_BELOW,
     max_repack_bytes: int = MAX_REPACK_BYTES,
+    abandoned_s: float = DEFAULT_ABANDONED_S,
 ) -> PrunePlan:
     """The pass over ``listing`` (see the module docstring).
 
     ``indexes``: each listed index's name → its content, or None when it could not be read;
     a listed index missing here counts as unreadable. ``named``: the snapshot the checkpoint
-    document names (kept whatever happens). ``marks``: as the marks blob held them. ``now``
-    and the marks are seconds since the epoch.
+    document names (kept whatever happens; its timeline is the current one). ``marks``: as
+    the marks blob held them. ``now`` and the marks are seconds since the epoch.
+    ``abandoned_s``: how long a snapshot off the current line is kept after it was taken.
 
     Raises:
         ValueError: ``retain`` < 1, ``grace_s`` < 0 or ``repack_below`` not in [0, 1].
@@ -251,6 +259,7 @@ def plan(
     broken: list[str] = []
     unreadable: list[str] = []
     intact = 0
+    on_line = lineage.current([i for i in indexes.values() if i is not None], named)
     for stored in listing.indexes:  # newest first
         index = indexes.get(stored.name)
         if index is None:
@@ -260,7 +269,10 @@ def plan(
         is_broken = _broken(index, listing.packs)
         if is_broken:
             broken.append(stored.name)
-        if is_named or (not is_broken and intact < retain):
+        if index.id not in on_line:  # abandoned: a rewind point, for a while
+            young = now - _taken_at(index) < abandoned_s
+            (kept if is_named or (young and not is_broken) else delete).append(stored)
+        elif is_named or (not is_broken and intact < retain):
             kept.append(stored)
             intact += not is_broken
         else:
@@ -313,6 +325,14 @@ def plan(
         stored_bytes=sum(p.size for p in listing.packs.values()),
         live_bytes=sum(e.size for entries in live.values() for e in entries.values()),
     )
+
+
+def _taken_at(index: SnapshotIndex) -> float:
+    """When ``index`` was written, seconds since the epoch (0: not readable: old)."""
+    try:
+        return datetime.fromisoformat(index.created_at).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def _files(index: SnapshotIndex | None) -> tuple[FileEntry, ...]:

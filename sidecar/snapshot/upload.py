@@ -49,7 +49,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 
 import anyio
 import anyio.to_thread
@@ -68,6 +68,7 @@ from sidecar.snapshot.index import (
     now_text,
     pack_name,
 )
+from sidecar.snapshot.lineage import OFF_TIMELINE, OffTimeline
 from sidecar.snapshot.packer import PackJob
 from sidecar.snapshot.source import CheckpointSource, FileChanged, SourceError
 from sidecar.snapshot.stored import SnapshotStore, chunks_of, create, first_error
@@ -106,6 +107,7 @@ FAILURE_REASONS = (
     "store",
     "wrong_query",
     "not_owner",
+    "off_timeline",
     "other",
 )
 
@@ -441,6 +443,7 @@ async def upload_snapshot(
     pack_target_bytes: int = DEFAULT_PACK_TARGET_BYTES,
     packed_file_max_bytes: int = PACKED_FILE_MAX_BYTES,
     owner: Callable[[], bool] = lambda: True,
+    lineage: Callable[[int, Mapping[str, bytes]], tuple[str | None, str | None]] | None = None,
 ) -> UploadResult:
     """Take the cut of ``batch`` of the checkpoint at ``location`` (under ``source``'s root)
     and store it as a snapshot of ``query_id`` (see the module docstring); ``contents``
@@ -453,7 +456,8 @@ async def upload_snapshot(
         SourceError: the location cannot be read.
         UploadError: the checkpoint at ``location`` is another query's (``wrong_query``), or
             ``owner()`` said, right before the index, that this process no longer owns the
-            query (``not_owner``: its packs are orphans, swept after the grace period).
+            query (``not_owner``: its packs are orphans, swept after the grace period), or
+            ``lineage`` refused the cut (``off_timeline``: ``sidecar.snapshot.lineage``).
         SidecarError: the store's errors, after retries (``StoreUnavailable``,
             ``StoreRefused``, ...).
     """
@@ -487,6 +491,13 @@ async def upload_snapshot(
             if size is None:  # a place Contents gave without its pack: a bug, not the store's
                 raise AssertionError(f"no size known for pack {f.pack} of {f.path}")
             packs[f.pack] = size
+    parent, timeline = None, None
+    if lineage is not None:  # its place among the query's snapshots, by content
+        try:
+            parent, timeline = lineage(batch, {f.path: f.sha256 for f in files})
+        except OffTimeline as exc:
+            what = f"query {query_id} batch {batch}: {exc}"
+            raise UploadError(what, reason=OFF_TIMELINE) from exc
     index = SnapshotIndex(
         query_id=query_id,
         batch=batch,
@@ -497,6 +508,8 @@ async def upload_snapshot(
         files=files,
         packs=packs,
         new_bytes=upload.uploaded_bytes,
+        parent=parent,
+        timeline=timeline,
     )
     body = encode_index(index)
     name = index_name(namespace, query_id, batch, index.id)

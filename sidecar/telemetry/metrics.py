@@ -34,6 +34,7 @@ SNAPSHOT_FAILURE_REASONS = (
     "store_refused",
     "store",
     "wrong_query",
+    "off_timeline",
     "other",
 )
 FLUSH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)

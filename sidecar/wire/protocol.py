@@ -62,6 +62,7 @@ from sidecar.model.checkpoint import (
     offsets_error,
     source_offsets,
 )
+from sidecar.model.document import SnapshotRef
 from sidecar.wire.framing import MAX_FRAME_BYTES as MAX_FRAME_BYTES
 from sidecar.wire.framing import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from sidecar.wire.framing import FrameTooLarge as FrameTooLarge
@@ -202,7 +203,9 @@ class Reset(msgspec.Struct, frozen=True, tag_field="op", tag="reset"):
     committed batch (``import-spark-checkpoint``): the position is Spark's committed one and
     ``stateful`` true says its directory has state (None: not known; never "stateless").
     ``state_rewound``: the caller moved the query's state store with it (or starts it fresh),
-    so a stateful query may move back (``sidecar.model.stateful``); nothing else lets it."""
+    so a stateful query may move back (``sidecar.model.stateful``); nothing else lets it.
+    ``snapshot``: the document's new marker, the snapshot whose state goes with the new
+    position (a restore's; None: offsets alone, no snapshot named)."""
 
     reason: str
     query_id: Id | None = None
@@ -217,6 +220,7 @@ class Reset(msgspec.Struct, frozen=True, tag_field="op", tag="reset"):
     from_spark: bool = False
     stateful: bool | None = None
     state_rewound: bool = False
+    snapshot: SnapshotRef | None = None
     id: RequestId = None
 
 

@@ -8,7 +8,10 @@ query: every output known in advance) runs with its checkpoint under ``SIDECAR_S
 - the checkpoint directory deleted and ``restore`` run, the query started again on it resumes
   at the next batch with its state: its next outputs equal the uninterrupted run's;
 - restored at an earlier snapshot M, it resumes at M + 1 with M's state, and the sidecar's
-  checkpoint moved back with it (a reset through the daemon) and on again as the query ran.
+  checkpoint moved back with it (a reset through the daemon) and on again as the query ran;
+  the rewound timeline is snapshotted at once, the document's marker follows it, and a pod
+  restart's ``restore --all`` keeps the rewound directory (the abandoned newest snapshot
+  is listed as such, never restored over it).
 
 For the HDFS store and for RocksDB with changelog checkpointing; under PySpark 4 and 3.5
 (marker ``spark``).
@@ -62,6 +65,14 @@ def listed(env: dict[str, str], query: str) -> list[int]:
     assert done.returncode == 0, done.stderr
     rows: list[dict[str, Any]] = json.loads(done.stdout)["snapshots"]
     return [r["batch_id"] for r in rows]
+
+
+def lines(env: dict[str, str], query: str) -> list[dict[str, Any]]:
+    """The query's snapshots as ``snapshots --json`` lists them, newest first."""
+    done = cli(env, "snapshots", query, "--json")
+    assert done.returncode == 0, done.stderr
+    rows: list[dict[str, Any]] = json.loads(done.stdout)["snapshots"]
+    return rows
 
 
 def run_batches(run: Run, inputs: Path, batches: range, env: dict[str, str], query: str) -> None:
@@ -145,5 +156,37 @@ def test_a_lost_checkpoint_is_restored_and_rewound_with_its_state(
             outputs = resumed(spark, inputs, checkpoint, end)
             assert outputs == {b: expected("count", b) for b in range(EARLIER + 1, end + 1)}
             assert wait_blob(env, query, end).batch_id == end  # the sidecar followed
+
+            # The rewound timeline is followed at once (not once it passes the abandoned
+            # snapshots' batches); the document's marker names its newest snapshot; a pod
+            # restart's restore --all keeps the rewound directory (it restored the abandoned
+            # newest over it before).
+            wait_for(
+                lambda: (
+                    [r["batch_id"] for r in lines(env, query) if r["line"] == "current"][:1]
+                    == [end]
+                ),
+                30,
+                "the rewound timeline's snapshot of its newest batch",
+            )
+            rows = lines(env, query)
+            head = rows[[r["line"] for r in rows].index("current")]
+            abandoned = [r for r in rows if r["line"] == "abandoned"]
+            assert LAST in [r["batch_id"] for r in abandoned]  # the batches after the rewind
+            assert all(r["batch_id"] > EARLIER for r in abandoned)
+            assert {r["timeline"] for r in abandoned}.isdisjoint({head["timeline"]})
+            wait_for(
+                lambda: (
+                    (marker := read_blob(env, query).snapshot) is not None  # type: ignore[union-attr]
+                    and (marker.id, marker.timeline) == (head["id"], head["timeline"])
+                ),
+                30,
+                "the document's marker on the rewound timeline's newest snapshot",
+            )
+            kept = cli(env, "restore", "--all", str(root), "--json")
+            assert kept.returncode == 0, kept.stderr
+            (row,) = [json.loads(line) for line in kept.stdout.splitlines()]
+            assert (row["outcome"], row["batch_id"], row["snapshot"]) == ("newer", end, head["id"])
+            assert wait_blob(env, query, end).batch_id == end  # nothing moved
     finally:
         assert handle.close()

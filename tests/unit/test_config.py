@@ -71,6 +71,7 @@ DEFAULTS = {
     "eventhubs_container": None,
     "snapshot_root": None,
     "snapshot_retain": 10,
+    "snapshot_abandoned_keep_s": 7 * 86400.0,
 }
 
 

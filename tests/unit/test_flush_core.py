@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
 import pytest
 
 from sidecar.backoff import Backoff
@@ -142,15 +143,45 @@ def test_what_acks_count_follows_the_value() -> None:
     assert Seen(Stored('"v0"', None)).batch == NO_BLOB
 
 
-def test_a_snapshot_names_the_newest_and_never_brings_a_retired_query_back() -> None:
+def test_a_snapshot_taken_is_named_next_and_never_brings_a_retired_query_back() -> None:
     core: FlushCore[object, None] = FlushCore(Backoff(1, 2), clock=lambda: 0.0, locks=lambda: None)
     core.record(Q)
-    core.snapshot_taken(Q, SnapshotRef(5, "s5"))
-    core.snapshot_taken(Q, SnapshotRef(4, "s4"))  # an older one finishing late
-    assert core.snapshot_of(Q) == SnapshotRef(5, "s5")
+    core.snapshot_taken(Q, SnapshotRef(5, "s5", "t1"))
+    core.snapshot_taken(Q, SnapshotRef(6, "s6", "t1"))  # one at a time: the last is newest
+    assert core.snapshot_of(Q) == SnapshotRef(6, "s6", "t1")
     core.forget(Q)  # retired while a snapshot was in flight
-    core.snapshot_taken(Q, SnapshotRef(6, "s6"))
+    core.snapshot_taken(Q, SnapshotRef(7, "s7", "t1"))
     assert Q not in core and core.snapshot_of(Q) is None
+
+
+def marked(batch: int, marker: SnapshotRef | None, version: str) -> Stored:
+    return Stored(version, msgspec.structs.replace(document(Q, batch), snapshot=marker))
+
+
+def test_the_marker_is_known_only_as_seen_under_the_lease_held_now() -> None:
+    core = held_core()
+    assert core.snapshot_marker(Q) == (False, None)  # not read yet under this lease
+    assert core.unverified() == [Q]  # ... which makes the flusher read it
+    rewind_point = SnapshotRef(50, "s50", "t2")
+    core.read(Q, marked(50, rewind_point, '"v50"'), core.stamp, term=4)
+    assert core.snapshot_marker(Q) == (True, rewind_point)
+    core.lapsed(Q)  # the lease lost: another process may reset it meanwhile
+    assert core.snapshot_marker(Q)[0] is False
+
+
+def test_a_reset_to_another_timeline_drops_the_snapshot_the_next_flush_would_name() -> None:
+    core = held_core()
+    core.read(Q, marked(100, SnapshotRef(100, "s100", "t1"), '"v100"'), core.stamp, term=4)
+    core.snapshot_taken(Q, SnapshotRef(101, "s101", "t1"))
+    # A restore to batch 50 (another process's reset, read back): a new timeline.
+    at_50 = marked(50, SnapshotRef(50, "s50", "t2"), '"v50"')
+    core.read(Q, at_50, core.stamp, term=4)
+    assert core.snapshot_of(Q) is None
+    # A reset of this daemon's own names its marker, the snapshot the next flush names.
+    core.snapshot_taken(Q, SnapshotRef(51, "s51", "t2"))
+    assert core.begin_write(Q, Seen(at_50, read_under=4))
+    core.reset(Q, marked(20, None, '"v20"'))
+    assert core.snapshot_of(Q) is None
 
 
 def held_core(term: int = 4) -> FlushCore[object, None]:

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
+import msgspec
 import pytest
 
 from sidecar.daemon import snapshots
@@ -38,7 +39,7 @@ def snapshotter(clock: Clock) -> Snapshotter:
         Metrics(),
         owns=owns,
         taken=lambda query_id, ref: None,
-        named=lambda query_id: None,
+        marker=lambda query_id: (True, None),
         retain=3,
         clock=clock,
     )
@@ -111,3 +112,24 @@ async def test_progress_wakes_the_loop_only_for_a_snapshot_it_can_start(
         s.committed(checkpoint_of(QUERY, 0))  # one it can start: at once
         await eventually(lambda: s.passes > passes)
         s.stop()
+
+
+async def test_a_rewound_run_is_followed_at_once_and_a_restart_is_not_a_rewind() -> None:
+    clock = Clock()
+    s = snapshotter(clock)
+    for batch in range(95, 101):
+        s.committed(checkpoint_of(QUERY, batch))
+    q = s._queries[QUERY]
+    q.done = 100  # snapshotted up to 100
+    # A restart on an intact volume: a new run, later batches: nothing forgotten.
+    restarted = msgspec.structs.replace(checkpoint_of(QUERY, 101), run_id="run-2")
+    s.committed(restarted)
+    assert (q.wanted, q.done, q.rewinds) == (101, 100, 0)
+    # A restore of batch 50, run on: the new run starts below what was wanted. Its batches
+    # are snapshotted from there (they were not until it passed 101 again), and the lag is
+    # measured on its timeline.
+    s.committed(msgspec.structs.replace(checkpoint_of(QUERY, 51), run_id="run-3"))
+    assert (q.wanted, q.done, q.rewinds) == (51, 50, 1)
+    assert sorted(q.reported) == [51]
+    s.committed(msgspec.structs.replace(checkpoint_of(QUERY, 52), run_id="run-3"))
+    assert (q.wanted, q.rewinds) == (52, 1)

@@ -54,6 +54,7 @@ PURE_MODULES = {
     "ingest.replies",
     "snapshot.cut",
     "snapshot.index",
+    "snapshot.lineage",
     "snapshot.retention",
     "telemetry.logs",  # stdlib only: cli.main sets logging up without the daemon's extra
 }
