@@ -44,6 +44,7 @@ from sidecar.model.checkpoint import Checkpoint
 from sidecar.model.document import SnapshotRef
 from sidecar.snapshot import lineage
 from sidecar.snapshot.contents import Contents
+from sidecar.snapshot.cut import Hints, v2_ids
 from sidecar.snapshot.index import SnapshotIndex
 from sidecar.snapshot.prune import prune
 from sidecar.snapshot.source import CheckpointSource, Location
@@ -284,6 +285,7 @@ class Snapshotter:
                     q.contents,
                     owner=still_owner,
                     lineage=lambda batch, shas: self._lineage(query_id, q, batch, shas),
+                    hints=_hints(q.contents, batch),
                 )
                 self._done(query_id, q, upload.index, rewinds)
                 m = self._metrics
@@ -381,3 +383,14 @@ class Snapshotter:
             log.warning("snapshot query=%s: prune failed (tried again later): %s", q.label, exc)
             return
         log.debug("snapshot query=%s: pruned %r", q.label, pruned)
+
+
+def _hints(contents: Contents, batch: int) -> tuple[str, Hints] | None:
+    """Format v2: the state ids of the newest snapshot known at or below ``batch``, for the
+    versions whose commit Spark's retention deleted (``cut_of``; the upload checks that the
+    new snapshot follows it)."""
+    known = [i for i in contents.indexes() if i.batch <= batch and i.checkpoint_format == 2]
+    if not known:
+        return None
+    newest = max(known, key=lambda i: (i.batch, i.created_at))
+    return newest.id, v2_ids(f.path for f in newest.files)

@@ -74,7 +74,7 @@ import io
 import re
 import zipfile
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -178,6 +178,9 @@ class Cut(msgspec.Struct, frozen=True):
     checkpoint_format: int
     #: Files of the listing no rule recognised (not copied): ``/``-separated paths.
     ignored: tuple[str, ...] = ()
+    #: Format v2: a version's id was taken from the hints (an earlier snapshot's files)
+    #: because Spark's retention had deleted the commit that names it.
+    hinted: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -193,8 +196,34 @@ class CutError(SidecarError):
         self.reason: CutReason = reason
 
 
-def cut_of(listing: Iterable[ListedFile], read: Reader, batch: int) -> Cut:
+#: Format v2: per store directory, version → the id an earlier snapshot of the same timeline
+#: holds that version's file under (:func:`v2_ids`).
+Hints = Mapping[str, Mapping[int, str]]
+
+_V2_STEM = re.compile(r"(\d+)_([^._/]+)\.(?:zip|changelog)")
+
+
+def v2_ids(paths: Iterable[str]) -> dict[str, dict[int, str]]:
+    """The ids of format v2 state files among ``paths`` (a snapshot's files): per store
+    directory, version → id."""
+    out: dict[str, dict[int, str]] = {}
+    for path in paths:
+        directory, _, name = path.rpartition("/")
+        if directory.startswith("state/") and (m := _V2_STEM.fullmatch(name)):
+            out.setdefault(directory, {})[int(m.group(1))] = m.group(2)
+    return out
+
+
+def cut_of(
+    listing: Iterable[ListedFile], read: Reader, batch: int, hints: Hints | None = None
+) -> Cut:
     """The cut of committed batch ``batch`` of the checkpoint ``listing`` describes.
+
+    Under format v2 each state version's id is read from the commit log (``commits/v-1``);
+    where Spark's retention deleted that commit, ``hints`` (the ids an earlier snapshot of
+    the same timeline holds, :func:`v2_ids`) stand in, and the cut says so (``hinted``): the
+    caller must then check that the snapshot does follow that earlier one (its commit of
+    that batch identical), as Spark's own changelogs carry that lineage.
 
     ``read`` is called only for files of the listing, and only for small ones: ``metadata``,
     ``offsets/N``, ``commits/N`` (format v2: the commits back to each store's snapshot), the
@@ -207,7 +236,7 @@ def cut_of(listing: Iterable[ListedFile], read: Reader, batch: int) -> Cut:
     """
     if batch < 0:
         raise ValueError(f"batch must be >= 0, got {batch}")
-    return _Cutter(listing, read, batch).cut()
+    return _Cutter(listing, read, batch, hints or {}).cut()
 
 
 def is_noise(name: str) -> bool:
@@ -256,7 +285,11 @@ def _file_source_offset(offset: Any) -> int | None:
 class _Cutter:
     """One cut being taken: the listing as a tree, what is kept, what is understood."""
 
-    def __init__(self, listing: Iterable[ListedFile], read: Reader, batch: int) -> None:
+    def __init__(
+        self, listing: Iterable[ListedFile], read: Reader, batch: int, hints: Hints
+    ) -> None:
+        self.hints = hints
+        self.hinted = False
         self.files = {f.path: f for f in listing}
         self.read_file = read
         self.batch = batch
@@ -342,6 +375,7 @@ class _Cutter:
             stores=tuple(stores),
             checkpoint_format=2 if ids else 1,
             ignored=ignored,
+            hinted=self.hinted,
         )
 
     def logs(self) -> SparkOffsets:
@@ -600,7 +634,18 @@ class _Cutter:
 
     def unique_id(self, op: int, partition: int, version: int, directory: str, where: str) -> str:
         """The id of ``version`` of this store: the one of ``commits/<version-1>``'s ids for
-        the operator and partition that names a file of this store."""
+        the operator and partition that names a file of this store (that commit gone: the
+        id the hints hold for it, when its file is there)."""
+        names = set(self.names.get(directory, ()))
+        hint = self.hints.get(directory, {}).get(version)
+        gone = f"commits/{version - 1}" not in self.files
+        if (
+            gone
+            and hint is not None
+            and {f"{version}_{hint}.zip", f"{version}_{hint}.changelog"} & names
+        ):
+            self.hinted = True
+            return hint
         by_operator = self.commit_state_ids(version - 1)
         partitions = by_operator.get(op)
         if partitions is None or partition >= len(partitions):
@@ -609,7 +654,6 @@ class _Cutter:
                 "format v2 every committed batch names each store's; the checkpoint is damaged",
                 reason="missing_file",
             )
-        names = set(self.names.get(directory, ()))
         for uid in partitions[partition]:
             if f"{version}_{uid}.zip" in names or f"{version}_{uid}.changelog" in names:
                 return uid

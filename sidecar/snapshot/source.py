@@ -71,7 +71,7 @@ from sidecar.config import Config
 from sidecar.errors import SidecarError
 from sidecar.model.spark_dir import SparkCheckpointError, parse_query_metadata
 from sidecar.snapshot import crc
-from sidecar.snapshot.cut import Cut, ListedFile, cut_of
+from sidecar.snapshot.cut import Cut, Hints, ListedFile, cut_of
 from sidecar.snapshot.packer import Packed, PackJob, SmallFile, pack_files
 from sidecar.snapshot.stored import Created, CreateJob, create_answered
 
@@ -153,9 +153,9 @@ class CheckpointSource(Protocol):
         """
         ...
 
-    async def cut(self, location: str, batch: int) -> Cut:
+    async def cut(self, location: str, batch: int, hints: Hints | None = None) -> Cut:
         """The cut of ``batch`` of the checkpoint at ``location`` (a :attr:`Location.path`):
-        listed, then cut.
+        listed, then cut (``hints``: format v2's ids of an earlier snapshot, ``cut_of``).
 
         Raises:
             CutError: see :func:`~sidecar.snapshot.cut.cut_of` (a file gone since the listing
@@ -308,8 +308,8 @@ class LocalSource:
                     return None
         return None
 
-    async def cut(self, location: str, batch: int) -> Cut:
-        return await self._in_worker_at("cutting", location, cut_here, batch)
+    async def cut(self, location: str, batch: int, hints: Hints | None = None) -> Cut:
+        return await self._in_worker_at("cutting", location, cut_here, (batch, hints))
 
     async def _in_worker_at(
         self, doing: str, location: str, job: Callable[[str, A], R], arg: A
@@ -395,12 +395,13 @@ def _in_this_worker(job: Callable[[], R]) -> R:
         raise
 
 
-def cut_here(top: str, batch: int) -> Cut:
-    """The cut of ``batch`` of the checkpoint directory ``top``, listed and cut in this process
-    (:meth:`LocalSource.cut`'s worker)."""
+def cut_here(top: str, job: tuple[int, Hints | None]) -> Cut:
+    """The cut of a batch of the checkpoint directory ``top`` (``job``: the batch and the
+    hints), listed and cut in this process (:meth:`LocalSource.cut`'s worker)."""
     directory = Path(top)
+    batch, hints = job
     return _in_this_worker(
-        lambda: cut_of(listing_of(directory), partial(read_small, directory), batch)
+        lambda: cut_of(listing_of(directory), partial(read_small, directory), batch, hints)
     )
 
 

@@ -58,7 +58,7 @@ import msgspec
 from sidecar.errors import SidecarError, StoreRefused, StoreUnavailable
 from sidecar.snapshot import crc, stored
 from sidecar.snapshot.contents import Contents
-from sidecar.snapshot.cut import CutError, CutFile
+from sidecar.snapshot.cut import CutError, CutFile, Hints
 from sidecar.snapshot.index import (
     FileEntry,
     SnapshotIndex,
@@ -444,6 +444,7 @@ async def upload_snapshot(
     packed_file_max_bytes: int = PACKED_FILE_MAX_BYTES,
     owner: Callable[[], bool] = lambda: True,
     lineage: Callable[[int, Mapping[str, bytes]], tuple[str | None, str | None]] | None = None,
+    hints: tuple[str, Hints] | None = None,
 ) -> UploadResult:
     """Take the cut of ``batch`` of the checkpoint at ``location`` (under ``source``'s root)
     and store it as a snapshot of ``query_id`` (see the module docstring); ``contents``
@@ -463,7 +464,7 @@ async def upload_snapshot(
     """
     started = time.monotonic()
     counted = blobs.counted()
-    cut = await source.cut(location, batch)
+    cut = await (source.cut(location, batch, hints[1]) if hints else source.cut(location, batch))
     if cut.query_id != query_id:
         raise UploadError(
             f"the checkpoint at {location or '.'} is query {cut.query_id}'s, not {query_id}'s "
@@ -498,6 +499,14 @@ async def upload_snapshot(
         except OffTimeline as exc:
             what = f"query {query_id} batch {batch}: {exc}"
             raise UploadError(what, reason=OFF_TIMELINE) from exc
+    if cut.hinted and (hints is None or parent != hints[0]):
+        raise CutError(
+            f"the cut of batch {batch} took state ids from snapshot "
+            f"{hints[0] if hints else '?'} where Spark's retention deleted the commits naming "
+            "them, but this checkpoint does not follow that snapshot (its logs differ): "
+            "a later batch's cut will do",
+            reason="missing_file",
+        )
     index = SnapshotIndex(
         query_id=query_id,
         batch=batch,

@@ -34,6 +34,7 @@ from tests.helpers import read_blob, spark_conf, wait_blob, wait_for
 from tests.integration.test_snapshot_restore import (
     COMMON,
     STORES,
+    V2,
     Run,
     expected,
     feed,
@@ -188,5 +189,57 @@ def test_a_lost_checkpoint_is_restored_and_rewound_with_its_state(
             (row,) = [json.loads(line) for line in kept.stdout.splitlines()]
             assert (row["outcome"], row["batch_id"], row["snapshot"]) == ("newer", end, head["id"])
             assert wait_blob(env, query, end).batch_id == end  # nothing moved
+    finally:
+        assert handle.close()
+
+
+@V2
+def test_v2_changelog_snapshots_go_on_after_spark_deleted_the_commits_naming_the_ids(
+    spark: SparkSession,
+    daemon_env: dict[str, str],
+    procs: list[DaemonProcess],
+    short_tmp: Path,
+    tmp_path: Path,
+) -> None:
+    """Format v2 with changelog checkpointing, Spark keeping 2 batches of logs and making no
+    RocksDB snapshot (zip): the cut of each batch needs every version's id back to version
+    1, whose commits Spark deleted. Each batch is snapshotted all the same (the ids an earlier
+    snapshot held stand in), and the newest restores with its state."""
+    root, inputs = tmp_path / "volume", tmp_path / "inputs"
+    checkpoint = root / "app" / "counts-v2"
+    env = daemon_env | {
+        "SIDECAR_SNAPSHOT_ROOT": str(root),
+        "SIDECAR_COUNT_THRESHOLD": "1",
+        "SIDECAR_ADMIN_OPS": "true",
+        "SIDECAR_ADMIN_QUIET_S": "0",
+    }
+    daemon = DaemonProcess(env, short_tmp / "daemon.log")
+    procs.append(daemon)
+    daemon.start()
+    conf = COMMON | STORES["rocksdb-changelog-v2"]
+    conf |= {
+        "spark.sql.streaming.minBatchesToRetain": "2",
+        "spark.sql.streaming.stateStore.minDeltasForSnapshot": "1000",  # no zip
+    }
+    handle = spark_bridge.attach(spark, env["SIDECAR_SOCKET_PATH"], listener="jvm")
+    batches = 7
+    try:
+        with spark_conf(spark, conf):
+            run = Run(spark, "count", inputs, checkpoint)
+            query = str(run.query.id)
+            try:
+                run_batches(run, inputs, range(batches), env, query)
+            finally:
+                run.stop()
+            assert not (checkpoint / "commits" / "0").exists()  # Spark's retention
+            assert not list(checkpoint.glob("state/0/0/*.zip"))
+            remove_stopped(checkpoint)
+            done = cli(env, "restore", query, str(checkpoint), "--json")
+            assert done.returncode == 0, done.stderr + daemon.log()
+            assert json.loads(done.stdout)["batch_id"] == batches - 1
+            feed(inputs, "count", batches)
+            assert resumed(spark, inputs, checkpoint, batches) == {
+                batches: expected("count", batches)
+            }
     finally:
         assert handle.close()

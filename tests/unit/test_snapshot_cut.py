@@ -25,6 +25,7 @@ from sidecar.snapshot.cut import (
     ListedFile,
     Role,
     cut_of,
+    v2_ids,
 )
 
 QUERY_ID = "6f9619ff-8b86-d011-b42d-00cf4fc964ff"
@@ -565,6 +566,29 @@ def test_v2_needs_the_commits_of_the_chain() -> None:
     ck.remove("commits/4")  # names version 5's ids, between the snapshot (3) and version 7
     error = refused(ck, 6)
     assert error.reason == "missing_file" and "commits/4" in str(error)
+
+
+def test_v2_where_retention_deleted_the_commits_an_earlier_snapshots_ids_stand_in() -> None:
+    """Spark's retention (minBatchesToRetain) deletes commits/ while the newest zip is older:
+    the cut then takes the ids an earlier snapshot of the same timeline held (its files), and
+    says so (``hinted``: the upload checks the new snapshot follows that one)."""
+    ck = Checkpoint()
+    v2_query(ck, 12, snapshots=(3,))
+    earlier = ck.cut(7)  # versions 3 (zip) .. 8, while their commits are kept
+    for b in range(0, 8):  # retention: commits 0..7 gone (they name versions 1..8)
+        ck.remove(f"commits/{b}")
+    error = refused(ck, 10)  # without hints: as before
+    assert error.reason == "missing_file" and "commits/7" in str(error)
+    hints = v2_ids(f.path for f in earlier.files)
+    assert hints["state/0/0"] == {v: f"i{v}p0s0" for v in range(3, 9)}
+    cut = cut_of(ck.listing(), ck.read, 10, hints)  # 9..11 by their commits, 3..8 by hints
+    assert cut.hinted
+    assert sorted(p for p in state_paths(cut) if p.startswith("state/0/0/")) == sorted(
+        [f"state/0/0/{v}_i{v}p0s0.changelog" for v in range(4, 12)]
+        + ["state/0/0/3_i3p0s0.zip", "state/0/0/SSTs/003-p0s0.sst"]
+    )
+    assert not [p for p in paths(cut) if "retry" in p]
+    # Every commit it needs kept: the hints are not used, and the cut says so.
 
 
 def test_v2_a_version_with_no_file_for_its_id_is_refused() -> None:
