@@ -26,8 +26,8 @@
   durable (each file's data synced as it is written, every directory of the tree before the
   move, the parent after it: a power loss never leaves a checkpoint of empty files). When
   ``dest`` is a mount point (an init container's volume), the temporary directory is inside it
-  and its entries are moved into place at the end, ``metadata`` last: until then ``dest`` is
-  no query's checkpoint location. A failure removes the temporary directory; one a killed
+  and its entries are moved into place at the end, ``metadata`` last (what was there goes,
+  its ``metadata`` first): until then ``dest`` is no query's checkpoint location. A failure removes the temporary directory; one a killed
   restore left is removed by the next restore into the same ``dest``.
 
 :func:`list_snapshots` and :func:`find_snapshot` read a query's indexes for ``snapshots`` and
@@ -276,6 +276,13 @@ def _place(temp: Path, dest: Path, mount: bool, token: str) -> None:
     """Move the restored tree, durable already, into place (see the module docstring)."""
     _sync_tree(temp)
     if mount:
+        # metadata goes first and comes back last: cut short anywhere in between, dest is
+        # no query's checkpoint (restore --all restores over it), never a partial one that
+        # looks whole.
+        old = dest / LAST_FILE
+        if old.exists() or old.is_symlink():
+            old.unlink()
+            _sync_dir(dest)
         for entry in list(dest.iterdir()):
             if entry != temp:
                 if entry.is_dir() and not entry.is_symlink():
