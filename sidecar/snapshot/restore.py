@@ -27,8 +27,9 @@
   move, the parent after it: a power loss never leaves a checkpoint of empty files). When
   ``dest`` is a mount point (an init container's volume), the temporary directory is inside it
   and its entries are moved into place at the end, ``metadata`` last (what was there goes,
-  its ``metadata`` first): until then ``dest`` is no query's checkpoint location. A failure removes the temporary directory; one a killed
-  restore left is removed by the next restore into the same ``dest``.
+  its ``metadata`` first): until then ``dest`` is no query's checkpoint location. A failure
+  removes the temporary directory; one a killed restore left is removed by the next restore
+  into the same ``dest``.
 
 :func:`list_snapshots` and :func:`find_snapshot` read a query's indexes for ``snapshots`` and
 ``restore [--batch N]``; :func:`check_snapshots` (restic's ``check``) says of each kept
