@@ -230,11 +230,15 @@ def snapshot_command(args: argparse.Namespace, config: Config) -> int:
         print(f"checkpoint-sidecar: {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE
     for r in done:
+        if not args.json:
+            for why in r.broken:  # skipped for an older snapshot of the same timeline
+                print(f"broken snapshot of query {r.name or r.query_id}, skipped: {why}",
+                      file=sys.stderr)  # fmt: skip
         if args.json:
             print(msgspec.json.encode(r).decode())
         elif r.outcome == "newer":
-            print(f"kept {r.directory}: it holds a checkpoint at least as new as batch "
-                  f"{r.batch_id} of query {r.name or r.query_id}")  # fmt: skip
+            print(f"kept {r.directory}: it holds a checkpoint on the timeline of batch "
+                  f"{r.batch_id} of query {r.name or r.query_id}, at least as new")  # fmt: skip
         elif r.outcome == "refused":
             print(f"refused query {r.name or r.query_id}: {r.directory} {r.error}",
                   file=sys.stderr)  # fmt: skip

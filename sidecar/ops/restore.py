@@ -41,8 +41,9 @@ files identical to the head's, or gone)
 this query's, C < B, its files differ          refused: another timeline
 =============================================  ==========================================
 
-One query's failure (refused, a broken snapshot, the store, a directory it may not write) never
-stops the others: each gets one line, and the command exits 1 at the end if any failed.
+A broken snapshot (a pack missing, a checksum) is skipped, said loudly, for the newest intact
+one before it on its timeline. One query's failure (refused, no intact snapshot, the store, a
+directory it may not write) never stops the others: each gets one line, and the command exits 1 at the end if any failed.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from sidecar.snapshot import lineage
 from sidecar.snapshot.index import SnapshotIndex, all_prefix
 from sidecar.snapshot.restore import (
     Checked,
+    RestoreError,
     SnapshotNotFound,
     check_snapshots,
     list_snapshots,
@@ -115,6 +117,9 @@ class Restored(msgspec.Struct, frozen=True):
     checkpoint: str | None = None
     #: Why it was refused or failed.
     error: str | None = None
+    #: Snapshots found broken (a pack missing, a checksum) and skipped for an older one of
+    #: the same timeline, each as its error said.
+    broken: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -132,6 +137,7 @@ class Restored(msgspec.Struct, frozen=True):
         outcome: str = "restored",
         checkpoint: str | None = None,
         error: str | None = None,
+        broken: tuple[str, ...] = (),
     ) -> Restored:
         """What was done with ``index`` at ``dest``: restored in ``seconds`` (its files and
         bytes counted), or not (``outcome``: none counted)."""
@@ -148,6 +154,7 @@ class Restored(msgspec.Struct, frozen=True):
             outcome,
             checkpoint,
             error,
+            broken,
         )
 
 
@@ -207,9 +214,9 @@ async def snapshots(config: Config, query: str) -> tuple[str, str | None, list[S
 
 async def _chosen(
     store: BlobStore, blobs: SnapshotBlobs, namespace: str, query_id: str, batch: int | None
-) -> tuple[SnapshotIndex, SnapshotRef, SnapshotIndex | None]:
-    """The snapshot a restore writes back (``lineage.choose``), the marker the document names
-    with it, and the head of the current line (None: no snapshot of it is left).
+) -> tuple[SnapshotIndex, SnapshotRef]:
+    """The snapshot a restore writes back (``lineage.choose``), and the marker the document
+    names with it.
 
     Raises:
         SnapshotNotFound: there is no such snapshot.
@@ -225,7 +232,7 @@ async def _chosen(
             f"query {query_id} has no snapshot {what} (batches with one: {shown})",
             available=available,
         )
-    return index, lineage.marker_for(index, found, marker), lineage.choose(found, marker)
+    return index, lineage.marker_for(index, found, marker)
 
 
 async def check(
@@ -258,7 +265,7 @@ async def restore_query(
     try:
         query_id, name = await resolve(store, query)
         blobs = SnapshotBlobs(store)
-        index, marker, _ = await _chosen(store, blobs, config.namespace, query_id, batch)
+        index, marker = await _chosen(store, blobs, config.namespace, query_id, batch)
         started = time.perf_counter()
         await restore(index, blobs, config.namespace, dest, force=force)
         seconds = time.perf_counter() - started
@@ -308,37 +315,68 @@ async def _restore_one(
     query_id: str,
     name: str | None,
 ) -> Restored | None:
-    try:
-        index, marker, _ = await _chosen(store, blobs, config.namespace, query_id, None)
-    except SnapshotNotFound as exc:
-        if not exc.available:
-            return None  # packs of a failed first snapshot only: nothing to restore
-        raise
-    dest = root / index.location if index.location else root
-    verdict = await anyio.to_thread.run_sync(judge, dest, query_id, index)
+    found = await list_snapshots(blobs, config.namespace, query_id)
+    if not found:
+        return None  # packs of a failed first snapshot only: nothing to restore
+    marker = await marker_of(store, query_id)
+    head = lineage.choose(found, marker)
+    if head is None:
+        raise SnapshotNotFound(
+            f"query {query_id}: the snapshot its checkpoint names ({marker}) is gone, and no "
+            "other is on its timeline: restore one by its batch with 'checkpoint-sidecar "
+            "restore QUERY DIR --batch N'",
+            available=tuple(sorted({i.batch for i in found})),
+        )
+    # The head, then (when it is broken) the snapshots before it on its line, newest first.
+    on_line = lineage.current(found, marker)
+    older = [i for i in found if i.id in on_line and (i.batch, i.created_at) < (head.batch,
+             head.created_at)]  # fmt: skip
     label = name or query_id
-    if verdict.keep or verdict.refuse:
-        log.log(
-            logging.ERROR if verdict.refuse else logging.INFO,
-            "restore query=%s: %s: %s",
-            label,
-            dest,
-            verdict.why,
-        )
-        return Restored.of(
-            query_id,
-            name,
-            index,
-            dest,
-            outcome="refused" if verdict.refuse else "newer",
-            error=verdict.why if verdict.refuse else None,
-        )
-    if verdict.why:
-        log.warning("restore query=%s: %s: %s", label, dest, verdict.why)
-    started = time.perf_counter()
-    await restore(index, blobs, config.namespace, dest, force=verdict.replace)
-    seconds = time.perf_counter() - started
-    return await _moved(config, query_id, name, index, marker, dest, seconds)
+    broken: list[RestoreError] = []
+    for index in [head, *older]:
+        dest = root / index.location if index.location else root
+        verdict = await anyio.to_thread.run_sync(judge, dest, query_id, index)
+        if verdict.keep or verdict.refuse:
+            log.log(
+                logging.ERROR if verdict.refuse else logging.INFO,
+                "restore query=%s: %s: %s",
+                label,
+                dest,
+                verdict.why,
+            )
+            return Restored.of(
+                query_id,
+                name,
+                index,
+                dest,
+                outcome="refused" if verdict.refuse else "newer",
+                error=verdict.why if verdict.refuse else None,
+                broken=tuple(str(e) for e in broken),
+            )
+        if verdict.why:
+            log.warning("restore query=%s: %s: %s", label, dest, verdict.why)
+        started = time.perf_counter()
+        try:
+            await restore(index, blobs, config.namespace, dest, force=verdict.replace)
+        except RestoreError as exc:
+            if exc.reason not in ("missing_blob", "checksum"):
+                raise
+            broken.append(exc)
+            log.error(
+                "restore query=%s: snapshot %s of batch %d is broken (%s); trying the one "
+                "before it on its timeline: run 'checkpoint-sidecar snapshots %s --check'",
+                label,
+                index.id,
+                index.batch,
+                exc,
+                label,
+            )
+            continue
+        seconds = time.perf_counter() - started
+        moved = lineage.marker_for(index, found, marker)
+        done = await _moved(config, query_id, name, index, moved, dest, seconds)
+        return msgspec.structs.replace(done, broken=tuple(str(e) for e in broken))
+    raise broken[0]
 
 
 class Verdict(msgspec.Struct, frozen=True):

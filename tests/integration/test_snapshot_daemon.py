@@ -24,7 +24,7 @@ import anyio
 from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
 from sidecar.config import Config
-from sidecar.snapshot.index import prefix
+from sidecar.snapshot.index import decode_index, pack_name, prefix
 from tests.faults.load import scrape_process
 from tests.helpers import metric_value, post_progress, read_blob, wait_blob, wait_for
 from tests.services import REPO_ROOT, DaemonProcess
@@ -312,3 +312,58 @@ def test_a_snapshot_after_another_owner_pruned_names_no_pack_that_is_gone(
     }
     assert lines["2"].endswith(" ok") and "is not stored" in lines["1"], checked.stdout
     assert "checked (every file read back and verified)" in checked.stdout
+
+
+def test_restore_all_skips_a_broken_snapshot_for_the_one_before_it_on_its_timeline(
+    daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
+) -> None:
+    # Batches 0..2 snapshotted one by one; the pack only batch 2's snapshot uses is then lost
+    # (deleted by hand, a store's fault). A lost volume's restore --all says so loudly and
+    # restores batch 1's snapshot, the newest intact one of the timeline, and moves the
+    # checkpoint there; the restored directory is batch 1's checkpoint, byte for byte.
+    root = tmp_path / "root"
+    ck = HdfsCheckpoint(root / "app" / NAME, partitions=2, delta_bytes=500)
+    env = daemon_env | {"SIDECAR_SNAPSHOT_ROOT": str(root), "SIDECAR_COUNT_THRESHOLD": "1"}
+    daemon = started(env, tmp_path / "daemon.log", procs)
+    at_1: dict[str, bytes] = {}
+    for batch in range(3):
+        commit(daemon, ck)
+        wait_for(
+            lambda b=batch: [r["batch_id"] for r in snapshots(env)][:1] == [b],  # type: ignore[misc]
+            30,
+            f"batch {batch}'s snapshot",
+        )
+        if batch == 1:
+            at_1 = tree(root / "app" / NAME)
+    wait_blob(env, QUERY_ID, 2)
+    assert daemon.stop() == 0
+
+    async def lose_the_newest_pack() -> None:
+        config = Config.from_env(env)
+        service = BlobServiceClient.from_connection_string(env["AZURE_STORAGE_CONNECTION_STRING"])
+        async with service:
+            container = service.get_container_client(config.container)
+            used: dict[int, set[str]] = {}  # batch -> the packs its snapshot uses
+            async for b in container.list_blobs(
+                name_starts_with=prefix(config.namespace, QUERY_ID) + "index/"
+            ):
+                body = await (await container.download_blob(b.name)).readall()
+                index = decode_index(body, b.name)
+                used[index.batch] = set(index.packs)
+            (only,) = used[2] - used[1] - used.get(0, set())  # batch 2's new contents
+            await container.delete_blob(pack_name(config.namespace, QUERY_ID, only))
+
+    anyio.run(lose_the_newest_pack)
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    init = env | {"SIDECAR_SNAPSHOT_ROOT": str(volume)}
+    done = cli(init, "restore", "--all", str(volume), "--json")
+    assert done.returncode == 0, done.stderr
+    (row,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert (row["outcome"], row["batch_id"]) == ("restored", 1)
+    assert len(row["broken"]) == 1 and "is not stored" in row["broken"][0]
+    assert "broken (" in done.stderr and "--check" in done.stderr
+    restored = tree(volume / "app" / NAME)
+    assert restored == {p: b for p, b in at_1.items() if p in restored}
+    assert "commits/1" in restored and "commits/2" not in restored
+    assert wait_blob(env, QUERY_ID, 1).batch_id == 1  # the checkpoint moved with it
