@@ -43,7 +43,8 @@ this query's, C < B, its files differ          refused: another timeline
 
 A broken snapshot (a pack missing, a checksum) is skipped, said loudly, for the newest intact
 one before it on its timeline. One query's failure (refused, no intact snapshot, the store, a
-directory it may not write) never stops the others: each gets one line, and the command exits 1 at the end if any failed.
+directory it may not write) never stops the others: each gets one line, and the command exits
+1 at the end if any failed.
 """
 
 from __future__ import annotations

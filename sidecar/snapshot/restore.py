@@ -21,6 +21,9 @@
   CRC-32C (``sidecar.snapshot.crc``), or its SHA-256 when the index has no CRC for it; a
   mismatch fails the restore (``RestoreError``, reason ``checksum``, naming the file and the
   pack).
+- **Leaves it writable by the driver**: directories ``2775`` and files ``664`` whatever the
+  umask, so another user of the volume's group (the pod's ``fsGroup``: the driver, uid 185 in
+  Spark's images, while the restore ran as the sidecar's user) writes the next batch's files.
 - **Never leaves a half-written checkpoint in place**: files go to a temporary directory
   beside ``dest`` (``.<name>.restore-<id>``), renamed into place once all are verified and
   durable (each file's data synced as it is written, every directory of the tree before the
@@ -72,6 +75,11 @@ RANGE_MAX_BYTES = 4 * MiB
 #: between them cost less than another request).
 RANGE_GAP_BYTES = 64 * 1024
 DEFAULT_CONCURRENCY = 8
+#: Restored directories and files: writable by the group, whatever the umask, and the group
+#: inherited (set-group-ID) — the driver runs as another user of the pod's ``fsGroup`` (uid
+#: 185 in Spark's images) and writes the next batch's files and deletes old ones there.
+DIR_MODE = 0o2775
+FILE_MODE = 0o664
 #: Written into place last, when ``dest`` is a mount point: Spark knows a checkpoint location
 #: by it.
 LAST_FILE = "metadata"
@@ -218,12 +226,18 @@ def _prepare(dest: Path, force: bool, token: str) -> tuple[Path, bool]:
         )
     temp = parent / f"{stale}{token}"
     temp.mkdir(parents=True)
+    os.chmod(temp, DIR_MODE)
     return temp, mount
 
 
 def _make_dirs(temp: Path, paths: list[str]) -> None:
     for directory in sorted({str(Path(p).parent) for p in paths} - {"."}):
-        (temp / directory).mkdir(parents=True, exist_ok=True)
+        made = temp
+        for part in Path(directory).parts:
+            made = made / part
+            if not made.is_dir():
+                made.mkdir()
+                os.chmod(made, DIR_MODE)
 
 
 #: ``fdatasync`` where there is one (not on macOS): a new file's data and size on disk.
@@ -239,8 +253,9 @@ def _write_all(fd: int, data: bytes | memoryview, at: int) -> None:
 
 def _write_durably(target: Path, data: bytes | memoryview) -> None:
     """``data`` as the new file ``target``, on disk when this returns."""
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
+        os.fchmod(fd, FILE_MODE)  # whatever the umask
         _write_all(fd, data, 0)
         _sync_data(fd)
     finally:
@@ -563,7 +578,8 @@ class _Sliced:
         whole content is written and hashed."""
         with self.lock:
             if self.fd is None:
-                self.fd = os.open(self.target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
+                self.fd = os.open(self.target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+                os.fchmod(self.fd, FILE_MODE)
             fd = self.fd
         _write_all(fd, data, at)
         with self.lock:

@@ -15,12 +15,15 @@ same with a real PySpark query: test_snapshot_e2e.py):
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
 from sidecar.config import Config
@@ -367,3 +370,71 @@ def test_restore_all_skips_a_broken_snapshot_for_the_one_before_it_on_its_timeli
     assert restored == {p: b for p, b in at_1.items() if p in restored}
     assert "commits/1" in restored and "commits/2" not in restored
     assert wait_blob(env, QUERY_ID, 1).batch_id == 1  # the checkpoint moved with it
+
+
+FS_GROUP = 10001  # the shipped templates' fsGroup
+DRIVER_UID = 185  # Spark's images
+
+
+def as_user(uid: int, groups: list[int]) -> Callable[[], None]:
+    def switch() -> None:
+        os.umask(0o022)  # the usual one: what restore must not depend on
+        if uid:
+            os.setgroups(groups)
+            os.setgid(uid)
+            os.setuid(uid)
+
+    return switch
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches users: needs root")
+def test_the_driver_writes_its_next_batches_in_a_directory_the_sidecar_restored(
+    daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
+) -> None:
+    # As in the shipped template: the volume's root group-owned by the pod's fsGroup with
+    # set-group-ID; restore --all runs as another user than the driver (here root, with the
+    # usual umask 022), the driver as uid 185 in the fsGroup. The driver must write the next
+    # batch's offsets/, commits/ and state files (and delete old ones) in what the restore
+    # created.
+    root = tmp_path / "root"
+    ck = HdfsCheckpoint(root / "app" / NAME, partitions=2, delta_bytes=500)
+    env = daemon_env | {"SIDECAR_SNAPSHOT_ROOT": str(root), "SIDECAR_COUNT_THRESHOLD": "1"}
+    daemon = started(env, tmp_path / "daemon.log", procs)
+    for _ in range(2):
+        commit(daemon, ck)
+    wait_for(lambda: [r["batch_id"] for r in snapshots(env)][:1] == [1], 30, "batch 1's")
+    assert daemon.stop() == 0
+
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    os.chown(volume, 0, FS_GROUP)
+    os.chmod(volume, 0o2775)
+    for up in (tmp_path, *tmp_path.parents):  # the driver reaches the volume
+        if not up.stat().st_mode & 0o001:
+            up.chmod(up.stat().st_mode | 0o005)
+    init = env | {"SIDECAR_SNAPSHOT_ROOT": str(volume)}
+    done = subprocess.run(
+        [sys.executable, "-m", "sidecar", "restore", "--all", str(volume)],
+        env={"PATH": "/usr/bin:/bin", **init, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=as_user(0, []),
+    )
+    assert done.returncode == 0, done.stderr
+    top = volume / "app" / NAME
+    assert (top / "offsets").stat().st_gid == FS_GROUP
+    driver = (
+        f"cd {top} && echo v1 > offsets/.2.tmp && mv offsets/.2.tmp offsets/2 && "
+        "echo v1 > commits/2 && : > state/0/0/3.delta && rm offsets/0 && "
+        "mkdir state/0/0/_x && stat -c %u commits/2"
+    )
+    wrote = subprocess.run(
+        ["/bin/sh", "-c", driver],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=as_user(DRIVER_UID, [FS_GROUP]),
+    )
+    assert wrote.returncode == 0, wrote.stderr
+    assert wrote.stdout.strip() == str(DRIVER_UID)
