@@ -192,12 +192,18 @@ def snapshot_command(args: argparse.Namespace, config: Config) -> int:
         if args.command == "snapshots":
             if args.read_data:
                 raise ConfigError("--read-data goes with --check")
-            query_id, name, found = anyio.run(restore.snapshots, config, args.query)
+            listed = anyio.run(restore.snapshots, config, args.query)
+            query_id, name, found = listed.query_id, listed.name, listed.snapshots
             if args.json:
-                print(msgspec.json.encode({"query_id": query_id, "name": name,
-                                           "snapshots": found}).decode())  # fmt: skip
+                print(msgspec.json.encode(listed).decode())
                 return EXIT_OK
             print(f"query {name or '-'} ({query_id}): {len(found)} snapshot(s), newest first")
+            if listed.gone is not None:
+                g = listed.gone
+                print(f"  gone from its location {g.location or '.'}: it holds query "
+                      f"{g.found_query}'s checkpoint (found {g.at}); these snapshots are "
+                      f"reclaimed {config.snapshot_abandoned_keep_s:.0f} s after that, unless "
+                      "the query is snapshotted again")  # fmt: skip
             for row in found:
                 mark = "*" if row.marker else " "
                 print(f" {mark}batch {row.batch_id:>8}  {row.id}  {row.created_at}  {row.files} "
@@ -239,6 +245,8 @@ def snapshot_command(args: argparse.Namespace, config: Config) -> int:
         elif r.outcome == "newer":
             print(f"kept {r.directory}: it holds a checkpoint on the timeline of batch "
                   f"{r.batch_id} of query {r.name or r.query_id}, at least as new")  # fmt: skip
+        elif r.outcome == "elsewhere":
+            print(f"not restored query {r.name or r.query_id}: {r.directory} {r.error}")
         elif r.outcome == "refused":
             print(f"refused query {r.name or r.query_id}: {r.directory} {r.error}",
                   file=sys.stderr)  # fmt: skip

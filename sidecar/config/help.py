@@ -103,7 +103,9 @@ HELP = {
         "one its checkpoint document names); older ones, and bytes no kept snapshot needs, "
         "are deleted",
         "snapshot_abandoned_keep_s": "seconds a snapshot of an abandoned timeline (the batches "
-        "after a rewind's point, as they were) is kept after it was taken, as a rewind point",
+        "after a rewind's point, as they were) is kept after it was taken, as a rewind point; "
+        "and the snapshots of a query gone (retired, or its location reused by another "
+        "query) after nothing more was written for it",
     },
     "admin endpoint, logging, event loop, shutdown": {
         "metrics_host": "address for /metrics, /healthz, /readyz",

@@ -174,6 +174,7 @@ class Daemon:
                 marker=self.blobs.snapshot_marker,
                 retain=config.snapshot_retain,
                 abandoned_keep_s=config.snapshot_abandoned_keep_s,
+                checkpoints=self._checkpoint_ids,
             )
         self.flusher = Flusher(
             config,
@@ -247,6 +248,10 @@ class Daemon:
         if self.eventhubs is not None:
             r.forget.append(self.eventhubs.forget)
         r.forget_label += [self.lag.forget, self.eventhubs_lag.forget, self.metrics.forget_query]
+
+    async def _checkpoint_ids(self) -> set[str]:
+        """The queries of the namespace with a checkpoint blob (one listing)."""
+        return {info.query_id for info in await self.store.list()}
 
     def _durable_hook(self) -> DurableHook | None:
         """What the flusher tells of each checkpoint durable in its blob, and the admin ops

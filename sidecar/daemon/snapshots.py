@@ -47,6 +47,7 @@ from sidecar.snapshot.contents import Contents
 from sidecar.snapshot.cut import Hints, v2_ids
 from sidecar.snapshot.index import SnapshotIndex
 from sidecar.snapshot.prune import prune
+from sidecar.snapshot.reclaim import reclaim
 from sidecar.snapshot.source import CheckpointSource, Location
 from sidecar.snapshot.upload import failure_reason, upload_snapshot
 from sidecar.store.snapshots import SnapshotBlobs
@@ -70,6 +71,10 @@ RETRY_S = 5.0
 #: Checkpoint locations under the root are listed again at most this often when a query's
 #: location is not known.
 RELIST_S = 10.0
+#: The snapshots of queries gone (retired, or their location reused) are looked for this long
+#: after start, then this often (``sidecar.snapshot.reclaim``).
+RECLAIM_FIRST_S = 5.0
+RECLAIM_EVERY_S = 3600.0
 #: Report times kept per query while its snapshots fail: the oldest (the lag) and the newest.
 REPORTED_MAX = 64
 
@@ -122,6 +127,7 @@ class Snapshotter:
         marker: Callable[[str], tuple[bool, SnapshotRef | None]],
         retain: int,
         abandoned_keep_s: float = 7 * 86400.0,
+        checkpoints: Callable[[], Awaitable[set[str]]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``owns(query id, label)``: None when this daemon does not hold the query's lease,
@@ -131,7 +137,9 @@ class Snapshotter:
         each new snapshot (the blob state names it in the next document); ``marker``: the
         snapshot the query's document names (always kept; its timeline is the current one)
         and whether that is known; ``retain``: snapshots kept of the current timeline;
-        ``abandoned_keep_s``: how long one of an abandoned timeline is kept."""
+        ``abandoned_keep_s``: how long one of an abandoned timeline is kept, and the snapshots
+        of a query gone; ``checkpoints()``: the ids of the queries with a checkpoint blob (None:
+        gone queries are not looked for)."""
         self._source = source
         self._blobs = blobs
         self._namespace = namespace
@@ -141,6 +149,7 @@ class Snapshotter:
         self._marker = marker
         self._retain = retain
         self._abandoned_keep_s = abandoned_keep_s
+        self._checkpoints = checkpoints
         self._clock = clock
         self._queries: dict[str, _Query] = {}
         self._locations: dict[str, str] = {}
@@ -202,6 +211,8 @@ class Snapshotter:
         with self._loop:
             async with anyio.create_task_group() as tg:
                 task_status.started()
+                if self._checkpoints is not None:
+                    tg.start_soon(self._reclaim, self._checkpoints)
                 while True:
                     with anyio.move_on_after(TICK_S):
                         await self._wake.wait()
@@ -360,6 +371,24 @@ class Snapshotter:
         self._metrics.snapshot_lag_batches.labels(q.label).set(max(0, q.wanted - q.done))
         self._metrics.snapshot_batch.labels(q.label).set(q.done)
         self._taken(query_id, SnapshotRef(batch, index.id, index.timeline))
+
+    async def _reclaim(self, checkpoints: Callable[[], Awaitable[set[str]]]) -> None:
+        """Now and then, the snapshots of queries gone (``sidecar.snapshot.reclaim``)."""
+        await anyio.sleep(RECLAIM_FIRST_S)
+        while True:
+            busy = [query_id for query_id, q in self._queries.items() if q.location is not None]
+            try:
+                await reclaim(
+                    self._blobs,
+                    self._namespace,
+                    checkpoints,
+                    keep_s=self._abandoned_keep_s,
+                    now=time.time(),
+                    busy=busy,
+                )
+            except SidecarError as exc:
+                log.warning("snapshots of gone queries not reclaimed (tried again later): %s", exc)
+            await anyio.sleep(RECLAIM_EVERY_S)
 
     async def _prune(self, query_id: str, q: _Query, owner: Ownership) -> None:
         """Retention and the sweep, never beside an upload of the same query (the caller is

@@ -28,8 +28,9 @@ the location holds                             restore --all
 nothing (a lost or new volume)                 restores the head
 no ``metadata`` (a restore cut short, files    restores over it: Spark could not resume
 of no checkpoint)                              from it (it would start a new query)
-**another query's** ``metadata`` (the          refused, nothing written: that query's
-location reused by a new query)                checkpoint is not this one's to replace
+**another query's** ``metadata`` (the          nothing written (outcome ``elsewhere``, not
+location reused by a new query)                a failure): this query is gone from there;
+                                               its snapshots are reclaimed after a while
 this query's, C ≥ B, ``offsets/B`` and         kept (a pod restarted on its volume, or a
 ``commits/B`` identical to the head's          rewound query run on)
 this query's, C ≥ B, those files differ        refused: a timeline the document does not
@@ -64,6 +65,7 @@ from sidecar.model.spark_dir import SparkCheckpointError, parse_query_metadata
 from sidecar.ops import admin_tool, spark_import
 from sidecar.snapshot import lineage
 from sidecar.snapshot.index import SnapshotIndex, all_prefix
+from sidecar.snapshot.reclaim import GoneRecord, mark_gone, read_gone
 from sidecar.snapshot.restore import (
     Checked,
     RestoreError,
@@ -111,8 +113,10 @@ class Restored(msgspec.Struct, frozen=True):
     files: int
     bytes: int
     seconds: float
-    #: "restored", or why not: "newer" (the directory holds a checkpoint at least as new),
-    #: "refused" (it holds another query's checkpoint), "failed" (``error`` says why).
+    #: "restored", or why not: "newer" (the directory holds a checkpoint on its timeline, at
+    #: least as new), "elsewhere" (it holds another query's checkpoint: the location was
+    #: reused; this query's snapshots are reclaimed after a while), "refused" (a timeline
+    #: the checkpoint does not know, or not a checkpoint location), "failed" (``error``).
     outcome: str = "restored"
     #: The reset's one-line summary (how the sidecar's checkpoint moved), when it did.
     checkpoint: str | None = None
@@ -124,7 +128,7 @@ class Restored(msgspec.Struct, frozen=True):
 
     @property
     def ok(self) -> bool:
-        return self.outcome in ("restored", "newer")
+        return self.outcome in ("restored", "newer", "elsewhere")
 
     @classmethod
     def of(
@@ -202,13 +206,26 @@ async def marker_of(store: BlobStore, query_id: str) -> SnapshotRef | None:
     return doc.snapshot if doc is not None else None
 
 
-async def snapshots(config: Config, query: str) -> tuple[str, str | None, list[SnapshotRow]]:
-    """The query's id, name and snapshots, newest first, each with its line."""
+class Listed(msgspec.Struct, frozen=True):
+    """``snapshots QUERY``: the query's snapshots, newest first, each with its line; and,
+    when ``restore --all`` found its location holding another query's checkpoint, that."""
+
+    query_id: str
+    name: str | None
+    snapshots: list[SnapshotRow]
+    gone: GoneRecord | None = None
+
+
+async def snapshots(config: Config, query: str) -> Listed:
+    """The query's snapshots as ``snapshots QUERY`` lists them."""
     store = BlobStore(config)
     try:
         query_id, name = await resolve(store, query)
-        found = await list_snapshots(SnapshotBlobs(store), config.namespace, query_id)
-        return query_id, name, rows(found, await marker_of(store, query_id))
+        blobs = SnapshotBlobs(store)
+        found = await list_snapshots(blobs, config.namespace, query_id)
+        marker = await marker_of(store, query_id)
+        gone = await read_gone(blobs, config.namespace, query_id)
+        return Listed(query_id, name, rows(found, marker), gone)
     finally:
         await store.aclose()
 
@@ -337,6 +354,18 @@ async def _restore_one(
     for index in [head, *older]:
         dest = root / index.location if index.location else root
         verdict = await anyio.to_thread.run_sync(judge, dest, query_id, index)
+        if verdict.elsewhere is not None:
+            await mark_gone(blobs, config.namespace, query_id, index.location, verdict.elsewhere)
+            keep_days = config.snapshot_abandoned_keep_s / 86400
+            log.warning(
+                "restore query=%s: %s: %s; its snapshots are kept %.3g days from the first time "
+                "this was found (SIDECAR_SNAPSHOT_ABANDONED_KEEP_S), then reclaimed",
+                label,
+                dest,
+                verdict.why,
+                keep_days,
+            )
+            return Restored.of(query_id, name, index, dest, outcome="elsewhere", error=verdict.why)
         if verdict.keep or verdict.refuse:
             log.log(
                 logging.ERROR if verdict.refuse else logging.INFO,
@@ -385,8 +414,12 @@ class Verdict(msgspec.Struct, frozen=True):
 
     #: Leave it as it is: it holds this query's checkpoint, at least as new.
     keep: bool = False
-    #: Write nothing: it holds another query's checkpoint.
+    #: Write nothing: it holds what the checkpoint does not know (another timeline), or is
+    #: not a checkpoint location at all.
     refuse: bool = False
+    #: Write nothing: it holds another query's checkpoint (this id): the location was reused,
+    #: this query is gone from it.
+    elsewhere: str | None = None
     #: Restore over what it holds (else it must be empty or absent).
     replace: bool = False
     #: Why, for the log and the command's line.
@@ -418,7 +451,7 @@ def judge(dest: Path, query_id: str, head: SnapshotIndex) -> Verdict:
         return Verdict(refuse=True, why=f"nothing written: {exc}")
     if owner != query_id:
         return Verdict(
-            refuse=True,
+            elsewhere=owner,
             why=(
                 f"holds the checkpoint of another query ({owner}), not of {query_id}: nothing "
                 "written (the location was reused by a new query; restore this one elsewhere "

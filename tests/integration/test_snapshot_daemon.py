@@ -196,13 +196,15 @@ def test_restore_all_fills_an_empty_volume_and_keeps_a_newer_checkpoint(
     assert "kept" in kept.stdout and tree(volume / "app" / NAME) == before
 
 
-def test_restore_all_refuses_another_querys_location_and_restores_the_others(
+def test_restore_all_leaves_a_reused_location_to_its_new_query_and_restores_the_others(
     daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
 ) -> None:
     # Two queries snapshotted; the pod's volume is then reused: one location now holds a new
     # query's checkpoint (far behind the old one's snapshot), the other was cut short by a
     # killed restore (files, no metadata). restore --all writes nothing over the new query,
-    # says so on its line, still restores the other, and exits 1 for the one refused.
+    # says so on its line, still restores the other, and exits 0 (the pod starts: the old
+    # query is gone from there). Its snapshots are listed as gone, and a daemon reclaims
+    # them once the stated time is over (0 here); the other query's stay.
     root = tmp_path / "root"
     other_id = "7a7a7a7a-0000-4000-8000-0000000000b2"
     cks = {
@@ -237,17 +239,30 @@ def test_restore_all_refuses_another_querys_location_and_restores_the_others(
     before = tree(volume / "app" / NAME)
     init = env | {"SIDECAR_SNAPSHOT_ROOT": str(volume)}
     done = cli(init, "restore", "--all", str(volume), "--json")
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 0, done.stderr
     rows = {r["query_id"]: r for r in map(json.loads, done.stdout.splitlines())}
-    assert rows[QUERY_ID]["outcome"] == "refused"
+    assert rows[QUERY_ID]["outcome"] == "elsewhere"
     assert "another query (new-query-id)" in rows[QUERY_ID]["error"]
     assert tree(volume / "app" / NAME) == before  # not a byte written
     assert rows[other_id]["outcome"] == "restored" and rows[other_id]["batch_id"] == 2
     assert "commits/2" in tree(cut)
     plain = cli(init, "restore", "--all", str(volume))
-    assert plain.returncode == 1
-    assert f"refused query n-{QUERY_ID[:4]}" in plain.stderr
+    assert plain.returncode == 0, plain.stderr
+    assert f"not restored query n-{QUERY_ID[:4]}" in plain.stdout
     assert "kept" in plain.stdout  # the other query's, restored just now
+    listed = json.loads(cli(env, "snapshots", QUERY_ID, "--json").stdout)
+    assert listed["gone"]["found_query"] == "new-query-id"
+    assert listed["gone"]["location"] == f"app/{NAME}"
+    assert "gone from its location" in cli(env, "snapshots", QUERY_ID).stdout
+
+    # A daemon reclaims them (kept 0 s here; 7 days by default), and only them.
+    reclaiming = started(
+        env | {"SIDECAR_SNAPSHOT_ABANDONED_KEEP_S": "0"}, tmp_path / "reclaim.log", procs
+    )
+    wait_for(lambda: newest(QUERY_ID) is None, 30, "the gone query's snapshots reclaimed")
+    assert newest(other_id) == 2
+    assert "snapshots of query " + QUERY_ID + " reclaimed" in reclaiming.log()
+    assert json.loads(cli(env, "snapshots", QUERY_ID, "--json").stdout)["gone"] is None
 
 
 def test_a_snapshot_after_another_owner_pruned_names_no_pack_that_is_gone(

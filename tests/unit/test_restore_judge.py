@@ -111,7 +111,8 @@ def test_this_querys_older_or_uncommitted_checkpoint_is_restored_over(tmp_path: 
 def test_another_querys_checkpoint_is_never_written_over(tmp_path: Path) -> None:
     # The location reused by a new query, far behind the old one's snapshot.
     verdict = judge(checkpoint(tmp_path / "reused", OTHER, 20), Q, snapshot(500))
-    assert verdict.refuse and OTHER in verdict.why and Q in verdict.why
+    assert verdict.elsewhere == OTHER and OTHER in verdict.why and Q in verdict.why
+    assert not (verdict.keep or verdict.replace)
     (tmp_path / "garbled").mkdir()
     (tmp_path / "garbled" / "metadata").write_text("not json")
     assert judge(tmp_path / "garbled", Q, snapshot(5)).refuse
