@@ -412,6 +412,19 @@ class Snapshotter:
             log.warning("snapshot query=%s: prune failed (tried again later): %s", q.label, exc)
             return
         log.debug("snapshot query=%s: pruned %r", q.label, pruned)
+        broken = pruned.plan.broken  # deleted by this pass unless the document names it
+        self._metrics.snapshots_broken.labels(q.label).set(len(broken))
+        self._metrics.snapshots_checked.labels(q.label).set(time.time())
+        if broken:
+            log.error(
+                "snapshot query=%s: %d snapshot(s) could not be restored (a pack they name is "
+                "gone; deleted unless the checkpoint names it): %s; run 'checkpoint-sidecar "
+                "snapshots %s --check', and look for who deletes blobs in the container",
+                q.label,
+                len(broken),
+                ", ".join(n.rsplit("/", 1)[-1] for n in broken),
+                q.label,
+            )
 
 
 def _hints(contents: Contents, batch: int) -> tuple[str, Hints] | None:

@@ -324,6 +324,20 @@ class Metrics:
             ["query"],
             registry=r,
         )
+        self.snapshots_broken = Gauge(
+            "checkpoint_sidecar_snapshots_broken",
+            "The query's snapshots that cannot be restored (an index naming a pack that is "
+            "gone), as its owner's last prune pass found them (every 5 minutes at most)",
+            ["query"],
+            registry=r,
+        )
+        self.snapshots_checked = Gauge(
+            "checkpoint_sidecar_snapshots_checked_timestamp_seconds",
+            "When the query's owner last checked its snapshots (a prune pass: every index "
+            "read, every pack it names listed), Unix time",
+            ["query"],
+            registry=r,
+        )
         self.config_check = Gauge(
             "checkpoint_sidecar_config_check",
             "Result of each configuration check run at start (checkpoint-sidecar doctor): "
@@ -391,7 +405,13 @@ class Metrics:
 
     def forget_snapshot_series(self, label: str) -> None:
         """Remove the snapshot series of query ``label`` (retired)."""
-        for gauge in (self.snapshot_batch, self.snapshot_lag_batches, self.snapshot_lag_seconds):
+        for gauge in (
+            self.snapshot_batch,
+            self.snapshot_lag_batches,
+            self.snapshot_lag_seconds,
+            self.snapshots_broken,
+            self.snapshots_checked,
+        ):
             if (label,) in gauge._metrics:
                 gauge.remove(label)
 

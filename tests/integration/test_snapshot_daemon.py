@@ -332,6 +332,64 @@ def test_a_snapshot_after_another_owner_pruned_names_no_pack_that_is_gone(
     assert "checked (every file read back and verified)" in checked.stdout
 
 
+async def lose_the_pack_only(env: dict[str, str], batch: int) -> None:
+    """Delete the pack only ``batch``'s snapshot uses (its new contents), as a store's fault
+    or a hand would."""
+    config = Config.from_env(env)
+    service = BlobServiceClient.from_connection_string(env["AZURE_STORAGE_CONNECTION_STRING"])
+    async with service:
+        container = service.get_container_client(config.container)
+        used: dict[int, set[str]] = {}  # batch -> the packs its snapshot uses
+        async for b in container.list_blobs(
+            name_starts_with=prefix(config.namespace, QUERY_ID) + "index/"
+        ):
+            body = await (await container.download_blob(b.name)).readall()
+            index = decode_index(body, b.name)
+            used[index.batch] = set(index.packs)
+        others = set().union(*(packs for b, packs in used.items() if b != batch))
+        (only,) = used[batch] - others
+        await container.delete_blob(pack_name(config.namespace, QUERY_ID, only))
+
+
+def test_a_prune_pass_reports_the_snapshots_it_finds_broken(
+    daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
+) -> None:
+    # Snapshot 1's own pack is lost while no daemon runs; the next daemon's first snapshot
+    # (of batch 2) is followed by a prune pass, which finds snapshot 1 broken: the gauge and
+    # the log say so (the alert CheckpointSidecarSnapshotsBroken fires on it).
+    root = tmp_path / "root"
+    ck = HdfsCheckpoint(root / "app" / NAME, partitions=2, delta_bytes=500)
+    env = daemon_env | {"SIDECAR_SNAPSHOT_ROOT": str(root), "SIDECAR_COUNT_THRESHOLD": "1"}
+    daemon = started(env, tmp_path / "daemon.log", procs)
+    for batch in range(2):
+        commit(daemon, ck)
+        wait_for(
+            lambda b=batch: [r["batch_id"] for r in snapshots(env)][:1] == [b],  # type: ignore[misc]
+            30,
+            f"batch {batch}'s snapshot",
+        )
+    wait_blob(env, QUERY_ID, 1)
+    assert daemon.stop() == 0
+    anyio.run(lose_the_pack_only, env, 1)
+    again = started(env, tmp_path / "again.log", procs)
+    commit(again, ck)
+
+    def broken() -> float | None:
+        page = scrape_process(again)[1]
+        try:
+            return metric_value(page, "checkpoint_sidecar_snapshots_broken", query=NAME)
+        except AssertionError:
+            return None
+
+    wait_for(lambda: broken() is not None, 30, "a prune pass")
+    assert broken() == 1
+    page = scrape_process(again)[1]
+    assert (
+        metric_value(page, "checkpoint_sidecar_snapshots_checked_timestamp_seconds", query=NAME) > 0
+    )
+    assert "1 snapshot(s) could not be restored" in again.log()
+
+
 def test_restore_all_skips_a_broken_snapshot_for_the_one_before_it_on_its_timeline(
     daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
 ) -> None:
@@ -356,22 +414,7 @@ def test_restore_all_skips_a_broken_snapshot_for_the_one_before_it_on_its_timeli
     wait_blob(env, QUERY_ID, 2)
     assert daemon.stop() == 0
 
-    async def lose_the_newest_pack() -> None:
-        config = Config.from_env(env)
-        service = BlobServiceClient.from_connection_string(env["AZURE_STORAGE_CONNECTION_STRING"])
-        async with service:
-            container = service.get_container_client(config.container)
-            used: dict[int, set[str]] = {}  # batch -> the packs its snapshot uses
-            async for b in container.list_blobs(
-                name_starts_with=prefix(config.namespace, QUERY_ID) + "index/"
-            ):
-                body = await (await container.download_blob(b.name)).readall()
-                index = decode_index(body, b.name)
-                used[index.batch] = set(index.packs)
-            (only,) = used[2] - used[1] - used.get(0, set())  # batch 2's new contents
-            await container.delete_blob(pack_name(config.namespace, QUERY_ID, only))
-
-    anyio.run(lose_the_newest_pack)
+    anyio.run(lose_the_pack_only, env, 2)
     volume = tmp_path / "volume"
     volume.mkdir()
     init = env | {"SIDECAR_SNAPSHOT_ROOT": str(volume)}
