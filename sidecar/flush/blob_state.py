@@ -50,7 +50,14 @@ import anyio
 from sidecar.backoff import Backoff
 from sidecar.buffer.lua import NO_BLOB
 from sidecar.buffer.rows import PendingQuery
-from sidecar.errors import CorruptRecord, LeaseLost, NotOwner, StoreUnavailable, VersionConflict
+from sidecar.errors import (
+    CorruptRecord,
+    LeaseLost,
+    NotOwner,
+    SidecarError,
+    StoreUnavailable,
+    VersionConflict,
+)
 from sidecar.flush.core import Ack, FlushCore, Plan, Seen
 from sidecar.flush.lease import Held, LeaseState, Ownership
 from sidecar.flush.lease_manager import LeaseManager, LeaseStore
@@ -253,6 +260,12 @@ class BlobStates:
                 raise self._not_owner(query_id, batch_id)
             case Ack.WAKE:
                 self.wake.set()
+            case Ack.CONFIRM:  # the batch was in the blob: a read now says if it still is
+                try:
+                    await self.read(query_id)
+                except SidecarError as exc:  # the flush's next read answers it, or the time
+                    log.debug("query=%s: the blob not read for an ack: %s", query_id, exc)
+                    self._core.unverify(query_id)
         timer = (
             None
             if timeout_s is None
@@ -338,7 +351,7 @@ class BlobStates:
     def busy(self, query_id: str) -> bool:
         """An ack waits on the query, or it is in a flush pass: not to be retired now."""
         q = self._core.get(query_id)
-        return q is not None and (bool(q.acks) or self._core.in_flight(query_id))
+        return q is not None and (q.acks_wait or self._core.in_flight(query_id))
 
     def in_flight(self, query_id: str) -> bool:
         return self._core.in_flight(query_id)

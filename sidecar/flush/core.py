@@ -316,8 +316,16 @@ class QueryState(Generic[W, L]):
     evidence: int
     label: str = ""
     blob: Blob = Unread()
-    #: Acks waiting for a batch to be durable: (batch id, handle).
+    #: Acks waiting for a batch to be durable: (batch id, handle); and those whose batch the
+    #: blob held as last known here, which only a read or a write made after them answers
+    #: (memory may be stale: a twin on its own Redis may have reset the blob lower).
     acks: list[tuple[int, W]] = field(default_factory=list)
+    confirming: list[tuple[int, W]] = field(default_factory=list)
+
+    @property
+    def acks_wait(self) -> bool:
+        return bool(self.acks or self.confirming)
+
     flight: Flight = Flight.IDLE
     #: The last row an apply returned (blob ack mode), with the stamp its call began at.
     row: tuple[PendingQuery, int] | None = None
@@ -388,6 +396,8 @@ class Ack(enum.Enum):
     WAIT = "wait"
     #: Another daemon holds the query's lease: answer ``not_owner`` now.
     NOT_OWNER = "not_owner"
+    #: Waiting; the blob held the batch as last known here: read it now, the read answers.
+    CONFIRM = "confirm"
 
 
 class FlushCore(Generic[W, L]):
@@ -466,8 +476,11 @@ class FlushCore(Generic[W, L]):
         q.evidence = self._stamp
 
     def _durable(self, q: QueryState[W, L]) -> list[W]:
-        """The acks what the blob holds answers (they stop waiting)."""
-        batch = q.blob.durable
+        """The acks what the blob holds answers (they stop waiting): only by what was read or
+        written (``Seen``, or the base of a write in flight), never by a batch remembered or
+        said by Redis (``Unread``: a twin on its own Redis may have reset the blob lower)."""
+        blob = q.blob.base if isinstance(q.blob, Writing) else q.blob
+        batch = blob.batch if isinstance(blob, Seen) else NO_BLOB
         answered = [w for b, w in q.acks if b <= batch]
         if answered:
             q.acks = [(b, w) for b, w in q.acks if b > batch]
@@ -483,6 +496,9 @@ class FlushCore(Generic[W, L]):
 
     def _advance(self, q: QueryState[W, L], event: BlobEvent) -> list[W]:
         before, q.blob = q.blob, advance(q.blob, event)
+        if isinstance(event, Read | Wrote) and q.confirming:  # news of the blob: it answers
+            q.acks.extend(q.confirming)
+            q.confirming = []
         if q.blob != before:
             q.behind = None  # judged again against Redis' next word
             if isinstance(event, Wrote):
@@ -538,12 +554,18 @@ class FlushCore(Generic[W, L]):
     # --- acks -----------------------------------------------------------------------------
 
     def ack(self, query_id: str, batch: int, waiter: W) -> Ack:
-        """An ack wants ``batch`` of the query in the blob."""
+        """An ack wants ``batch`` of the query in the blob. Never answered from memory: a twin
+        on its own Redis may have broken the lease and reset the blob lower since it was last
+        seen here. A batch the blob held as last known is confirmed by a read (the next flush
+        check's); a newer one waits for its write."""
         q = self.record(query_id)
-        if q.blob.durable >= batch:
-            return Ack.DURABLE
         if q.lease.held_elsewhere():
             return Ack.NOT_OWNER
+        if q.blob.durable >= batch:
+            # Held already, as far as known here: answered by a read made after it (a resend,
+            # rare; new batches wait for their write).
+            q.confirming.append((batch, waiter))
+            return Ack.CONFIRM
         q.acks.append((batch, waiter))
         if q.flight is not Flight.IDLE:
             q.flight = Flight.DEFERRED
@@ -555,6 +577,7 @@ class FlushCore(Generic[W, L]):
         q = self._queries.get(query_id)
         if q is not None:
             q.acks = [(b, w) for b, w in q.acks if w is not waiter]
+            q.confirming = [(b, w) for b, w in q.confirming if w is not waiter]
 
     def held_elsewhere(self, query_id: str, holder: str | None) -> list[W]:
         """Another daemon holds the query's lease (``holder``: who last wrote the blob, when
@@ -564,13 +587,13 @@ class FlushCore(Generic[W, L]):
             return []
         if holder is not None:
             q.holder = holder
-        waiting = [w for _, w in q.acks]
-        q.acks = []
+        waiting = [w for _, w in q.acks + q.confirming]
+        q.acks, q.confirming = [], []
         return waiting
 
     def waiting(self) -> list[str]:
         """The queries acks wait on."""
-        return [q.query_id for q in self._queries.values() if q.acks]
+        return [q.query_id for q in self._queries.values() if q.acks_wait]
 
     # --- a flush pass ----------------------------------------------------------------------
 
@@ -591,13 +614,13 @@ class FlushCore(Generic[W, L]):
             return False
         deferred = q.flight is Flight.DEFERRED
         q.flight = Flight.IDLE
-        return deferred and bool(q.acks) and self._clock() >= q.retry_at
+        return deferred and q.acks_wait and self._clock() >= q.retry_at
 
     def due(self, query_id: str) -> bool:
         """Due whatever the thresholds: an ack waits on it, a previous run left it pending, or
         its blob is unverified."""
         q = self._queries.get(query_id)
-        return q is not None and (bool(q.acks) or q.recovering or q.unverified)
+        return q is not None and (q.acks_wait or q.recovering or q.unverified)
 
     def recovering(self, query_ids: set[str]) -> None:
         """A previous run left these pending: due until flushed."""
@@ -719,7 +742,7 @@ class FlushCore(Generic[W, L]):
         if q is None or q.row is None:
             return None
         row, q.row = q.row, None
-        return row if q.acks else None
+        return row if q.acks_wait else None
 
     def prune_rows(self, pending: set[str], now_ms: int) -> None:
         """Drop the rows of queries no longer pending in a check at Redis time ``now_ms``

@@ -62,6 +62,8 @@ class FakeBlobStore:
         self.versions: dict[str, str] = {}
         self.leases: dict[str, Lease] = {}
         self.down = False
+        #: Reads of a blob so far.
+        self.blob_reads = 0
         #: (query id, batch id) of every write that landed, in order.
         self.writes: list[tuple[str, int]] = []
         self._etags = itertools.count(1)
@@ -137,6 +139,7 @@ class FakeBlobStore:
 
     async def read_stored(self, query_id: str) -> Stored:
         self._call()
+        self.blob_reads += 1
         body = self.bodies.get(query_id)
         if body is None:
             return Stored(None, None)

@@ -192,13 +192,20 @@ async def test_an_ack_times_out_when_its_batch_never_reaches_the_blob() -> None:
     assert await states.wait_durable(QID, 3, 0.01) is False
     assert states.waiting() == []
     await written(states, store, QID, 3)
-    assert await states.wait_durable(QID, 2, 0.01) is True  # durable already: no wait
+    # Held already as last known: never answered from memory, but by a read made for it.
+    reads = store.blob_reads
+    assert await states.wait_durable(QID, 2, 0.01) is True
+    assert store.blob_reads == reads + 1
+    # Lowered behind this daemon's back (a twin on its own Redis reset it): the read says so.
+    store.put(QID, 1)
+    assert await states.wait_durable(QID, 2, 0.01) is False
 
 
-async def test_redis_flushed_batch_read_before_newer_blob_evidence_answers_no_ack() -> None:
+async def test_redis_flushed_batch_answers_no_ack_only_a_read_of_the_blob_does() -> None:
     # The flusher read Redis' flushed batch (9) at stamp ``since``; meanwhile a read found the
-    # blob at batch 3 (another owner rewound it). Redis' older word is no evidence now: the
-    # ack of batch 5 keeps waiting. Read after the blob's word, it counts.
+    # blob at batch 3 (another owner rewound it). Redis' word is no evidence for an ack, older
+    # or newer than the blob's (a twin on its own Redis may have reset the blob lower): the
+    # ack of batch 5 keeps waiting until a read or a write shows the blob holds it.
     states = states_of(FakeBlobStore())
     core = states._core
     waiter: asyncio.Future[Durability] = asyncio.get_running_loop().create_future()
@@ -207,7 +214,9 @@ async def test_redis_flushed_batch_read_before_newer_blob_evidence_answers_no_ac
     assert core.read(QID, Stored('"v3"', document(QID, 3)), core.stamp) == (3, [])
     assert core.redis_says(QID, 9, 0, since) == []
     assert core.waiting() == [QID]
-    assert core.redis_says(QID, 9, 0, core.stamp) == [waiter]
+    assert core.redis_says(QID, 9, 0, core.stamp) == []
+    assert core.waiting() == [QID]
+    assert core.read(QID, Stored('"v9"', document(QID, 9)), core.stamp)[1] == [waiter]
     assert core.waiting() == []
 
 
@@ -235,7 +244,10 @@ async def test_an_ack_of_a_query_whose_lease_another_daemon_holds_is_answered_no
     assert states.holders() == {"q": "unit pid 1"}
     with pytest.raises(NotOwner):  # a new ack is answered at once
         await states.wait_durable(QID, 6, None)
-    assert await states.wait_durable(QID, 4, None) is True  # what the blob holds is durable
+    # Even a batch the blob held when read: its owner may have reset it lower since (a twin
+    # on its own Redis); only the owner vouches for what its blob holds.
+    with pytest.raises(NotOwner):
+        await states.wait_durable(QID, 4, None)
 
 
 async def test_a_write_refused_as_another_writers_reads_the_blob_and_never_goes_below() -> None:

@@ -1330,6 +1330,18 @@ FOUND: dict[str, list[Step]] = {
         lambda s: s.twin_resets(query="q2", back=1),
         lambda s: s.store_crashes_and_loses_its_last_writes(back=2),
     ],
+    # Blob ack mode: ours flushed batch 3; a twin on its own Redis broke our lease and reset
+    # the query to 1; a resend of batch 2 was answered durable from ours's memory ("ack q1@2
+    # answered, blob had [1]"; issue #40). An ack is now answered only by a read or a write
+    # of the blob, never by a batch remembered or said by Redis.
+    "an ack answered from memory after a twin's reset": [
+        lambda s: s.twin_starts(),
+        *[lambda s: s.update(query="q1", back=0, blob_ack=False)] * 3,
+        lambda s: s.time_passes(seconds=0.6),
+        lambda s: s.twin_resets(query="q1", back=2),
+        lambda s: s.update(query="q1", back=1, blob_ack=True),
+        lambda s: s.time_passes(seconds=6.0),
+    ],
 }
 
 
