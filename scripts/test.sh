@@ -16,7 +16,8 @@ source scripts/lib.sh
 
 eval "set -- ${PYTEST_ARGS:-}"
 
-.venv/bin/python -m pytest "$@" || exit $?
+# The slowest tests, printed at the end of the main pass: where the suite's time goes.
+.venv/bin/python -m pytest --durations=25 "$@" || exit $?
 
 .venv-spark35/bin/python -m pytest -m "spark and not spark4" "$@"
 rc=$?
