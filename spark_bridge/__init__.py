@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -59,8 +60,41 @@ log = logging.getLogger(__name__)
 DEFAULT_SOCKET_PATH = "/tmp/checkpoint-sidecar.sock"
 
 
+#: The Spark conf key the listener and the pod templates name the daemon's socket by.
+SOCKET_CONF = "spark.checkpointSidecar.socketPath"
+
+
 def _socket_path(socket_path: str | None) -> str:
-    return socket_path or os.environ.get("SIDECAR_SOCKET_PATH") or DEFAULT_SOCKET_PATH
+    return _socket_and_origin(socket_path)[0]
+
+
+def _socket_and_origin(socket_path: str | None) -> tuple[str, str]:
+    """The daemon's socket, looked for as the listener does: the argument, the active Spark
+    session's :data:`SOCKET_CONF` (what the templates set on the driver), the environment's
+    ``SIDECAR_SOCKET_PATH``, the default; and where it was found (for a message)."""
+    if socket_path:
+        return socket_path, "the socket_path argument"
+    conf = _spark_conf(SOCKET_CONF)
+    if conf:
+        return conf, SOCKET_CONF
+    env = os.environ.get("SIDECAR_SOCKET_PATH")
+    if env:
+        return env, "SIDECAR_SOCKET_PATH"
+    return DEFAULT_SOCKET_PATH, f"the default (neither {SOCKET_CONF} nor SIDECAR_SOCKET_PATH set)"
+
+
+def _spark_conf(key: str) -> str | None:
+    """``key`` in the active Spark session's conf, when this process runs one (PySpark is
+    never imported for it)."""
+    sql = sys.modules.get("pyspark.sql")
+    if sql is None:
+        return None
+    try:
+        session = sql.SparkSession.getActiveSession()
+        value = session.conf.get(key, None) if session is not None else None
+    except Exception:  # a session stopping, Spark Connect without the key: not configured
+        return None
+    return str(value) if value else None
 
 
 def _is_connect(spark: Any) -> bool:
@@ -122,7 +156,9 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """The saved checkpoint of ``query`` (id or name).
 
-    Asks the daemon first (``get`` by id, then by name: the newest query with that name);
+    Asks the daemon first (``get`` by id, then by name: the newest query with that name), on
+    ``socket_path``, else the active Spark session's ``spark.checkpointSidecar.socketPath``
+    (what the pod templates set), else ``SIDECAR_SOCKET_PATH``, else the default;
     when the daemon is not running or knows neither, reads the blobs directly
     (configuration from the same environment variables as the daemon:
     AZURE_STORAGE_CONNECTION_STRING or SIDECAR_ACCOUNT_URL, SIDECAR_CONTAINER,
@@ -133,12 +169,14 @@ def load_checkpoint(
             (a damaged Redis record or blob: the message names it and what to do). An
             unreadable checkpoint is never replaced by an older one in silence.
     """
-    path = _socket_path(socket_path)
+    path, origin = _socket_and_origin(socket_path)
     for field in ("query_id", "name"):
         found = _get_from_daemon(path, timeout_s, **{field: query})
         if found is not None:
             return found
-    doc = _read_blob(query, f"the checkpoint-sidecar at {path} did not answer for {query!r}")
+    doc = _read_blob(
+        query, f"the checkpoint-sidecar at {path} (from {origin}) did not answer for {query!r}"
+    )
     from sidecar.model.checkpoint import as_builtins
 
     return as_builtins(doc.checkpoint())

@@ -21,7 +21,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 import spark_bridge
 from sidecar.model import checkpoint as ckpt
-from tests.helpers import as_json, wait_blob, wait_for
+from tests.helpers import as_json, spark_conf, wait_blob, wait_for
 from tests.services import DaemonProcess
 
 pytestmark = pytest.mark.spark
@@ -190,6 +190,11 @@ def test_resume_from_saved_position_neither_skips_nor_repeats(
     wait_blob(env, str(first.id), last["batchId"])
 
     via_daemon = spark_bridge.starting_offsets("resume_first", env["SIDECAR_SOCKET_PATH"])
+    # As on a driver the shipped templates configure: the socket named by the session's Spark
+    # conf only (no argument, no SIDECAR_SOCKET_PATH).
+    monkeypatch.delenv("SIDECAR_SOCKET_PATH", raising=False)
+    with spark_conf(spark, {spark_bridge.SOCKET_CONF: env["SIDECAR_SOCKET_PATH"]}):
+        assert spark_bridge.starting_offsets("resume_first") == via_daemon
     # Spark's own checkpoint is "lost": a new checkpoint dir, so a new query id.
     second = start_kafka_shaped(
         spark, "resume_second", short_tmp / "ck2", max_offset=60, starting=via_daemon
