@@ -224,7 +224,14 @@ class Daemon:
             config.metrics_host,
             config.metrics_port,
             self.metrics,
-            checks=[self._socket_ready, self._redis_ready, self._leases_ready, self._blobs_ready],
+            checks=[
+                self._socket_ready,
+                self._started_ready,
+                self._redis_ready,
+                self._leases_ready,
+                self._blobs_ready,
+            ],
+            accepting=lambda: self.server.bound,
         )
         self.metrics.buffer_queue.set_function(lambda: self.coalescer.queued)
         self.buffer.on_replicas = self.metrics.redis_replicas_acked.observe
@@ -308,9 +315,15 @@ class Daemon:
         try:
             async with anyio.create_task_group() as tg:
                 await tg.start(self.admin.run)
+                # The socket first, whatever is down (/startupz): a driver waits only for it.
+                # Until the daemon has started (Redis reached, a previous run's pending
+                # recovered), every update is answered unavailable: its listener keeps it.
+                self.handler.starting = "the daemon is starting: waiting for Redis; retry"
+                await tg.start(self.server.run)
                 if not await self._wait_for("Redis", self.buffer.ping):
                     tg.cancel_scope.cancel()
                     return
+                self.handler.starting = "the daemon is starting (Redis reached); retry"
                 await self.durability.start()  # AOF check (may refuse to start), marker
                 await tg.start(self.durability.run)
                 await tg.start(self.coalescer.run)
@@ -320,8 +333,8 @@ class Daemon:
                 if self.eventhubs is not None:
                     await tg.start(self.eventhubs.run)
                 await tg.start(self.retirement.run)
-                await self.flusher.recover()  # before the socket: only a previous run's
-                await tg.start(self.server.run)
+                await self.flusher.recover()  # before the gate opens: only a previous run's
+                self.handler.starting = None
                 # Start-up objects (modules, clients) never die: move them out of the
                 # collector's reach so full collections stay short (they caused 20-40 ms
                 # ack-latency spikes in bench/ingest.py). Again once the store is open.
@@ -546,6 +559,9 @@ class Daemon:
 
     async def _socket_ready(self) -> str | None:
         return None if self.server.bound else "socket not bound"
+
+    async def _started_ready(self) -> str | None:
+        return self.handler.starting
 
     async def _redis_ready(self) -> str | None:
         try:

@@ -1,8 +1,13 @@
-"""The admin HTTP endpoint: ``/metrics`` (Prometheus text), ``/healthz``, ``/readyz``.
+"""The admin HTTP endpoint: ``/metrics`` (Prometheus text), ``/healthz``, ``/startupz``,
+``/readyz``.
 
-``/healthz`` answers 200 while the process is alive (liveness). ``/readyz`` answers 200 only
-when every readiness check passes (socket bound, Redis reachable, ...) and 503 with one line
-per failing check otherwise, so ``kubectl describe`` shows why a pod is not ready.
+``/healthz`` answers 200 while the process is alive (liveness). ``/startupz`` answers 200 once
+the socket accepts connections, whatever is down (Redis, the store): what a pod's startup
+probe waits for before the driver starts, so nothing down keeps a driver from starting (its
+listener keeps the newest position of each query and delivers it when the daemon can store
+it). ``/readyz`` answers 200 only when every readiness check passes (socket bound, Redis
+reachable, ...) and 503 with one line per failing check otherwise, so ``kubectl describe``
+shows why a pod is not ready.
 
 HTTP/1.1 is ``h11``'s (sans-IO: bytes in, events out), the I/O anyio's: three GET routes need
 no web framework, and this endpoint is the first thing a pod's startup probe reaches, so it
@@ -45,12 +50,20 @@ _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream
 
 class AdminServer:
     def __init__(
-        self, host: str, port: int, metrics: Metrics, checks: list[ReadinessCheck]
+        self,
+        host: str,
+        port: int,
+        metrics: Metrics,
+        checks: list[ReadinessCheck],
+        accepting: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``checks``: ``/readyz``'s; ``accepting``: whether the socket accepts connections
+        (``/startupz``)."""
         self._host = host
         self._port = port
         self._metrics = metrics
         self._checks = checks
+        self._accepting = accepting
         #: The bound port (differs from the configured one when that is 0).
         self.port: int | None = None
 
@@ -59,7 +72,9 @@ class AdminServer:
         async with listener:
             self.port = listener.listeners[0].extra(SocketAttribute.local_port)
             log.info(
-                "admin endpoint on http://%s:%d (/metrics /healthz /readyz)", self._host, self.port
+                "admin endpoint on http://%s:%d (/metrics /healthz /startupz /readyz)",
+                self._host,
+                self.port,
             )
             task_status.started()
             await listener.serve(self._connection)
@@ -125,12 +140,16 @@ class AdminServer:
             return 200, CONTENT_TYPE_LATEST, body
         if path == b"/healthz":
             return 200, _TEXT, b"ok\n"
+        if path == b"/startupz":  # what a driver waits for: nothing down keeps it back
+            if self._accepting():
+                return 200, _TEXT, b"accepting connections\n"
+            return 503, _TEXT, b"not accepting connections yet: the socket is not bound\n"
         if path == b"/readyz":
             problems = [p for check in self._checks if (p := await check()) is not None]
             if problems:
                 return 503, _TEXT, "".join(f"not ready: {p}\n" for p in problems).encode()
             return 200, _TEXT, b"ready\n"
-        return 404, _TEXT, b"not found: /metrics, /healthz or /readyz\n"
+        return 404, _TEXT, b"not found: /metrics, /healthz, /startupz or /readyz\n"
 
     @staticmethod
     async def _send(

@@ -147,11 +147,18 @@ class RequestHandler:
         #: when the last one arrived (Unix seconds; read at scrape time, not set per update).
         self.listener_seen = False
         self.last_update = 0.0
+        #: While the daemon starts (the socket bound, Redis not reached yet, or what needs
+        #: it not started): why; every request but ``ping`` is answered ``unavailable`` with
+        #: it, so a client keeps its updates and retries. None once started.
+        self.starting: str | None = None
         metrics.last_update.set_function(lambda: self.last_update)
 
     async def begin(self, event: Event) -> Answer:
         """Start handling ``event`` (a progress is submitted to Redis now); its answer."""
         started = time.perf_counter()
+        if self.starting is not None and not isinstance(event, Ping | Authenticated):
+            return Answer(event.id, _now(self._error(event.id, ErrorCode.UNAVAILABLE,
+                                                     self.starting)))  # fmt: skip
         if isinstance(event, Progress):
             self.last_update = time.time()
             if not self.listener_seen:

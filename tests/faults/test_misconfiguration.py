@@ -41,7 +41,9 @@ from azure.storage.blob import (
 )
 
 from sidecar.daemon.app import Daemon
+from sidecar.model.checkpoint import decode as decode_checkpoint
 from sidecar.ops.client import SidecarClient
+from spark_bridge.sender import Sender
 from tests.helpers import (
     ConfigFactory,
     eventually,
@@ -334,6 +336,55 @@ async def test_a_wrong_redis_password_is_named_as_a_credential_problem(
     assert "a configuration error" in message and "SIDECAR_REDIS_URL" in message
     assert "unreachable" not in message
     assert "the-password" not in caplog.text and "not-the-password" not in caplog.text
+
+
+async def test_redis_down_at_start_keeps_no_driver_back_and_its_position_lands_when_it_returns(
+    make_config: ConfigFactory,
+) -> None:
+    # Redis is down when the pod starts. The socket accepts at once (/startupz 200: the
+    # driver starts), /readyz says why the daemon is not ready, and an update is answered
+    # unavailable: the bridge's sender (the listener's) keeps the newest position and
+    # retries. Redis comes back: the position is in Redis within 10 s.
+    redis = RedisServer()  # its port chosen, not started
+    daemon = Daemon(make_config(redis_url=f"redis://127.0.0.1:{redis.port}/0"))
+    sender: Sender | None = None
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(daemon.run)
+            await eventually(lambda: daemon.server.bound)
+            status, _ = await anyio.to_thread.run_sync(scrape, daemon, "/startupz")
+            assert status == 200
+            status, body = await anyio.to_thread.run_sync(scrape, daemon, "/readyz")
+            assert status == 503 and "waiting for Redis" in body
+            async with await SidecarClient.connect(daemon.config.socket_path) as client:
+                reply = await client.progress(kafka_progress(QID, 7))
+            assert not reply.ok and reply.error is not None
+            assert reply.error.code == "unavailable" and "waiting for Redis" in reply.error.message
+            sender = await anyio.to_thread.run_sync(Sender, daemon.config.socket_path)
+            for batch in (8, 9):  # the newest supersedes the one unsent
+                update = json.dumps(kafka_progress(QID, batch)).encode()
+                await anyio.to_thread.run_sync(sender.offer, QID, update)
+            await anyio.sleep(1.0)
+            assert sender.stats().sent == 0 and sender.stats().retried > 0
+            await anyio.to_thread.run_sync(redis.start)
+            back = time.monotonic()
+
+            async def stored() -> bool:
+                raw = await daemon.buffer.get(QID)
+                return raw is not None and decode_checkpoint(raw).batch_id == 9
+
+            for _ in range(100):  # 10 s
+                if await stored():
+                    break
+                await anyio.sleep(0.1)
+            assert await stored(), "the newest position not in Redis 10 s after it returned"
+            assert time.monotonic() - back < 10.5
+            daemon.request_stop()
+        await daemon.stopped.wait()
+    finally:
+        if sender is not None:
+            await anyio.to_thread.run_sync(sender.close)
+        redis.stop()
 
 
 # --- no listener -------------------------------------------------------------------------------

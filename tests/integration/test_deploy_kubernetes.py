@@ -248,7 +248,12 @@ def test_socket_jar_probes_and_security_context_agree(name: str) -> None:
     port = next(p for p in daemon["ports"] if p["name"] == "sidecar-admin")["containerPort"]
     assert str(port) == env["SIDECAR_METRICS_PORT"]
     assert daemon["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "sidecar-admin"}
-    assert daemon["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "sidecar-admin"}
+    # No readiness probe: the sidecar's readiness is the pod's, and executors resolve the
+    # driver through a Service that publishes Ready pods only; a driver waits only for the
+    # socket (/startupz), whatever is down.
+    assert "readinessProbe" not in daemon
+    if "startupProbe" in daemon:
+        assert daemon["startupProbe"]["httpGet"] == {"path": "/startupz", "port": "sidecar-admin"}
     for container in (daemon, copier):
         ctx = container["securityContext"]
         assert ctx["runAsNonRoot"] and (ctx["runAsUser"], ctx["runAsGroup"]) == (10001, 10001)
