@@ -496,7 +496,8 @@ class FlushCore(Generic[W, L]):
 
     def _advance(self, q: QueryState[W, L], event: BlobEvent) -> list[W]:
         before, q.blob = q.blob, advance(q.blob, event)
-        if isinstance(event, Read | Wrote) and q.confirming:  # news of the blob: it answers
+        if isinstance(event, Read | Wrote) and isinstance(q.blob, Seen) and q.confirming:
+            # News of the blob, kept (not a read during a write: its base is memory): it answers
             q.acks.extend(q.confirming)
             q.confirming = []
         if q.blob != before:
@@ -565,6 +566,7 @@ class FlushCore(Generic[W, L]):
             # Held already, as far as known here: answered by a read made after it (a resend,
             # rare; new batches wait for their write).
             q.confirming.append((batch, waiter))
+            q.unverified = True  # due at the next check, read there too if the shell's is not
             return Ack.CONFIRM
         q.acks.append((batch, waiter))
         if q.flight is not Flight.IDLE:
@@ -758,6 +760,8 @@ class FlushCore(Generic[W, L]):
         q = self.record(query_id)
         blob = q.blob
         match blob:
+            case Seen() if q.confirming:
+                return Plan(Step.READ)  # an ack waits for a read made after it
             case Seen() if q.unverified and blob.read_under != self._held_term(q):
                 return Plan(Step.READ)  # compared with Redis first (lease_version, unverify)
             case Seen() if batch <= blob.batch:

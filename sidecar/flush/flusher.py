@@ -225,10 +225,9 @@ class Flusher:
         # Beside the pending queries: those acks wait on, and those whose blob must be read
         # and compared with Redis (the lease acquired anew, or its blob changed under it).
         unverified = self._blobs.unverified()
+        waiting = self._blobs.waiting()
         try:
-            now_ms, entries = await self._buffer.pending(
-                extra=[*self._blobs.waiting(), *unverified]
-            )
+            now_ms, entries = await self._buffer.pending(extra=[*waiting, *unverified])
         except SidecarError as exc:
             log.warning("flush check skipped: %s", exc)
             return None
@@ -256,7 +255,10 @@ class Flusher:
             self._blobs.flushed_in_redis(
                 query_id, e.flushed_batch_id, e.resets, since, e.flushed_reset
             )
-            if (count == 0 and query_id not in unverified) or (
+            # Nothing pending is skipped unless an ack waits on it (answered only by a read or
+            # a write of the blob: Redis' flushed batch is not evidence) or its blob must be
+            # read and compared with Redis.
+            if (count == 0 and query_id not in unverified and query_id not in waiting) or (
                 not final and not self._blobs.ready(query_id)
             ):
                 continue
@@ -314,6 +316,7 @@ class Flusher:
                         log.error("flush query=%s skipped, record unreadable: %s", query_id, bad)
                 started = set()
                 unverified = set(self._blobs.unverified())
+                waiting = set(self._blobs.waiting())
                 async with anyio.create_task_group() as tg:
                     for q, since in [*taken.values(), *((q, read_at) for q in rows.queries)]:
                         self._quarantined.readable(q.query_id, "redis")
@@ -323,8 +326,9 @@ class Flusher:
                         )
                         age_s = (q.snapshot_ms - (q.first_pending_ms or 0)) / 1000
                         # An unverified blob is read and compared with Redis even with
-                        # nothing pending: the store may have lost its last writes.
-                        owed = q.pending > 0 or q.query_id in unverified
+                        # nothing pending: the store may have lost its last writes. So is
+                        # one an ack waits on: only a read or a write answers it.
+                        owed = q.pending > 0 or q.query_id in unverified | waiting
                         if owed and (final or self._due(q, age_s)):
                             started.add(q.query_id)
                             tg.start_soon(flush, q, since)
