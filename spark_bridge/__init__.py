@@ -36,7 +36,7 @@ from spark_bridge.handle import BridgeError, BridgeHandle, SenderStats
 from spark_bridge.jvm import LISTENER_CLASS, configure, listener_jar
 from spark_bridge.resume import Missing, ResumeError
 from spark_bridge.resume import starting_offsets as any_starting_offsets
-from spark_bridge.wire import INTERNAL, ClientConnection, encode_request
+from spark_bridge.wire import INTERNAL, UNAVAILABLE, ClientConnection, encode_request
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -218,14 +218,28 @@ def _read_blob(query: str, why: str) -> CheckpointDocument:
 
 
 def _get_from_daemon(path: str, timeout_s: float, **lookup: str) -> dict[str, Any] | None:
-    """The daemon's answer to ``get``; None when it is not running or knows nothing.
+    """The daemon's answer to ``get``; None when it is not running or knows nothing. While
+    it answers ``unavailable`` (starting, Redis down: Redis may hold a newer position than
+    the blob), asked again until ``timeout_s``.
 
     Raises:
         ResumeError: the daemon found the query's record but could not read it (``internal``;
-            other errors, such as Redis being down, leave the answer to the blobs).
+            other errors leave the answer to the blobs).
     """
-    conn = ClientConnection()
     deadline = time.monotonic() + timeout_s
+    while True:
+        answer, retry = _ask_daemon(path, deadline, lookup)
+        if not retry or time.monotonic() + 0.2 >= deadline:
+            return answer
+        time.sleep(0.2)
+
+
+def _ask_daemon(
+    path: str, deadline: float, lookup: dict[str, str]
+) -> tuple[dict[str, Any] | None, bool]:
+    """One ``get``: its answer, and whether to ask again (``unavailable``)."""
+    conn = ClientConnection()
+    timeout_s = max(0.1, deadline - time.monotonic())
     try:
         with socket.socket(socket.AF_UNIX) as sock:
             sock.settimeout(timeout_s)
@@ -234,7 +248,7 @@ def _get_from_daemon(path: str, timeout_s: float, **lookup: str) -> dict[str, An
             while time.monotonic() < deadline:
                 data = sock.recv(65536)
                 if not data:
-                    return None
+                    return None, False
                 replies = conn.receive_data(data)
                 if replies:
                     reply = replies[0]
@@ -244,10 +258,11 @@ def _get_from_daemon(path: str, timeout_s: float, **lookup: str) -> dict[str, An
                             f"the checkpoint-sidecar at {path} could not answer get "
                             f"{asked}: {reply.error.message}"
                         )
-                    return reply.checkpoint if reply.ok else None
+                    unavailable = reply.error is not None and reply.error.code == UNAVAILABLE
+                    return (reply.checkpoint if reply.ok else None), unavailable
     except OSError:
-        return None
-    return None
+        return None, False
+    return None, False
 
 
 def starting_offsets(

@@ -28,6 +28,8 @@ RETRIABLE_CODES = frozenset(
 CLOSING_CODES = frozenset({"frame_too_large", "unauthenticated"})
 #: The code of a reply to a request the daemon failed on (a bug; ``ErrorCode.INTERNAL``).
 INTERNAL = "internal"
+#: Nothing stored or read: Redis down, or the daemon still starting (``ErrorCode.UNAVAILABLE``).
+UNAVAILABLE = "unavailable"
 
 #: Cap on one reply line: the daemon's own cap on a request line (1 MiB) four times, as its
 #: client keeps it (a ``get`` answers with a checkpoint, never more than a progress holds).

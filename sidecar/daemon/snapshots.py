@@ -276,7 +276,7 @@ class Snapshotter:
                     q.retry_at = self._clock() + RELIST_S
                     return
                 q.location, q.elsewhere = location, False
-                known, _ = self._marker(query_id)
+                known, marker = self._marker(query_id)
                 if not known:  # read under this lease first (the flusher does it soon)
                     result = "waiting"
                     q.retry_at = self._clock() + TICK_S
@@ -296,7 +296,7 @@ class Snapshotter:
                     q.contents,
                     owner=still_owner,
                     lineage=lambda batch, shas: self._lineage(query_id, q, batch, shas),
-                    hints=_hints(q.contents, batch),
+                    hints=_hints(q.contents, batch, marker),
                 )
                 self._done(query_id, q, upload.index, rewinds)
                 m = self._metrics
@@ -364,8 +364,9 @@ class Snapshotter:
     def _done(self, query_id: str, q: _Query, index: SnapshotIndex, rewinds: int) -> None:
         batch = index.batch
         q.off_said = None
-        if rewinds == q.rewinds:  # else of the timeline before a rewind: done stays
-            q.done = max(q.done, batch)
+        if rewinds != q.rewinds:  # of the timeline before a rewind: neither done nor named
+            return
+        q.done = max(q.done, batch)
         for reported in [b for b in q.reported if b <= q.done]:
             del q.reported[reported]
         self._metrics.snapshot_lag_batches.labels(q.label).set(max(0, q.wanted - q.done))
@@ -388,6 +389,8 @@ class Snapshotter:
                 )
             except SidecarError as exc:
                 log.warning("snapshots of gone queries not reclaimed (tried again later): %s", exc)
+            except Exception:  # a bug: said, and never the end of the daemon
+                log.exception("snapshots of gone queries: the pass failed unexpectedly")
             await anyio.sleep(RECLAIM_EVERY_S)
 
     async def _prune(self, query_id: str, q: _Query, owner: Ownership) -> None:
@@ -427,11 +430,13 @@ class Snapshotter:
             )
 
 
-def _hints(contents: Contents, batch: int) -> tuple[str, Hints] | None:
-    """Format v2: the state ids of the newest snapshot known at or below ``batch``, for the
-    versions whose commit Spark's retention deleted (``cut_of``; the upload checks that the
-    new snapshot follows it)."""
-    known = [i for i in contents.indexes() if i.batch <= batch and i.checkpoint_format == 2]
+def _hints(contents: Contents, batch: int, marker: SnapshotRef | None) -> tuple[str, Hints] | None:
+    """Format v2: the state ids of the newest snapshot of the marker's line known at or below
+    ``batch``, for the versions whose commit Spark's retention deleted (``cut_of``; the
+    upload checks that the new snapshot follows it)."""
+    indexes = contents.indexes()
+    line = lineage.current(indexes, marker)
+    known = [i for i in indexes if i.batch <= batch and i.checkpoint_format == 2 and i.id in line]
     if not known:
         return None
     newest = max(known, key=lambda i: (i.batch, i.created_at))

@@ -136,7 +136,7 @@ class CheckpointDocument(Checkpoint, frozen=True, omit_defaults=False):
             reset_from=last.reset_from if last else None,
             reset_at=last.reset_at if last else None,
             reset_reason=last.reset_reason if last else None,
-            snapshot=_marker(snapshot, last.snapshot if last else None),
+            snapshot=_marker(snapshot, last.snapshot if last else None, checkpoint.batch_id),
         )
 
     def at_batch(self, batch_id: int) -> Checkpoint | None:
@@ -186,8 +186,13 @@ class CheckpointDocument(Checkpoint, frozen=True, omit_defaults=False):
         return out
 
 
-def _marker(ref: SnapshotRef | None, marker: SnapshotRef | None) -> SnapshotRef | None:
-    return ref if follows(ref, marker) else marker
+def _marker(
+    ref: SnapshotRef | None, marker: SnapshotRef | None, batch_id: int
+) -> SnapshotRef | None:
+    """The marker of a document of ``batch_id``: ``ref`` when it follows the one before and
+    is not past the position the document records (a snapshot of a batch not flushed yet is
+    named by a later write)."""
+    return ref if follows(ref, marker) and ref is not None and ref.batch_id <= batch_id else marker
 
 
 def carry_history(

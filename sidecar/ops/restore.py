@@ -309,20 +309,105 @@ async def restore_all(config: Config, root: Path) -> list[Restored]:
             {b.name[len(prefix) :].split("/", 1)[0] for b in await blobs.list(prefix)}
         )
         infos = {i.query_id: i for i in await store.list()}
+        names = {q: (i.query_name if (i := infos.get(q)) is not None else None) for q in query_ids}
+        # Each location is one query's: several with snapshots of one location (it was
+        # reused) are told apart first, so that an empty volume gets the right one.
+        by_location: dict[str, list[str]] = {}
         for query_id in query_ids:
-            info = infos.get(query_id)
-            name = info.query_name if info is not None else None
             try:
-                done = await _restore_one(config, store, blobs, root, query_id, name)
+                location = await _location_of(config, blobs, query_id)
             except (SidecarError, OSError) as exc:
-                reason = _said(exc)
-                log.error("restore query=%s failed: %s", name or query_id, reason)
-                done = Restored(query_id, name, -1, "", "", 0, 0, 0.0, "failed", error=reason)
-            if done is not None:
-                out.append(done)
+                out.append(_failed(query_id, names[query_id], exc))
+                continue
+            if location is not None:
+                by_location.setdefault(location, []).append(query_id)
+        for location, queries in sorted(by_location.items()):
+            try:
+                owner = await _owner_of(config, blobs, root, location, queries, set(infos))
+            except (SidecarError, OSError) as exc:
+                out.extend(_failed(q, names[q], exc) for q in queries)
+                continue
+            for query_id in queries:
+                name = names[query_id]
+                done: Restored | None
+                try:
+                    if owner is not None and query_id != owner:
+                        done = await _elsewhere(config, blobs, root, location, query_id, name,
+                                                owner)  # fmt: skip
+                    else:
+                        done = await _restore_one(config, store, blobs, root, query_id, name)
+                except (SidecarError, OSError) as exc:
+                    done = _failed(query_id, name, exc)
+                if done is not None:
+                    out.append(done)
     finally:
         await store.aclose()
     return out
+
+
+def _failed(query_id: str, name: str | None, exc: BaseException) -> Restored:
+    reason = _said(exc)
+    log.error("restore query=%s failed: %s", name or query_id, reason)
+    return Restored(query_id, name, -1, "", "", 0, 0, 0.0, "failed", error=reason)
+
+
+async def _location_of(config: Config, blobs: SnapshotBlobs, query_id: str) -> str | None:
+    """Where the query's newest snapshot was taken from (None: it has none)."""
+    found = await list_snapshots(blobs, config.namespace, query_id)
+    return found[0].location if found else None
+
+
+async def _owner_of(
+    config: Config,
+    blobs: SnapshotBlobs,
+    root: Path,
+    location: str,
+    queries: list[str],
+    with_checkpoint: set[str],
+) -> str | None:
+    """Which of ``queries`` (all with snapshots taken from ``location``) the location is
+    restored for: the one whose checkpoint it holds; else (lost, empty, cut short) the one
+    not gone from it, still with a checkpoint blob (not retired), whose newest snapshot was
+    taken last. None when only one query has snapshots there (it is judged as usual)."""
+    if len(queries) == 1:
+        return None
+    dest = root / location if location else root
+    try:
+        held = parse_query_metadata((dest / "metadata").read_bytes(), str(dest))
+    except (FileNotFoundError, NotADirectoryError, SparkCheckpointError):
+        held = None
+    if held in queries:
+        return held
+    candidates = []
+    for query_id in queries:
+        gone = await read_gone(blobs, config.namespace, query_id)
+        if gone is not None and gone.location == location:
+            continue
+        found = await list_snapshots(blobs, config.namespace, query_id)
+        candidates.append((query_id in with_checkpoint, found[0].created_at, query_id))
+    return max(candidates)[2] if candidates else max(queries)
+
+
+async def _elsewhere(
+    config: Config,
+    blobs: SnapshotBlobs,
+    root: Path,
+    location: str,
+    query_id: str,
+    name: str | None,
+    owner: str,
+) -> Restored:
+    """``query_id``'s location is ``owner``'s: nothing written, the query marked gone."""
+    found = await list_snapshots(blobs, config.namespace, query_id)
+    dest = root / location if location else root
+    why = (
+        f"is query {owner}'s location now (it holds or is restored with that query's "
+        f"checkpoint, whose snapshots are newer): nothing written for {query_id} (restore it "
+        "elsewhere with 'checkpoint-sidecar restore QUERY DIR')"
+    )
+    await mark_gone(blobs, config.namespace, query_id, location, owner)
+    log.warning("restore query=%s: %s: %s", name or query_id, dest, why)
+    return Restored.of(query_id, name, found[0], dest, outcome="elsewhere", error=why)
 
 
 async def _restore_one(

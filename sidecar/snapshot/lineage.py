@@ -123,6 +123,12 @@ def current(indexes: Iterable[SnapshotIndex], marker: SnapshotRef | None) -> set
         while at is not None and at.parent is not None and at.parent not in line:
             line.add(at.parent)
             at = by_id.get(at.parent)
+    # Snapshots taken before lineage was kept (no timeline, no parent) up to the line's
+    # oldest: its history, as far as can be told.
+    on = [by_id[i] for i in line if i in by_id]
+    if on:
+        floor = min(i.batch for i in on)
+        line.update(i.id for i in found if i.timeline is None and i.batch <= floor)
     return {i for i in line if i in by_id}
 
 

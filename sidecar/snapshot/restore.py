@@ -226,8 +226,21 @@ def _prepare(dest: Path, force: bool, token: str) -> tuple[Path, bool]:
         )
     temp = parent / f"{stale}{token}"
     temp.mkdir(parents=True)
-    os.chmod(temp, DIR_MODE)
+    _chmod(temp)
     return temp, mount
+
+
+def _chmod(target: Path | int, mode: int = DIR_MODE) -> None:
+    """``mode`` on a directory (path) or a file (descriptor); a file system that keeps no
+    modes (SMB, some FUSE mounts) refusing it is not a failure: it has its own rules."""
+    try:
+        if isinstance(target, int):
+            os.fchmod(target, mode)
+        else:
+            os.chmod(target, mode)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EINVAL):
+            raise
 
 
 def _make_dirs(temp: Path, paths: list[str]) -> None:
@@ -237,7 +250,7 @@ def _make_dirs(temp: Path, paths: list[str]) -> None:
             made = made / part
             if not made.is_dir():
                 made.mkdir()
-                os.chmod(made, DIR_MODE)
+                _chmod(made)
 
 
 #: ``fdatasync`` where there is one (not on macOS): a new file's data and size on disk.
@@ -255,7 +268,7 @@ def _write_durably(target: Path, data: bytes | memoryview) -> None:
     """``data`` as the new file ``target``, on disk when this returns."""
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
-        os.fchmod(fd, FILE_MODE)  # whatever the umask
+        _chmod(fd, FILE_MODE)  # whatever the umask
         _write_all(fd, data, 0)
         _sync_data(fd)
     finally:
@@ -579,7 +592,7 @@ class _Sliced:
         with self.lock:
             if self.fd is None:
                 self.fd = os.open(self.target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-                os.fchmod(self.fd, FILE_MODE)
+                _chmod(self.fd, FILE_MODE)
             fd = self.fd
         _write_all(fd, data, at)
         with self.lock:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -496,3 +497,47 @@ def test_the_driver_writes_its_next_batches_in_a_directory_the_sidecar_restored(
     )
     assert wrote.returncode == 0, wrote.stderr
     assert wrote.stdout.strip() == str(DRIVER_UID)
+
+
+def test_restore_all_gives_a_reused_location_to_its_newest_query_on_an_empty_volume(
+    daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
+) -> None:
+    # Query A was snapshotted at app/counts; its checkpoint was cleared and query B started
+    # on the same path and was snapshotted too. The volume is lost. restore --all restores B
+    # there (the query of the newest snapshots, which has a checkpoint), never A over it nor
+    # A then B, and marks A gone from that location.
+    root = tmp_path / "root"
+    b_id = "7a7a7a7a-0000-4000-8000-0000000000b3"
+    env = daemon_env | {"SIDECAR_SNAPSHOT_ROOT": str(root), "SIDECAR_COUNT_THRESHOLD": "1"}
+    daemon = started(env, tmp_path / "daemon.log", procs)
+
+    def run(query_id: str, name: str) -> None:
+        ck = HdfsCheckpoint(root / "app" / NAME, partitions=2, delta_bytes=500, query_id=query_id)
+        for _ in range(2):
+            batch = ck.batch()
+            progress = rate_progress(query_id, batch, name=name)
+            progress["stateOperators"] = [{"operatorName": "stateStoreSave", "numRowsTotal": 3}]
+            assert post_progress(daemon.socket_path, progress).ok
+
+        def newest() -> int | None:
+            listed = cli(env, "snapshots", query_id, "--json")
+            rows = json.loads(listed.stdout)["snapshots"] if listed.returncode == 0 else []
+            return rows[0]["batch_id"] if rows else None
+
+        wait_for(lambda: newest() == 1, 30, f"{name}'s snapshot of batch 1")
+
+    run(QUERY_ID, "a")
+    shutil.rmtree(root / "app" / NAME)
+    run(b_id, "b")
+    wait_blob(env, b_id, 1)
+    assert daemon.stop() == 0
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    done = cli(env | {"SIDECAR_SNAPSHOT_ROOT": str(volume)}, "restore", "--all", str(volume),
+               "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = {r["query_id"]: r for r in map(json.loads, done.stdout.splitlines())}
+    assert rows[b_id]["outcome"] == "restored" and rows[QUERY_ID]["outcome"] == "elsewhere"
+    assert json.loads((volume / "app" / NAME / "metadata").read_text())["id"] == b_id
+    gone = json.loads(cli(env, "snapshots", QUERY_ID, "--json").stdout)["gone"]
+    assert gone["found_query"] == b_id

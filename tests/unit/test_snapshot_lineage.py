@@ -159,3 +159,27 @@ def test_retention_keeps_the_current_line_and_abandoned_rewind_points_for_a_whil
     # t1 snapshots younger than a week (a-52, a-100); never the old abandoned a-51.
     assert kept == {"b-53", "b-52", "b-51", "a-50", "a-52", "a-100"}
     assert {s.id for s in decided.delete_indexes} == {"a-51", "a-49", "a-48"}
+
+
+def test_snapshots_taken_before_lineage_was_kept_stay_on_the_line_below_it() -> None:
+    # An upgrade: snapshots 10..12 of no timeline; the first one taken since follows 12.
+    legacy = [index(b, "a", timeline=None) for b in (10, 11, 12)]
+    first = index(13, "a", timeline="t1", parent="a-12")
+    marker = SnapshotRef(13, "a-13", "t1")
+    assert lineage.current([*legacy, first], marker) == {"a-10", "a-11", "a-12", "a-13"}
+    # A rewind to a legacy snapshot: those after it are abandoned, those before it are not.
+    rewind = SnapshotRef(11, "a-11", "t2")
+    assert lineage.current(legacy, rewind) == {"a-10", "a-11"}
+
+
+def test_the_marker_never_names_a_snapshot_past_the_documents_position() -> None:
+    from sidecar.model.document import CheckpointDocument
+    from tests.unit.fakes import WRITER, checkpoint
+
+    at_50 = CheckpointDocument.of(checkpoint("q", 50), WRITER)  # a reset named none
+    ahead = SnapshotRef(100, "a-100", "t1")  # of the timeline before it, in flight
+    assert CheckpointDocument.of(checkpoint("q", 51), WRITER, reset_of=at_50,
+                                 snapshot=ahead).snapshot is None  # fmt: skip
+    named = SnapshotRef(51, "b-51", "t2")
+    assert CheckpointDocument.of(checkpoint("q", 51), WRITER, reset_of=at_50,
+                                 snapshot=named).snapshot == named  # fmt: skip
