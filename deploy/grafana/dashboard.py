@@ -196,8 +196,10 @@ def build() -> dashboard.Dashboard:
         .with_panel(
             single(
                 "Daemons down",
-                "Targets of the checkpoint-sidecar job whose scrape fails",
-                f'count(up{{job=~".*checkpoint-sidecar.*", {NS}}} == 0) or vector(0)',
+                "Targets that served checkpoint-sidecar metrics within the hour and whose "
+                "scrape fails now (any scrape job)",
+                f"count(up{{{NS}}} == 0 and on (job, instance) "
+                f"max_over_time(checkpoint_sidecar_build_info{{{NS}}}[1h])) or vector(0)",
                 "none",
                 1,
             )
