@@ -64,6 +64,54 @@ def commit(proc: DaemonProcess, ck: HdfsCheckpoint) -> int:
     return batch
 
 
+def commit_snapshotted(
+    daemon: DaemonProcess, env: dict[str, str], ck: HdfsCheckpoint, batches: int
+) -> list[dict[str, bytes]]:
+    """Commit ``batches`` batches, each reported and snapshotted before the next; the
+    checkpoint's files after each."""
+    trees = []
+    for _ in range(batches):
+        batch = commit(daemon, ck)
+        wait_for(
+            lambda b=batch: [r["batch_id"] for r in snapshots(env)][:1] == [b],  # type: ignore[misc]
+            30,
+            f"batch {batch}'s snapshot",
+        )
+        trees.append(tree(ck.root))
+    return trees
+
+
+def restore_all_into(env: dict[str, str], volume: Path) -> list[dict[str, Any]]:
+    """``restore --all`` into a new, empty ``volume`` (exit 0 asserted): its rows."""
+    volume.mkdir()
+    done = cli(env | {"SIDECAR_SNAPSHOT_ROOT": str(volume)}, "restore", "--all", str(volume),
+               "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def snapshot_run(
+    daemon_env: dict[str, str],
+    procs: list[DaemonProcess],
+    tmp_path: Path,
+    batches: int,
+    *,
+    partitions: int = 2,
+    delta_bytes: int = 500,
+) -> tuple[HdfsCheckpoint, dict[str, str], list[dict[str, bytes]]]:
+    """A daemon snapshots ``batches`` batches of a checkpoint under ``tmp_path/root`` (each
+    before the next), flushes the last and stops (a pod gone): the checkpoint, the daemon's
+    settings and the checkpoint's files after each batch."""
+    root = tmp_path / "root"
+    ck = HdfsCheckpoint(root / "app" / NAME, partitions=partitions, delta_bytes=delta_bytes)
+    env = daemon_env | {"SIDECAR_SNAPSHOT_ROOT": str(root), "SIDECAR_COUNT_THRESHOLD": "1"}
+    daemon = started(env, tmp_path / "daemon.log", procs)
+    trees = commit_snapshotted(daemon, env, ck, batches)
+    wait_blob(env, QUERY_ID, batches - 1)
+    assert daemon.stop() == 0
+    return ck, env, trees
+
+
 def started(env: dict[str, str], log: Path, procs: list[DaemonProcess]) -> DaemonProcess:
     proc = DaemonProcess(env, log)
     procs.append(proc)
@@ -163,21 +211,13 @@ def test_restore_all_fills_an_empty_volume_and_keeps_a_newer_checkpoint(
     daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
 ) -> None:
     root = tmp_path / "root"
-    ck = HdfsCheckpoint(root / "app" / NAME, partitions=3, delta_bytes=1000)
-    env = daemon_env | {"SIDECAR_SNAPSHOT_ROOT": str(root), "SIDECAR_COUNT_THRESHOLD": "1"}
-    daemon = started(env, tmp_path / "daemon.log", procs)
-    for _ in range(3):
-        commit(daemon, ck)
-    wait_for(lambda: snapshots(env) and snapshots(env)[0]["batch_id"] == 2, 30, "batch 2's")
-    assert daemon.stop() == 0  # the pod is gone; an init container restores before the next
+    _, env, _ = snapshot_run(daemon_env, procs, tmp_path, 3, partitions=3, delta_bytes=1000)
+    # the pod is gone; an init container restores before the next
 
     # A new volume: every query is put back where it was taken from.
     volume = tmp_path / "new-volume"
-    volume.mkdir()
+    (row,) = restore_all_into(env, volume)
     init = env | {"SIDECAR_SNAPSHOT_ROOT": str(volume)}
-    done = cli(init, "restore", "--all", str(volume), "--json")
-    assert done.returncode == 0, done.stderr
-    (row,) = [json.loads(line) for line in done.stdout.splitlines()]
     assert (row["outcome"], row["batch_id"], row["directory"]) == (
         "restored",
         2,
@@ -358,19 +398,7 @@ def test_a_prune_pass_reports_the_snapshots_it_finds_broken(
     # Snapshot 1's own pack is lost while no daemon runs; the next daemon's first snapshot
     # (of batch 2) is followed by a prune pass, which finds snapshot 1 broken: the gauge and
     # the log say so (the alert CheckpointSidecarSnapshotsBroken fires on it).
-    root = tmp_path / "root"
-    ck = HdfsCheckpoint(root / "app" / NAME, partitions=2, delta_bytes=500)
-    env = daemon_env | {"SIDECAR_SNAPSHOT_ROOT": str(root), "SIDECAR_COUNT_THRESHOLD": "1"}
-    daemon = started(env, tmp_path / "daemon.log", procs)
-    for batch in range(2):
-        commit(daemon, ck)
-        wait_for(
-            lambda b=batch: [r["batch_id"] for r in snapshots(env)][:1] == [b],  # type: ignore[misc]
-            30,
-            f"batch {batch}'s snapshot",
-        )
-    wait_blob(env, QUERY_ID, 1)
-    assert daemon.stop() == 0
+    ck, env, _ = snapshot_run(daemon_env, procs, tmp_path, 2)
     anyio.run(lose_the_pack_only, env, 1)
     again = started(env, tmp_path / "again.log", procs)
     commit(again, ck)
@@ -398,22 +426,8 @@ def test_restore_all_skips_a_broken_snapshot_for_the_one_before_it_on_its_timeli
     # (deleted by hand, a store's fault). A lost volume's restore --all says so loudly and
     # restores batch 1's snapshot, the newest intact one of the timeline, and moves the
     # checkpoint there; the restored directory is batch 1's checkpoint, byte for byte.
-    root = tmp_path / "root"
-    ck = HdfsCheckpoint(root / "app" / NAME, partitions=2, delta_bytes=500)
-    env = daemon_env | {"SIDECAR_SNAPSHOT_ROOT": str(root), "SIDECAR_COUNT_THRESHOLD": "1"}
-    daemon = started(env, tmp_path / "daemon.log", procs)
-    at_1: dict[str, bytes] = {}
-    for batch in range(3):
-        commit(daemon, ck)
-        wait_for(
-            lambda b=batch: [r["batch_id"] for r in snapshots(env)][:1] == [b],  # type: ignore[misc]
-            30,
-            f"batch {batch}'s snapshot",
-        )
-        if batch == 1:
-            at_1 = tree(root / "app" / NAME)
-    wait_blob(env, QUERY_ID, 2)
-    assert daemon.stop() == 0
+    _, env, trees = snapshot_run(daemon_env, procs, tmp_path, 3)
+    at_1 = trees[1]
 
     anyio.run(lose_the_pack_only, env, 2)
     volume = tmp_path / "volume"
@@ -455,15 +469,7 @@ def test_the_driver_writes_its_next_batches_in_a_directory_the_sidecar_restored(
     # usual umask 022), the driver as uid 185 in the fsGroup. The driver must write the next
     # batch's offsets/, commits/ and state files (and delete old ones) in what the restore
     # created.
-    root = tmp_path / "root"
-    ck = HdfsCheckpoint(root / "app" / NAME, partitions=2, delta_bytes=500)
-    env = daemon_env | {"SIDECAR_SNAPSHOT_ROOT": str(root), "SIDECAR_COUNT_THRESHOLD": "1"}
-    daemon = started(env, tmp_path / "daemon.log", procs)
-    for _ in range(2):
-        commit(daemon, ck)
-    wait_for(lambda: [r["batch_id"] for r in snapshots(env)][:1] == [1], 30, "batch 1's")
-    assert daemon.stop() == 0
-
+    _, env, _ = snapshot_run(daemon_env, procs, tmp_path, 2)
     volume = tmp_path / "volume"
     volume.mkdir()
     os.chown(volume, 0, FS_GROUP)

@@ -68,6 +68,23 @@ def listed(env: dict[str, str], query: str) -> list[int]:
     return [r["batch_id"] for r in rows]
 
 
+def snapshotting(
+    daemon_env: dict[str, str], root: Path, log: Path, procs: list[DaemonProcess]
+) -> tuple[dict[str, str], DaemonProcess]:
+    """A daemon snapshotting the checkpoints under ``root``, admin ops on (restores move the
+    checkpoint through it), started; its settings."""
+    env = daemon_env | {
+        "SIDECAR_SNAPSHOT_ROOT": str(root),
+        "SIDECAR_COUNT_THRESHOLD": "1",
+        "SIDECAR_ADMIN_OPS": "true",
+        "SIDECAR_ADMIN_QUIET_S": "0",
+    }
+    daemon = DaemonProcess(env, log)
+    procs.append(daemon)
+    daemon.start()
+    return env, daemon
+
+
 def lines(env: dict[str, str], query: str) -> list[dict[str, Any]]:
     """The query's snapshots as ``snapshots --json`` lists them, newest first."""
     done = cli(env, "snapshots", query, "--json")
@@ -113,15 +130,7 @@ def test_a_lost_checkpoint_is_restored_and_rewound_with_its_state(
 ) -> None:
     root, inputs = tmp_path / "volume", tmp_path / "inputs"
     checkpoint = root / "app" / f"counts-{store}"
-    env = daemon_env | {
-        "SIDECAR_SNAPSHOT_ROOT": str(root),
-        "SIDECAR_COUNT_THRESHOLD": "1",
-        "SIDECAR_ADMIN_OPS": "true",
-        "SIDECAR_ADMIN_QUIET_S": "0",
-    }
-    daemon = DaemonProcess(env, short_tmp / "daemon.log")
-    procs.append(daemon)
-    daemon.start()
+    env, daemon = snapshotting(daemon_env, root, short_tmp / "daemon.log", procs)
     handle = spark_bridge.attach(spark, env["SIDECAR_SOCKET_PATH"], listener="jvm")
     try:
         with spark_conf(spark, COMMON | STORES[store]):
@@ -207,15 +216,7 @@ def test_v2_changelog_snapshots_go_on_after_spark_deleted_the_commits_naming_the
     snapshot held stand in), and the newest restores with its state."""
     root, inputs = tmp_path / "volume", tmp_path / "inputs"
     checkpoint = root / "app" / "counts-v2"
-    env = daemon_env | {
-        "SIDECAR_SNAPSHOT_ROOT": str(root),
-        "SIDECAR_COUNT_THRESHOLD": "1",
-        "SIDECAR_ADMIN_OPS": "true",
-        "SIDECAR_ADMIN_QUIET_S": "0",
-    }
-    daemon = DaemonProcess(env, short_tmp / "daemon.log")
-    procs.append(daemon)
-    daemon.start()
+    env, daemon = snapshotting(daemon_env, root, short_tmp / "daemon.log", procs)
     conf = COMMON | STORES["rocksdb-changelog-v2"]
     conf |= {
         "spark.sql.streaming.minBatchesToRetain": "2",
