@@ -340,6 +340,10 @@ class BlobStates:
         """Whether the query may be flushed now (not backing off after a failure)."""
         return self._core.ready(query_id)
 
+    def marker_due(self, query_id: str, older_than_s: float) -> bool:
+        """Whether the query's document is written again to name its newest snapshot."""
+        return self._core.marker_due(query_id, older_than_s)
+
     def due(self, query_id: str) -> bool:
         """Due whatever the thresholds: an ack waits on it, or a previous run left it."""
         return self._core.due(query_id)

@@ -347,6 +347,9 @@ class QueryState(Generic[W, L]):
     #: (``sidecar.snapshot``); and the one the document seen last names (kept by retention).
     snapshot: SnapshotRef | None = None
     named: SnapshotRef | None = None
+    #: When ``snapshot`` was told (the core's clock): a query with nothing pending writes its
+    #: document again to name it once that is older than the time threshold.
+    snapshot_at: float = 0.0
     #: The blob, read under the lease, below Redis' flushed batch (module docstring); and
     #: the last such finding reported (each is said once).
     behind: Behind | None = None
@@ -764,7 +767,9 @@ class FlushCore(Generic[W, L]):
                 return Plan(Step.READ)  # an ack waits for a read made after it
             case Seen() if q.unverified and blob.read_under != self._held_term(q):
                 return Plan(Step.READ)  # compared with Redis first (lease_version, unverify)
-            case Seen() if batch <= blob.batch:
+            case Seen() if batch <= blob.batch and not (
+                batch == blob.batch and self._marker_stale(q)
+            ):
                 return Plan(Step.SKIP, blob)
             case Seen() if q.behind is not None and q.behind.reset is not None:
                 return Plan(Step.REFUSE, blob)
@@ -841,7 +846,28 @@ class FlushCore(Generic[W, L]):
         snapshots are taken one at a time, so the last told is the newest."""
         q = self._queries.get(query_id)
         if q is not None:
-            q.snapshot = ref
+            q.snapshot, q.snapshot_at = ref, self._clock()
+
+    def marker_due(self, query_id: str, older_than_s: float) -> bool:
+        """Whether the query's document should be written again, with nothing pending, to
+        name its newest snapshot (told over ``older_than_s`` ago, not named, on the marker's
+        timeline): a query gone idle still names the snapshot of its last batch."""
+        q = self._queries.get(query_id)
+        return (
+            q is not None
+            and self._marker_stale(q)
+            and self._clock() - q.snapshot_at >= older_than_s
+        )
+
+    def _marker_stale(self, q: QueryState[W, L]) -> bool:
+        blob = q.blob
+        if not isinstance(blob, Seen) or blob.stored.document is None or q.snapshot is None:
+            return False
+        return (
+            q.snapshot != q.named
+            and follows(q.snapshot, q.named)
+            and (q.snapshot.batch_id <= blob.stored.document.batch_id)
+        )
 
     def snapshot_marker(self, query_id: str) -> tuple[bool, SnapshotRef | None]:
         """The marker of the query's document, and whether it is known: the blob seen (read

@@ -258,13 +258,22 @@ class Flusher:
             # Nothing pending is skipped unless an ack waits on it (answered only by a read or
             # a write of the blob: Redis' flushed batch is not evidence) or its blob must be
             # read and compared with Redis.
-            if (count == 0 and query_id not in unverified and query_id not in waiting) or (
-                not final and not self._blobs.ready(query_id)
-            ):
+            renamed = count == 0 and self._blobs.marker_due(query_id, self._config.time_threshold_s)
+            if (
+                count == 0
+                and query_id not in unverified
+                and query_id not in waiting
+                and not renamed
+            ) or (not final and not self._blobs.ready(query_id)):
                 continue
             # Read the row of an unreadable count (quarantined then), of a query not seen yet
             # (its row tells its name, then whether it is due), of an unknown age (due now).
-            if final or None in (count, label, e.first_pending_ms) or self._due(e, age_s):
+            if (
+                final
+                or renamed
+                or None in (count, label, e.first_pending_ms)
+                or self._due(e, age_s)
+            ):
                 due.append((-age_s, query_id))
         return [query_id for _, query_id in sorted(due)]
 
@@ -329,7 +338,10 @@ class Flusher:
                         # nothing pending: the store may have lost its last writes. So is
                         # one an ack waits on: only a read or a write answers it.
                         owed = q.pending > 0 or q.query_id in unverified | waiting
-                        if owed and (final or self._due(q, age_s)):
+                        # A snapshot to name, nothing pending: its document written again.
+                        renamed = self._blobs.marker_due(q.query_id, self._config.time_threshold_s)
+                        owed = owed or renamed
+                        if owed and (final or renamed or self._due(q, age_s)):
                             started.add(q.query_id)
                             tg.start_soon(flush, q, since)
                     if unstarted is not None:  # read, and not due after all

@@ -254,3 +254,27 @@ def test_a_renewal_reporting_another_version_makes_the_blob_unverified() -> None
     core.unverify(Q)  # the store's listing disagrees
     core.lapsed(Q)  # then the lease is lost: whoever holds it next judges
     assert core.unverified() == []
+
+
+def test_an_idle_query_writes_its_document_again_to_name_its_newest_snapshot() -> None:
+    clock = [100.0]
+    core: FlushCore[object, None] = FlushCore(
+        Backoff(1, 2), clock=lambda: clock[0], locks=lambda: None
+    )
+    core.record(Q).lease.acquired(4, 0.0, 60.0, 20.0)
+    core.read(Q, marked(6, SnapshotRef(5, "s5", "t"), '"v6"'), core.stamp, term=4)
+    assert not core.marker_due(Q, 10.0) and core.plan(Q, 6).step is Step.SKIP
+    core.snapshot_taken(Q, SnapshotRef(7, "s7", "t"))  # ahead of the document: not yet
+    assert not core.marker_due(Q, 0.0)
+    core.snapshot_taken(Q, SnapshotRef(6, "s6", "t"))  # its last batch's, nothing pending
+    assert not core.marker_due(Q, 10.0)  # for the time threshold
+    clock[0] += 10.0
+    assert core.marker_due(Q, 10.0)
+    plan = core.plan(Q, 6)
+    assert plan.step is Step.WRITE  # the same batch again, naming it
+    core.begin_write(Q, plan.base)  # type: ignore[arg-type]
+    core.wrote(Q, marked(6, SnapshotRef(6, "s6", "t"), '"v6b"'))
+    assert not core.marker_due(Q, 0.0) and core.plan(Q, 6).step is Step.SKIP
+    # Of another timeline than the document's (a reset since): never.
+    core.snapshot_taken(Q, SnapshotRef(6, "x6", "old"))
+    assert not core.marker_due(Q, 0.0)
