@@ -193,6 +193,10 @@ class SimStore(FakeBlobStore):
             self.kept_after_loss[query_id] = min(self.kept_after_loss.get(query_id, kept), kept)
             self.lowering.add(query_id)
             self._took(query_id, NO_BLOB if after is None else after, "lost")
+        elif after is not None and after != before:
+            # Back to a higher batch (a reset's write lost): the blob holds it again. What
+            # an ack is checked against (a read finds it there).
+            self.history[query_id].append(after)
             self.lowering.discard(query_id)
 
     async def _slow(self) -> None:
@@ -1340,6 +1344,19 @@ FOUND: dict[str, list[Step]] = {
         lambda s: s.update(query="q1", back=0, blob_ack=False),
         lambda s: s.restart(killed=False, same_pod=False, blob_mode=True),
         lambda s: s.update(query="q1", back=1, blob_ack=True),
+    ],
+    # Our reset to batch 0 was lost by the store (back to batch 1, as written before it); an
+    # ack of batch 1 answered by a read of it was taken for a false one. Found at 5,000
+    # examples, a defect of the simulation's model: the blob's going back up was not in its
+    # history.
+    "an ack after the store lost a reset's write": [
+        lambda s: s.update(query="q2", back=0, blob_ack=False),
+        lambda s: s.time_passes(seconds=6.0),
+        lambda s: s.failover_and_back(flush=False, query="q2", reset_back=1),
+        lambda s: s.redis_loses_its_data(),
+        lambda s: s.reset(back=0, query="q2"),
+        lambda s: s.store_loses_writes(back=1, query="q2"),
+        lambda s: s.update(query="q2", back=0, blob_ack=True),
     ],
     "an ack answered from memory after a twin's reset": [
         lambda s: s.twin_starts(),
