@@ -344,6 +344,10 @@ class BlobStates:
         """Whether the query's document is written again to name its newest snapshot."""
         return self._core.marker_due(query_id, older_than_s)
 
+    def markers_due(self, older_than_s: float) -> list[str]:
+        """The queries whose document is written again to name their newest snapshot."""
+        return self._core.markers_due(older_than_s)
+
     def due(self, query_id: str) -> bool:
         """Due whatever the thresholds: an ack waits on it, or a previous run left it."""
         return self._core.due(query_id)

@@ -859,6 +859,10 @@ class FlushCore(Generic[W, L]):
             and self._clock() - q.snapshot_at >= older_than_s
         )
 
+    def markers_due(self, older_than_s: float) -> list[str]:
+        """The queries :meth:`marker_due` says so of."""
+        return [q for q in self._queries if self.marker_due(q, older_than_s)]
+
     def _marker_stale(self, q: QueryState[W, L]) -> bool:
         blob = q.blob
         if not isinstance(blob, Seen) or blob.stored.document is None or q.snapshot is None:

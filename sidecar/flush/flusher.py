@@ -226,8 +226,11 @@ class Flusher:
         # and compared with Redis (the lease acquired anew, or its blob changed under it).
         unverified = self._blobs.unverified()
         waiting = self._blobs.waiting()
+        # Those too whose document names a snapshot older than the newest (nothing pending
+        # then: Redis lists only pending queries unless asked).
+        renaming = self._blobs.markers_due(self._config.time_threshold_s)
         try:
-            now_ms, entries = await self._buffer.pending(extra=[*waiting, *unverified])
+            now_ms, entries = await self._buffer.pending(extra=[*waiting, *unverified, *renaming])
         except SidecarError as exc:
             log.warning("flush check skipped: %s", exc)
             return None
