@@ -20,6 +20,8 @@ Spark application (one sidecar), so a slot per namespace spreads well across a c
     cps:{<ns>}:pending        zset   query ids with pending updates, scored by first_pending_ms
     cps:{<ns>}:queries        set    every query id ever seen in the namespace
     cps:{<ns>}:names          hash   query name -> id of the newest query with that name
+    cps:{<ns>}:restores       hash   query id -> its last restore's figures (JSON,
+                                     sidecar.model.restored; the daemon exports them)
     cps:{<ns>}:marker         string set once, shared by its daemons (sidecar.daemon.durability)
     cps:{<ns>}:probe          string written by readiness checks and before WAIT (expires)
 """
@@ -74,3 +76,8 @@ class Keys:
     def queries(self) -> str:
         """Set of every query id seen in the namespace."""
         return f"{self._base}:queries"
+
+    @property
+    def restores(self) -> str:
+        """Hash: query id -> what its last restore wrote (``sidecar.model.restored``)."""
+        return f"{self._base}:restores"

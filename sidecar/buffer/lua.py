@@ -211,10 +211,10 @@ return left
 # counts itself in `resets`, which every row carries: a daemon that saw the blob at a higher
 # batch learns from it that the blob was lowered (a lower flushed batch alone may only lag).
 # Refused while an update was applied within the quiet time (the query may be running).
-# KEYS[1] query hash, KEYS[2] pending zset, KEYS[3] queries set, KEYS[4] names hash.
-# ARGV: query id, batch id, checkpoint JSON, name ("" none), quiet ms (-1: force), the reset
-# record of the document the caller writes next (its ``reset_at``: MARK_FLUSHED's
-# ``flushed_reset``).
+# KEYS[1] query hash, KEYS[2] pending zset, KEYS[3] queries set, KEYS[4] names hash (KEYS[5],
+# the restores hash, is RETIRE's). ARGV: query id, batch id, checkpoint JSON, name ("" none),
+# quiet ms (-1: force), the reset record of the document the caller writes next (its
+# ``reset_at``: MARK_FLUSHED's ``flushed_reset``).
 # Returns {1, ms since the last applied update} when refused, else {0, the batch it replaced
 # (false: none), the updates it dropped unflushed}. The name is recorded only when Redis has
 # none for it (a reset by id never redirects a name to an older query).
@@ -240,7 +240,8 @@ return {0, cur[1] or false, tonumber(cur[2] or '0') or 0}
 )
 
 # Retiring a query (checkpoint-sidecar retire): its hash, its place in the pending and queries
-# sets and every name pointing at it are removed. Same keys as RESET; ARGV: query id, quiet
+# sets, every name pointing at it and its restore record (KEYS[5]) are removed. Same keys as
+# RESET; ARGV: query id, quiet
 # ms (-1: force). Returns {1, ms since the last applied update} when refused, else {0, the
 # number of keys and entries removed}.
 RETIRE = (
@@ -251,7 +252,7 @@ if tonumber(ARGV[2]) >= 0 and updated and now - updated < tonumber(ARGV[2]) then
   return {1, now - updated}
 end
 local removed = redis.call('DEL', KEYS[1]) + redis.call('ZREM', KEYS[2], ARGV[1])
-  + redis.call('SREM', KEYS[3], ARGV[1])
+  + redis.call('SREM', KEYS[3], ARGV[1]) + redis.call('HDEL', KEYS[5], ARGV[1])
 local names = redis.call('HGETALL', KEYS[4])
 for i = 1, #names, 2 do
   if names[i + 1] == ARGV[1] then removed = removed + redis.call('HDEL', KEYS[4], names[i]) end

@@ -371,7 +371,8 @@ class RedisBuffer:
     async def admin_script(self, op: str, query_id: str, args: list[Any]) -> list[Any]:
         """Run the ``reset`` or ``retire`` script (``sidecar.buffer.lua``) on the query's keys;
         ``retire``'s ``args``: query id, quiet ms (-1: force)."""
-        keys = [self.keys.query(query_id), self.keys.pending, self.keys.queries, self.keys.names]
+        keys = [self.keys.query(query_id), self.keys.pending, self.keys.queries, self.keys.names,
+                self.keys.restores]  # fmt: skip
         with self._translate(op):
             return list(await self._admin[op](keys=keys, args=args))
 
@@ -423,6 +424,19 @@ class RedisBuffer:
         with self._translate("name listing"):
             names = await self._redis.hgetall(self.keys.names)
         return {_text(k): _text(v) for k, v in names.items()}
+
+    # --- restores (``checkpoint-sidecar restore``: its figures, for the daemon to export) ---
+
+    async def record_restore(self, query_id: str, record: bytes) -> None:
+        """Keep ``record`` (``sidecar.model.restored``) as the query's last restore."""
+        with self._translate("restore record"):
+            await self._redis.hset(self.keys.restores, query_id, record)
+
+    async def restores(self) -> dict[str, str]:
+        """Each query's last restore record (JSON), by query id."""
+        with self._translate("restore records"):
+            found = await self._redis.hgetall(self.keys.restores)
+        return {_text(k): _text(v) for k, v in found.items()}
 
     async def aclose(self) -> None:
         await self._redis.aclose()

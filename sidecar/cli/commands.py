@@ -10,7 +10,10 @@ import functools
 import logging
 import signal
 import sys
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import msgspec
@@ -34,7 +37,11 @@ from sidecar.model.stateful import rewind_refusal
 from sidecar.ops import admin_tool, diagnosis, inspection, spark_import
 from sidecar.wire.protocol import Reset, Retire, SourceSpec
 
+if TYPE_CHECKING:
+    from sidecar.cli.progress import Renderer
+
 log = logging.getLogger("sidecar")
+T = TypeVar("T")
 
 
 def run_daemon(config: Config) -> int:
@@ -184,7 +191,8 @@ def admin(args: argparse.Namespace, config: Config) -> int:
 
 def snapshot_command(args: argparse.Namespace, config: Config) -> int:
     """``snapshots QUERY`` and ``restore``: 0 done, 1 refused or failed, 2 bad usage."""
-    from sidecar.ops import restore  # the snapshot modules, only for these commands
+    from sidecar.cli import progress  # the snapshot modules, only for these commands
+    from sidecar.ops import restore
 
     try:
         if args.command == "snapshots" and args.check:
@@ -213,25 +221,31 @@ def snapshot_command(args: argparse.Namespace, config: Config) -> int:
                 print("  * the snapshot the checkpoint names (its marker); abandoned: a rewind "
                       "point of a timeline the query left")  # fmt: skip
             return EXIT_OK
+        every_s = progress.LOG_EVERY_S if args.progress_every is None else args.progress_every
+        if every_s <= 0:
+            raise ConfigError("--progress-every: a number of seconds above 0")
+        shown = progress.renderer(enabled=not args.no_progress, every_s=every_s)
+        started = time.perf_counter()
         if args.all_root is not None:
             if args.query is not None or args.dir is not None or args.batch is not None:
                 raise ConfigError("restore --all ROOT takes no QUERY, DIR or --batch")
-            done = anyio.run(restore.restore_all, config, Path(args.all_root))
+            work = functools.partial(restore.restore_all, config, Path(args.all_root),
+                                     progress=shown)  # fmt: skip
+            done = anyio.run(_shown, shown, work)
         else:
             if args.query is None or args.dir is None:
                 raise ConfigError("restore needs QUERY and DIR (or --all ROOT)")
-            done = [
-                anyio.run(
-                    functools.partial(
-                        restore.restore_query,
-                        config,
-                        args.query,
-                        Path(args.dir),
-                        batch=args.batch,
-                        force=args.force,
-                    )
-                )
-            ]
+            one = functools.partial(
+                restore.restore_query,
+                config,
+                args.query,
+                Path(args.dir),
+                batch=args.batch,
+                force=args.force,
+                progress=shown,
+            )
+            done = [anyio.run(_shown, shown, one)]
+        seconds = time.perf_counter() - started
     except SidecarError as exc:
         print(f"checkpoint-sidecar: {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE
@@ -253,10 +267,22 @@ def snapshot_command(args: argparse.Namespace, config: Config) -> int:
         elif r.outcome == "failed":
             print(f"failed query {r.name or r.query_id}: {r.error}", file=sys.stderr)
         else:
+            line = r.timeline or "none"
             print(f"restored batch {r.batch_id} of query {r.name or r.query_id} (snapshot "
-                  f"{r.snapshot}) into {r.directory}: {r.files} files, {r.bytes} bytes, "
-                  f"checksums verified, in {r.seconds:.2f}s; {r.checkpoint}")  # fmt: skip
+                  f"{r.snapshot}, timeline {line}) into {r.directory}: {r.files} files, "
+                  f"{r.bytes} bytes, checksums verified, in {r.seconds:.2f}s; "
+                  f"{r.checkpoint}")  # fmt: skip
+    if args.all_root is not None and not args.json:
+        print(progress.summary(done, seconds))
     return EXIT_OK if all(r.ok for r in done) else EXIT_FAILURE
+
+
+async def _shown(shown: Renderer | None, work: Callable[[], Awaitable[T]]) -> T:
+    """``work``, with ``shown``'s progress on show while it runs (None: none)."""
+    if shown is None:
+        return await work()
+    async with shown.showing():
+        return await work()
 
 
 def _check(config: Config, args: argparse.Namespace) -> int:

@@ -282,6 +282,20 @@ def _add_snapshot_commands(sub: Any) -> None:
         help="every query with a snapshot, each back to its location under ROOT",
     )
     back.add_argument("--json", action="store_true", help="machine-readable output")
+    back.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="show no progress (by default, on standard error: a bar per restore on a "
+        "terminal, else a log line every --progress-every seconds with files, bytes, rate and "
+        "time left, and one as each restore ends)",
+    )
+    back.add_argument(
+        "--progress-every",
+        type=float,
+        metavar="SECONDS",
+        help="when standard error is not a terminal (a pod's log): a progress line this often "
+        "(default: 5)",
+    )
     _add_settings(back)
 
 

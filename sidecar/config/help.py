@@ -23,7 +23,8 @@ HELP = {
         "within this many seconds, as it may still be running, unless forced",
     },
     "Redis, the offset buffer": {
-        "redis_url": "Redis holding the offset buffer (password is never logged); in "
+        "redis_url": "Redis holding the offset buffer (password is never logged; "
+        "URL-encode a password with characters such as @ : / ? # + or spaces); in "
         "cluster mode any node, in sentinel mode only its password, db and TLS are used",
         "redis_mode": "standalone, cluster (Redis Cluster: any node as seed) or sentinel "
         "(the primary found through the sentinels, followed across failovers)",

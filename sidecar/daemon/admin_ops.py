@@ -32,6 +32,7 @@ from sidecar.flush.blob_state import BlobStates
 from sidecar.flush.lease import Held
 from sidecar.model.checkpoint import Checkpoint
 from sidecar.model.document import Stored, Writer
+from sidecar.model.restored import RestoreStats, decode_stats
 from sidecar.ops.admin_steps import (
     AdminResult,
     archive_stamp,
@@ -168,6 +169,8 @@ class DaemonAdmin:
             # Under the query's lock: no flush of it, nor of a row read before, comes between.
             positions = self._rewound(doc.checkpoint(), request, doc.reset_from)
         self._metrics.checkpoint_batch_id.labels(label).set(doc.batch_id)
+        if request.restored is not None:  # kept in Redis too (for the next daemon's start)
+            export_restore(self._metrics, label, request.restored)
         return AdminResult(
             "reset",
             query_id,
@@ -242,3 +245,36 @@ class DaemonAdmin:
             removed=removed,
             archived_to=archived,
         )
+
+
+def export_restore(metrics: Metrics, label: str, stats: RestoreStats) -> None:
+    """A restore's figures as ``checkpoint_sidecar_restore_*{query=label}``."""
+    metrics.restored(
+        label, seconds=stats.seconds, bytes=stats.bytes, files=stats.files, at=stats.at
+    )
+
+
+async def export_restores(buffer: RedisBuffer, metrics: Metrics) -> int:
+    """Every restore record Redis keeps (``restore`` ran while no daemon did: an init
+    container's), exported; how many. Unreadable records are skipped (logged).
+
+    Raises:
+        SidecarError: Redis failed.
+    """
+    found = await buffer.restores()
+    for query_id, record in sorted(found.items()):
+        stats = decode_stats(record)
+        if stats is None:
+            log.warning("restore record of query %s cannot be read: not exported", query_id)
+            continue
+        export_restore(metrics, stats.name or query_id, stats)
+        log.info(
+            "last restore: query=%s batch=%d snapshot=%s files=%d bytes=%d seconds=%.3f",
+            stats.name or query_id,
+            stats.batch_id,
+            stats.snapshot,
+            stats.files,
+            stats.bytes,
+            stats.seconds,
+        )
+    return len(found)

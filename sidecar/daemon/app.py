@@ -45,7 +45,7 @@ from sidecar.buffer.redis_buffer import RedisBuffer
 from sidecar.buffer.topology import Topology
 from sidecar.config import Config
 from sidecar.daemon import ownership
-from sidecar.daemon.admin_ops import DaemonAdmin
+from sidecar.daemon.admin_ops import DaemonAdmin, export_restores
 from sidecar.daemon.durability import DurabilityWatch
 from sidecar.daemon.http import AdminServer
 from sidecar.daemon.retirement import Retirement
@@ -334,6 +334,7 @@ class Daemon:
                     await tg.start(self.eventhubs.run)
                 await tg.start(self.retirement.run)
                 await self.flusher.recover()  # before the gate opens: only a previous run's
+                await self._restores()
                 self.handler.starting = None
                 # Start-up objects (modules, clients) never die: move them out of the
                 # collector's reach so full collections stay short (they caused 20-40 ms
@@ -409,6 +410,14 @@ class Daemon:
             gc.freeze()  # the SDK's modules too (no collection here: acks are being served)
             log.info("blob store open: container %s", self.store.where)
             tg.start_soon(self._doctor)  # (again) in the background: logged, exported, never fatal
+
+    async def _restores(self) -> None:
+        """The restores done while no daemon ran (an init container's, nothing scraped it),
+        exported from what their resets kept in Redis; a failure costs the metric only."""
+        try:
+            await export_restores(self.buffer, self.metrics)
+        except SidecarError as exc:
+            log.warning("restore records not read from Redis (not exported): %s", exc)
 
     async def _doctor(self) -> None:
         """``checkpoint-sidecar doctor``'s checks, once: logged and exported, never fatal."""

@@ -33,11 +33,12 @@ import msgspec
 
 from sidecar.buffer.redis_buffer import RedisBuffer
 from sidecar.config import Config
-from sidecar.errors import AdminRefused, CorruptRecord, InvalidRequest, NotFound
+from sidecar.errors import AdminRefused, CorruptRecord, InvalidRequest, NotFound, SidecarError
 from sidecar.model import checkpoint as ckpt
 from sidecar.model import stateful
 from sidecar.model.checkpoint import Checkpoint, Position, SourceOffsets
 from sidecar.model.document import CheckpointDocument, Writer, encode_document, reset_document
+from sidecar.model.restored import encode_stats
 from sidecar.model.stateful import rewind_refusal
 from sidecar.store.blobs import BlobStore, newest_named
 from sidecar.wire.protocol import AdminRequest, Reset, Retire
@@ -275,7 +276,24 @@ async def reset_under_lease(
     written = await store.write(
         target.query_id, body, lease_id=lease_id, query_name=target.name, version=version
     )
+    if request.restored is not None:
+        await _keep_restore(buffer, request, target.query_id)
     return doc, int(answer[2]), written
+
+
+async def _keep_restore(buffer: RedisBuffer, request: Reset, query_id: str) -> None:
+    """A restore's figures, kept for the daemon to export once its reset is done (the blob
+    written). Not kept is a metric missing, not a reason to say the reset failed."""
+    assert request.restored is not None
+    try:
+        await buffer.record_restore(query_id, encode_stats(request.restored))
+    except SidecarError as exc:
+        log.warning(
+            "restore query=%s: its figures were not kept in Redis (the daemon will not export "
+            "them): %s",
+            request.restored.name or query_id,
+            exc,
+        )
 
 
 async def retire_in_redis(

@@ -42,6 +42,7 @@ from sidecar.errors import (
 from sidecar.model.checkpoint import Checkpoint, SourceOffsets, offset_value
 from sidecar.model.document import SnapshotRef, Writer
 from sidecar.model.offsets import eventhubs_offsets, kafka_offsets
+from sidecar.model.restored import RestoreStats
 from sidecar.model.stateful import State, state_of
 from sidecar.ops.admin_steps import (
     AdminResult,
@@ -80,6 +81,7 @@ async def apply_reset(
     from_spark: bool = False,
     state_rewound: bool = False,
     snapshot: SnapshotRef | None = None,
+    restored: RestoreStats | None = None,
 ) -> AdminResult:
     """Make ``checkpoint`` (its query id, name, batch id, run id, timestamp and sources) the
     query's position, as a reset: through the daemon when one runs on the configured socket,
@@ -87,8 +89,9 @@ async def apply_reset(
     ``SIDECAR_ADMIN_QUIET_S``; ``from_spark``: the offsets are Spark's own committed batch
     (``Reset.from_spark``); ``state_rewound``: a stateful query's state store moved with it
     (``sidecar.model.stateful``); ``snapshot``: the snapshot restored with it, which the
-    document names from then on (its marker; None: none). What was done (``.summary()``
-    says it in one line).
+    document names from then on (its marker; None: none); ``restored``: that restore's
+    figures, kept in Redis for the daemon to export. What was done (``.summary()`` says it
+    in one line).
 
     Raises:
         AdminForbidden: the daemon runs without ``SIDECAR_ADMIN_OPS=true``.
@@ -112,6 +115,7 @@ async def apply_reset(
         stateful=(True if state_of(checkpoint) is State.STATEFUL else None) if from_spark else None,
         state_rewound=state_rewound,
         snapshot=snapshot,
+        restored=restored,
     )
     return await reset(config, request)
 

@@ -46,6 +46,12 @@ A broken snapshot (a pack missing, a checksum) is skipped, said loudly, for the 
 one before it on its timeline. One query's failure (refused, no intact snapshot, the store, a
 directory it may not write) never stops the others: each gets one line, and the command exits
 1 at the end if any failed.
+
+Long work shows progress: each restore tells a ``sidecar.snapshot.restore.Progress`` sink
+that the caller makes for it (:data:`Watch`: the CLI's bar on a terminal, or a log line every
+few seconds); and its figures (files, bytes, seconds) go with its reset, which keeps them in
+Redis for the daemon to export (``checkpoint_sidecar_restore_*``: a restore in an init
+container is never scraped).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -61,6 +68,7 @@ import msgspec
 from sidecar.config import Config
 from sidecar.errors import AdminRefused, CorruptRecord, NotFound, SidecarError
 from sidecar.model.document import SnapshotRef
+from sidecar.model.restored import RestoreStats
 from sidecar.model.spark_dir import SparkCheckpointError, parse_query_metadata
 from sidecar.ops import admin_tool, spark_import
 from sidecar.snapshot import lineage
@@ -68,6 +76,7 @@ from sidecar.snapshot.index import SnapshotIndex, all_prefix
 from sidecar.snapshot.reclaim import GoneRecord, mark_gone, read_gone
 from sidecar.snapshot.restore import (
     Checked,
+    Progress,
     RestoreError,
     SnapshotNotFound,
     check_snapshots,
@@ -81,6 +90,10 @@ log = logging.getLogger(__name__)
 
 #: How long a restore waits for an old pod's daemon to let go of the query's lease.
 LEASE_WAIT_S = 120.0
+
+#: The caller's progress sink for one restore: made for the query's label and the snapshot
+#: about to be written (a broken one skipped for an older one gets a sink of its own).
+Watch = Callable[[str, SnapshotIndex], Progress]
 
 
 class SnapshotRow(msgspec.Struct, frozen=True):
@@ -125,6 +138,9 @@ class Restored(msgspec.Struct, frozen=True):
     #: Snapshots found broken (a pack missing, a checksum) and skipped for an older one of
     #: the same timeline, each as its error said.
     broken: tuple[str, ...] = ()
+    #: The timeline the checkpoint's marker names after the restore (None: not restored, or
+    #: a snapshot of before timelines were kept).
+    timeline: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -143,6 +159,7 @@ class Restored(msgspec.Struct, frozen=True):
         checkpoint: str | None = None,
         error: str | None = None,
         broken: tuple[str, ...] = (),
+        timeline: str | None = None,
     ) -> Restored:
         """What was done with ``index`` at ``dest``: restored in ``seconds`` (its files and
         bytes counted), or not (``outcome``: none counted)."""
@@ -160,6 +177,7 @@ class Restored(msgspec.Struct, frozen=True):
             checkpoint,
             error,
             broken,
+            timeline,
         )
 
 
@@ -269,10 +287,16 @@ async def check(
 
 
 async def restore_query(
-    config: Config, query: str, dest: Path, *, batch: int | None = None, force: bool = False
+    config: Config,
+    query: str,
+    dest: Path,
+    *,
+    batch: int | None = None,
+    force: bool = False,
+    progress: Watch | None = None,
 ) -> Restored:
     """Write snapshot ``batch`` (None: the newest) of ``query`` into ``dest`` and move the
-    sidecar's checkpoint with it.
+    sidecar's checkpoint with it; ``progress``: a sink for the restore, told how far it is.
 
     Raises:
         NotFound: no such query or snapshot.
@@ -284,18 +308,21 @@ async def restore_query(
         query_id, name = await resolve(store, query)
         blobs = SnapshotBlobs(store)
         index, marker = await _chosen(store, blobs, config.namespace, query_id, batch)
+        sink = progress(name or query_id, index) if progress is not None else None
         started = time.perf_counter()
-        await restore(index, blobs, config.namespace, dest, force=force)
+        await restore(index, blobs, config.namespace, dest, force=force, progress=sink)
         seconds = time.perf_counter() - started
     finally:
         await store.aclose()
     return await _moved(config, query_id, name, index, marker, dest, seconds)
 
 
-async def restore_all(config: Config, root: Path) -> list[Restored]:
+async def restore_all(
+    config: Config, root: Path, *, progress: Watch | None = None
+) -> list[Restored]:
     """``restore --all ROOT``: every query with a snapshot, back to where it was taken from,
     as :func:`judge` decides; each query's outcome, failures included (never raised for one
-    query: the others go on).
+    query: the others go on). ``progress``: a sink for each restore, told how far it is.
 
     Raises:
         SidecarError: the store cannot be listed (nothing was restored).
@@ -335,7 +362,8 @@ async def restore_all(config: Config, root: Path) -> list[Restored]:
                         done = await _elsewhere(config, blobs, root, location, query_id, name,
                                                 owner)  # fmt: skip
                     else:
-                        done = await _restore_one(config, store, blobs, root, query_id, name)
+                        done = await _restore_one(config, store, blobs, root, query_id, name,
+                                                  progress)  # fmt: skip
                 except (SidecarError, OSError) as exc:
                     done = _failed(query_id, name, exc)
                 if done is not None:
@@ -417,6 +445,7 @@ async def _restore_one(
     root: Path,
     query_id: str,
     name: str | None,
+    progress: Watch | None = None,
 ) -> Restored | None:
     found = await list_snapshots(blobs, config.namespace, query_id)
     if not found:
@@ -470,9 +499,11 @@ async def _restore_one(
             )
         if verdict.why:
             log.warning("restore query=%s: %s: %s", label, dest, verdict.why)
+        sink = progress(label, index) if progress is not None else None
         started = time.perf_counter()
         try:
-            await restore(index, blobs, config.namespace, dest, force=verdict.replace)
+            await restore(index, blobs, config.namespace, dest, force=verdict.replace,
+                          progress=sink)  # fmt: skip
         except RestoreError as exc:
             if exc.reason not in ("missing_blob", "checksum"):
                 raise
@@ -617,8 +648,18 @@ async def _moved(
 ) -> Restored:
     """A restore written into ``dest`` in ``seconds``: the sidecar's checkpoint moved with it,
     naming ``marker`` (:func:`_move_checkpoint`), and what was done."""
-    summary = await _move_checkpoint(config, dest, name or query_id, index, marker, seconds)
-    return Restored.of(query_id, name, index, dest, seconds=seconds, checkpoint=summary)
+    stats = RestoreStats(
+        seconds=round(seconds, 3),
+        bytes=index.total_bytes,
+        files=len(index.files),
+        batch_id=index.batch,
+        snapshot=index.id,
+        at=time.time(),
+        name=name,
+    )
+    summary = await _move_checkpoint(config, dest, name or query_id, index, marker, stats)
+    return Restored.of(query_id, name, index, dest, seconds=seconds, checkpoint=summary,
+                       timeline=marker.timeline)  # fmt: skip
 
 
 async def _move_checkpoint(
@@ -627,12 +668,13 @@ async def _move_checkpoint(
     name: str,
     index: SnapshotIndex,
     marker: SnapshotRef,
-    seconds: float,
+    stats: RestoreStats,
 ) -> str:
     """Make the restored batch the sidecar's checkpoint of the query, as an import of the
     restored directory (a reset: the daemon's, or under a lease waited for). The reset's
     reason, kept in the document and its history, says what was restored and how long it
-    took (a restore runs in its own process, often an init container: nothing scrapes it)."""
+    took; its ``restored`` figures are kept in Redis for the daemon to export (a restore runs
+    in its own process, often an init container: nothing scrapes it)."""
     try:
         batch = await anyio.to_thread.run_sync(spark_import.read_spark_checkpoint, dest)
     except SparkCheckpointError as exc:
@@ -640,7 +682,7 @@ async def _move_checkpoint(
     found = await spark_import.plan(config, str(dest), batch, name)
     reason = (
         f"restored snapshot {index.id} of batch {index.batch} into {dest} "
-        f"({len(index.files)} files, {index.total_bytes} bytes in {seconds:.1f} s)"
+        f"({stats.files} files, {stats.bytes} bytes in {stats.seconds:.1f} s)"
     )
     deadline = time.monotonic() + LEASE_WAIT_S
     while True:
@@ -653,6 +695,7 @@ async def _move_checkpoint(
                 from_spark=True,
                 state_rewound=True,
                 snapshot=marker,
+                restored=stats,
             )
             return result.summary()
         except AdminRefused as exc:

@@ -24,6 +24,9 @@
 - **Leaves it writable by the driver**: directories ``2775`` and files ``664`` whatever the
   umask, so another user of the volume's group (the pod's ``fsGroup``: the driver, uid 185 in
   Spark's images, while the restore ran as the sidecar's user) writes the next batch's files.
+- **Tells how far it is** to a :class:`Progress` sink when given one (files and bytes
+  written and verified, out of the snapshot's), on the event loop's thread; what it shows and
+  where is the caller's (``sidecar.cli.progress``).
 - **Never leaves a half-written checkpoint in place**: files go to a temporary directory
   beside ``dest`` (``.<name>.restore-<id>``), renamed into place once all are verified and
   durable (each file's data synced as it is written, every directory of the tree before the
@@ -53,7 +56,7 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import anyio
 import anyio.abc
@@ -111,6 +114,21 @@ class SnapshotNotFound(SidecarError):
     def __init__(self, message: str, *, available: tuple[int, ...]) -> None:
         super().__init__(message)
         self.available = available
+
+
+class Progress(Protocol):
+    """Told how a restore goes (files and bytes written and verified), always on the event
+    loop's thread: :meth:`begin` once, :meth:`advance` as files are written, :meth:`end` once
+    (also when the restore fails). It decides nothing and raises nothing."""
+
+    def begin(self, files: int, bytes: int) -> None:
+        """The snapshot's files and bytes, before any is written."""
+
+    def advance(self, files: int, bytes: int) -> None:
+        """``files`` more files are whole, ``bytes`` more bytes written and verified."""
+
+    def end(self, ok: bool) -> None:
+        """The restore ended: in place (``ok``) or not."""
 
 
 class RestoreResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -346,9 +364,11 @@ async def restore(
     force: bool = False,
     concurrency: int = DEFAULT_CONCURRENCY,
     range_bytes: int = RANGE_MAX_BYTES,
+    progress: Progress | None = None,
 ) -> RestoreResult:
     """Write the snapshot ``index`` as a checkpoint directory at ``dest`` (see the module
-    docstring); ``range_bytes``: one ranged read's bytes at most.
+    docstring); ``range_bytes``: one ranged read's bytes at most; ``progress``: told how far
+    it is.
 
     Raises:
         RestoreError: ``not_empty`` (``dest`` holds something and ``force`` is not given),
@@ -357,8 +377,6 @@ async def restore(
             are not the ones the index names), ``store`` (a pack could not be read).
         SidecarError: the store's errors after retries (``StoreUnavailable``).
     """
-    started = time.monotonic()
-    counted = blobs.counted()
     for f in index.files:
         if _unsafe(f.path):
             raise RestoreError(
@@ -368,6 +386,44 @@ async def restore(
                 path=f.path,
             )
 
+    if progress is not None:
+        progress.begin(len(index.files), index.total_bytes)
+    try:
+        result = await _restore(index, blobs, namespace, dest, force, concurrency, range_bytes,
+                                progress)  # fmt: skip
+    except BaseException:
+        if progress is not None:
+            progress.end(False)
+        raise
+    if progress is not None:
+        progress.end(True)
+    log.info(
+        "snapshot restored: query=%s batch=%d snapshot=%s dest=%s files=%d bytes=%d "
+        "requests=%d duration_s=%.3f",
+        index.query_id,
+        index.batch,
+        index.id,
+        dest,
+        result.files,
+        result.bytes,
+        sum(result.requests.values()),
+        result.duration_s,
+    )
+    return result
+
+
+async def _restore(
+    index: SnapshotIndex,
+    blobs: SnapshotStore,
+    namespace: str,
+    dest: Path,
+    force: bool,
+    concurrency: int,
+    range_bytes: int,
+    progress: Progress | None,
+) -> RestoreResult:
+    started = time.monotonic()
+    counted = blobs.counted()
     token = new_id()
     temp, mount = await anyio.to_thread.run_sync(_prepare, dest, force, token)
     downloaded = 0
@@ -387,7 +443,9 @@ async def restore(
                     await anyio.to_thread.run_sync(_make_dirs, temp, paths)
                     empty = [temp / f.path for f in index.files if not f.size]
                     await anyio.to_thread.run_sync(_write_empty, empty)
-                    writer = _Writer(tg, concurrency)
+                    if progress is not None and empty:
+                        progress.advance(len(empty), 0)
+                    writer = _Writer(tg, concurrency, progress)
 
                     async def worker() -> None:
                         nonlocal downloaded
@@ -416,7 +474,7 @@ async def restore(
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(partial(shutil.rmtree, temp, ignore_errors=True))
         raise
-    result = RestoreResult(
+    return RestoreResult(
         dest=str(dest),
         query_id=index.query_id,
         batch=index.batch,
@@ -427,19 +485,6 @@ async def restore(
         requests=dict(counted.requests),
         duration_s=time.monotonic() - started,
     )
-    log.info(
-        "snapshot restored: query=%s batch=%d snapshot=%s dest=%s files=%d bytes=%d "
-        "requests=%d duration_s=%.3f",
-        index.query_id,
-        index.batch,
-        index.id,
-        dest,
-        result.files,
-        result.bytes,
-        sum(result.requests.values()),
-        result.duration_s,
-    )
-    return result
 
 
 async def _check_packs(
@@ -502,24 +547,33 @@ async def _ranged(
     return data
 
 
+#: What a writer's job did: files made whole, bytes written (for :class:`Progress`).
+Written = tuple[int, int]
+
+
 class _Writer:
     """Verifies and writes downloaded ranges in worker threads beside the downloads (a
     download does not wait for the previous range's hash and write), holding ``pending``
-    ranges at most."""
+    ranges at most; tells ``progress`` what each did, back on the event loop's thread."""
 
-    def __init__(self, tg: anyio.abc.TaskGroup, pending: int) -> None:
+    def __init__(
+        self, tg: anyio.abc.TaskGroup, pending: int, progress: Progress | None = None
+    ) -> None:
         self.tg = tg
         self.slots = anyio.Semaphore(max(1, pending))
+        self.progress = progress
 
-    async def submit(self, job: Callable[[], None]) -> None:
+    async def submit(self, job: Callable[[], Written]) -> None:
         await self.slots.acquire()
         self.tg.start_soon(self._run, job)
 
-    async def _run(self, job: Callable[[], None]) -> None:
+    async def _run(self, job: Callable[[], Written]) -> None:
         try:
-            await anyio.to_thread.run_sync(job)
+            files, written = await anyio.to_thread.run_sync(job)
         finally:
             self.slots.release()
+        if self.progress is not None:
+            self.progress.advance(files, written)
 
 
 class _Check:
@@ -555,9 +609,10 @@ def _verify(content: _Content, check: _Check, blob: str) -> None:
         )
 
 
-def _verify_and_write(read: _Read, data: bytes, blob: str, temp: Path) -> None:
+def _verify_and_write(read: _Read, data: bytes, blob: str, temp: Path) -> Written:
     """A worker thread's job: each content of ``read`` checked, then written (each of its
     files, durably)."""
+    files = written = 0
     for content in read.contents:
         at = content.offset - read.start
         # bytes, not a view, for the CRC; a range of one content (the large ones) is not copied.
@@ -567,6 +622,9 @@ def _verify_and_write(read: _Read, data: bytes, blob: str, temp: Path) -> None:
         _verify(content, check, blob)
         for path in content.paths:
             _write_durably(temp / path, piece)
+        files += len(content.paths)
+        written += content.size * len(content.paths)
+    return files, written
 
 
 class _Sliced:
@@ -637,10 +695,13 @@ class _Sliced:
                 self.fd = None
 
 
-def _land(state: _Sliced, at: int, data: bytes, blob: str, temp: Path) -> None:
-    """A worker thread's job: one slice of a large content."""
-    if state.land(at, data):
-        state.finish(blob, temp)
+def _land(state: _Sliced, at: int, data: bytes, blob: str, temp: Path) -> Written:
+    """A worker thread's job: one slice of a large content (its file whole with the last)."""
+    if not state.land(at, data):
+        return 0, len(data)
+    state.finish(blob, temp)
+    copies = len(state.content.paths) - 1
+    return copies + 1, len(data) + copies * state.content.size
 
 
 async def list_snapshots(

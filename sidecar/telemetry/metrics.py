@@ -338,6 +338,33 @@ class Metrics:
             ["query"],
             registry=r,
         )
+        # --- restores (checkpoint-sidecar restore, often an init container nothing scrapes:
+        # its figures come through its reset, kept in Redis; sidecar.model.restored) ----------
+        self.restore_seconds = Gauge(
+            "checkpoint_sidecar_restore_duration_seconds",
+            "How long the query's last restore from a snapshot took to write its checkpoint "
+            "directory (downloads, checksums, renames), seconds",
+            ["query"],
+            registry=r,
+        )
+        self.restore_bytes = Gauge(
+            "checkpoint_sidecar_restore_bytes",
+            "Bytes of the files the query's last restore from a snapshot wrote",
+            ["query"],
+            registry=r,
+        )
+        self.restore_files = Gauge(
+            "checkpoint_sidecar_restore_files",
+            "Files the query's last restore from a snapshot wrote",
+            ["query"],
+            registry=r,
+        )
+        self.restore_time = Gauge(
+            "checkpoint_sidecar_restore_timestamp_seconds",
+            "When the query's last restore from a snapshot finished writing, Unix time",
+            ["query"],
+            registry=r,
+        )
         self.config_check = Gauge(
             "checkpoint_sidecar_config_check",
             "Result of each configuration check run at start (checkpoint-sidecar doctor): "
@@ -398,10 +425,25 @@ class Metrics:
             self.lease_held,
         ):
             gauge.remove(label)
+        for gauge in self._restore_gauges:
+            if (label,) in gauge._metrics:
+                gauge.remove(label)
         for labels in list(self.lease_elsewhere._metrics):  # by query and writer
             if labels[0] == label:
                 self.lease_elsewhere.remove(*labels)
         self.forget_snapshot_series(label)
+
+    @property
+    def _restore_gauges(self) -> tuple[Gauge, ...]:
+        return (self.restore_seconds, self.restore_bytes, self.restore_files, self.restore_time)
+
+    def restored(self, label: str, *, seconds: float, bytes: int, files: int, at: float) -> None:
+        """Query ``label``'s last restore (``checkpoint_sidecar_restore_*``): how long it took,
+        what it wrote, when it finished (Unix seconds)."""
+        self.restore_seconds.labels(label).set(seconds)
+        self.restore_bytes.labels(label).set(bytes)
+        self.restore_files.labels(label).set(files)
+        self.restore_time.labels(label).set(at)
 
     def forget_snapshot_series(self, label: str) -> None:
         """Remove the snapshot series of query ``label`` (retired)."""

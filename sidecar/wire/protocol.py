@@ -63,6 +63,7 @@ from sidecar.model.checkpoint import (
     source_offsets,
 )
 from sidecar.model.document import SnapshotRef
+from sidecar.model.restored import RestoreStats
 from sidecar.wire.framing import MAX_FRAME_BYTES as MAX_FRAME_BYTES
 from sidecar.wire.framing import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from sidecar.wire.framing import FrameTooLarge as FrameTooLarge
@@ -205,7 +206,9 @@ class Reset(msgspec.Struct, frozen=True, tag_field="op", tag="reset"):
     ``state_rewound``: the caller moved the query's state store with it (or starts it fresh),
     so a stateful query may move back (``sidecar.model.stateful``); nothing else lets it.
     ``snapshot``: the document's new marker, the snapshot whose state goes with the new
-    position (a restore's; None: offsets alone, no snapshot named)."""
+    position (a restore's; None: offsets alone, no snapshot named). ``restored``: what the
+    restore asking for this reset wrote (files, bytes, seconds), kept in Redis once the
+    reset is done and exported by the daemon (None: not a restore)."""
 
     reason: str
     query_id: Id | None = None
@@ -221,6 +224,7 @@ class Reset(msgspec.Struct, frozen=True, tag_field="op", tag="reset"):
     stateful: bool | None = None
     state_rewound: bool = False
     snapshot: SnapshotRef | None = None
+    restored: RestoreStats | None = None
     id: RequestId = None
 
 

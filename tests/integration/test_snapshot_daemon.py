@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -235,6 +237,83 @@ def test_restore_all_fills_an_empty_volume_and_keeps_a_newer_checkpoint(
     kept = cli(init, "restore", "--all", str(volume))
     assert kept.returncode == 0, kept.stderr
     assert "kept" in kept.stdout and tree(volume / "app" / NAME) == before
+
+
+def test_restore_all_shows_progress_in_a_log_and_ends_with_what_it_did(
+    daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
+) -> None:
+    # An init container's standard error is no terminal (a pod's log): progress comes as log
+    # lines (every --progress-every seconds; here every few milliseconds), then one as the
+    # restore ends and a summary line, each with the snapshot's own file and byte counts.
+    _, env, _ = snapshot_run(daemon_env, procs, tmp_path, 3, partitions=3, delta_bytes=20_000)
+    (head,) = [s for s in snapshots(env) if s["batch_id"] == 2]
+    files, size = head["files"], head["bytes"]
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    init = env | {"SIDECAR_SNAPSHOT_ROOT": str(volume)}
+    done = cli(init, "restore", "--all", str(volume), "--progress-every", "0.001")
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "restore progress: " in line]
+    assert lines, done.stderr
+    seen = []
+    for line in lines:
+        assert f"query={NAME} batch=2 " in line and " rate=" in line and " left=" in line
+        got = re.search(r"files=(\d+)/(\d+) bytes=(\d+)/(\d+)", line)
+        assert got is not None, line
+        assert (int(got[2]), int(got[4])) == (files, size)
+        seen.append((int(got[1]), int(got[3])))
+    assert seen == sorted(seen) and seen[-1][1] <= size  # it only moves on
+    finished = f"restore finished: query={NAME} batch=2 files={files}/{files} bytes={size}/{size}"
+    assert finished in done.stderr
+    assert f"restored batch 2 of query {NAME} (snapshot {head['id']}, timeline " in done.stdout
+    assert done.stdout.splitlines()[-1].startswith(
+        f"restore --all: 1 query: 1 restored; {files} files, {size} bytes ("
+    )
+    # Without progress: no such line; the result lines stay.
+    again = cli(init, "restore", "--all", str(volume), "--no-progress")
+    assert again.returncode == 0, again.stderr
+    assert "restore progress" not in again.stderr and "restore finished" not in again.stderr
+    assert again.stdout.splitlines()[-1].startswith("restore --all: 1 query: 1 kept; 0 files")
+
+
+def test_the_daemon_exports_the_restore_that_moved_its_checkpoint(
+    daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
+) -> None:
+    # restore --all runs in an init container, before the daemon, and nothing scrapes it: its
+    # reset keeps its figures in Redis, and the daemon that starts next exports them. A later
+    # restore through that daemon's socket replaces them at once.
+    _, env, _ = snapshot_run(daemon_env, procs, tmp_path, 3, partitions=3, delta_bytes=5000)
+    before = time.time()
+    (row,) = restore_all_into(env, tmp_path / "volume")
+    assert row["outcome"] == "restored" and row["files"] > 0
+    env = env | {
+        "SIDECAR_SNAPSHOT_ROOT": str(tmp_path / "volume"),
+        "SIDECAR_ADMIN_OPS": "true",
+        "SIDECAR_ADMIN_QUIET_S": "0",
+    }
+    daemon = started(env, tmp_path / "after.log", procs)
+    page = scrape_process(daemon)[1]
+    assert metric_value(page, "checkpoint_sidecar_restore_bytes", query=NAME) == row["bytes"]
+    assert metric_value(page, "checkpoint_sidecar_restore_files", query=NAME) == row["files"]
+    seconds = metric_value(page, "checkpoint_sidecar_restore_duration_seconds", query=NAME)
+    assert seconds == row["seconds"] > 0
+    at = metric_value(page, "checkpoint_sidecar_restore_timestamp_seconds", query=NAME)
+    assert before <= at <= time.time()
+
+    # Through the running daemon (its reset): exported at once.
+    (older,) = [s for s in snapshots(env) if s["batch_id"] == 0]
+    assert older["bytes"] != row["bytes"]
+    done = cli(env, "restore", NAME, str(tmp_path / "elsewhere"), "--batch", "0", "--json")
+    assert done.returncode == 0, done.stderr
+    again = json.loads(done.stdout)
+    assert "by the daemon" in again["checkpoint"]
+    page = scrape_process(daemon)[1]
+    assert metric_value(page, "checkpoint_sidecar_restore_bytes", query=NAME) == older["bytes"]
+    assert metric_value(page, "checkpoint_sidecar_restore_files", query=NAME) == older["files"]
+    assert (
+        metric_value(page, "checkpoint_sidecar_restore_duration_seconds", query=NAME)
+        == again["seconds"]
+    )
 
 
 def test_restore_all_leaves_a_reused_location_to_its_new_query_and_restores_the_others(
