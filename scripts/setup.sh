@@ -10,6 +10,8 @@
 #   - redis-server (Debian package, when missing and running as root)
 #   - promtool and prometheus (Debian package `prometheus`, likewise): the alert rules' unit
 #     tests and the dashboard's check against a real Prometheus
+#   - kubectl (Debian package `kubernetes-client`, likewise, unless a kubectl is on the PATH):
+#     `kubectl kustomize` builds the monitoring kustomize base in its test
 #   - Node.js + the Azure Storage emulator Azurite, pinned, in .tools/azurite
 # Idempotent and quick when everything is already there (stamp files).
 set -euo pipefail
@@ -86,6 +88,16 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
     apt_install --no-install-recommends prometheus
 fi
 log "prometheus: $(prometheus --version 2>&1 | awk 'NR==1 {print $3}')"
+
+# --- kubectl (deploy/kubernetes/monitoring: tests/integration/test_deploy_monitoring.py) -------
+# Only its built-in kustomize is used (`kubectl kustomize`, offline, no cluster): Debian's
+# kubectl 1.20 has it, as does any kubectl from 1.14 on already on the PATH.
+if ! command -v kubectl >/dev/null 2>&1; then
+    apt_install kubernetes-client
+fi
+kubectl kustomize --help >/dev/null 2>&1 \
+    || die "$(command -v kubectl) has no 'kubectl kustomize' (kubectl 1.14 or later has): install Debian's kubernetes-client, or put a newer kubectl first on the PATH (or set KUBECTL_BIN for the tests)"
+log "kubectl: $(kubectl version --client --short 2>/dev/null || kubectl version --client 2>/dev/null | head -1)"
 
 # --- Azurite (Azure Storage emulator) ----------------------------------------------------
 if ! command -v npm >/dev/null 2>&1; then

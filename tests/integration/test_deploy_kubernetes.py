@@ -1,4 +1,5 @@
-"""The Kubernetes manifests in deploy/kubernetes/, checked offline.
+"""The Kubernetes manifests in deploy/kubernetes/, checked offline (the monitoring kustomize
+base's other objects, and the base as kustomize builds it: test_deploy_monitoring.py).
 
 * Every core object is validated with ``kubernetes-validate`` in strict mode (unknown fields
   are errors) against the Kubernetes versions it is written for: the native-sidecar
@@ -21,9 +22,10 @@
 * The plain sidecar's watcher script runs for real: it stops the daemon, gracefully, once a
   process that looks like the driver's JVM has come and gone.
 
-Not validated: the PodMonitor's other fields (a Prometheus Operator CRD; no schema here), and
-whether a given Spark Operator version passes ``restartPolicy: Always`` of an init container
-through its template (the manifests' comments say how to check on a cluster).
+Not validated here: the PodMonitor's other fields (a Prometheus Operator CRD: checked against
+its field names by test_deploy_monitoring.py), and whether a given Spark Operator version passes
+``restartPolicy: Always`` of an init container through its template (the manifests' comments
+say how to check on a cluster).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ NATIVE = DEPLOY / "spark-driver-with-sidecar.yaml"
 PLAIN = DEPLOY / "spark-driver-with-sidecar-pre-1.29.yaml"
 APP = DEPLOY / "sparkapplication.yaml"
 SNAPSHOTS = DEPLOY / "spark-driver-with-snapshots.yaml"
+POD_MONITOR = DEPLOY / "monitoring" / "podmonitor.yaml"
 #: The Spark Operator release whose SparkApplication CRD the example is validated against: the
 #: first with ``driver.template`` (v2.0 has none), the floor the example states.
 OPERATOR_CRD = (
@@ -108,7 +111,7 @@ def literal_env(container: dict[str, Any]) -> dict[str, str]:
         (NATIVE, NATIVE_VERSIONS),
         (PLAIN, ALL_VERSIONS),
         (SNAPSHOTS, NATIVE_VERSIONS),
-        (DEPLOY / "podmonitor.yaml", []),
+        (POD_MONITOR, []),
     ],
     ids=["native", "pre-1.29", "snapshots", "podmonitor"],
 )
@@ -193,7 +196,7 @@ def test_the_spark_application_validates_against_the_operator_2_1_crd() -> None:
 
 
 def test_the_pod_monitor_keeps_the_kubernetes_namespace_label() -> None:
-    doc = load(DEPLOY / "podmonitor.yaml")
+    doc = load(POD_MONITOR)
     [endpoint] = doc["spec"]["podMetricsEndpoints"]
     relabelings = endpoint.get("relabelings", [])
     written = {r.get("targetLabel") for r in relabelings if r.get("action", "replace") == "replace"}

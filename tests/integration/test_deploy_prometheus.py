@@ -1,5 +1,6 @@
 """The Prometheus rules of deploy/prometheus: valid, unit-tested by promtool (every alert firing
-and not firing), documented (summary, description, a runbook section in deploy/README.md).
+and not firing), documented (summary, description, a runbook section in deploy/README.md, and a
+``runbook_url`` that links that section: one base for all, the anchor GitHub gives the heading).
 
 The rules' expressions against a real Prometheus scraping a real daemon:
 tests/integration/test_deploy_grafana.py.
@@ -24,6 +25,9 @@ RULES_DIR = REPO / "deploy" / "prometheus"
 ALERTS = RULES_DIR / "alerts.yml"
 ALERTS_TEST = RULES_DIR / "alerts_test.yml"
 DEPLOY_README = REPO / "deploy" / "README.md"
+#: An alert's runbook_url: where deploy/README.md is served (the base, one for all alerts), then
+#: the anchor of the alert's runbook section.
+RUNBOOK_URL = re.compile(r"(?P<base>https://[^#\s]+)#(?P<anchor>[\w-]+)")
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -105,3 +109,62 @@ def test_every_alert_is_documented(rule: dict[str, Any]) -> None:
     assert rule["labels"]["severity"] in {"critical", "warning"}
     sections = re.findall(r"^#### (\w+)$", DEPLOY_README.read_text(), re.MULTILINE)
     assert name in sections, f"deploy/README.md needs a runbook section '#### {name}'"
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub (and the docs site's toc) gives a Markdown heading's text: a link
+    reduced to its text, lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def heading_anchors(markdown: str) -> dict[str, str]:
+    """Each heading's anchor -> the heading's text, outside code blocks; a repeated anchor
+    gets GitHub's suffix (-1, -2, ...)."""
+    anchors: dict[str, str] = {}
+    fenced = False
+    for line in markdown.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and (match := re.match(r"#{1,6} (.+)$", line)):
+            anchor = base = github_anchor(match.group(1))
+            count = 0
+            while anchor in anchors:
+                count += 1
+                anchor = f"{base}-{count}"
+            anchors[anchor] = match.group(1).strip()
+    return anchors
+
+
+def test_heading_anchors_are_githubs() -> None:
+    """The anchors computed here are those deploy/README.md's own links use (the docs build
+    checks those against the site's), and a code block's comment is no heading."""
+    anchors = heading_anchors(DEPLOY_README.read_text())
+    linked = set(re.findall(r"\]\(#([^)]+)\)", DEPLOY_README.read_text()))
+    assert linked and linked <= set(anchors), linked - set(anchors)
+    assert github_anchor("Beside your own listeners and class path") == (
+        "beside-your-own-listeners-and-class-path"
+    )
+    assert github_anchor("`alerts.yml`: the [rules](x.md), v2.1!") == "alertsyml-the-rules-v21"
+    assert heading_anchors("# A\n```sh\n# not a heading\n```\n## A\n") == {"a": "A", "a-1": "A"}
+
+
+def test_every_alert_links_its_runbook_section() -> None:
+    """runbook_url is the base where deploy/README.md is served (the same for every alert, and
+    named in deploy/README.md) and the anchor of the alert's own `#### Name` section."""
+    anchors = heading_anchors(DEPLOY_README.read_text())
+    bases = set()
+    for rule in alert_rules():
+        name = rule["alert"]
+        url = rule["annotations"].get("runbook_url")
+        assert url, f"{name}: no runbook_url annotation"
+        match = RUNBOOK_URL.fullmatch(url)
+        assert match, f"{name}: runbook_url {url!r} is not https://…#anchor"
+        assert anchors.get(match["anchor"]) == name, (
+            f"{name}: #{match['anchor']} is not the anchor of its section '#### {name}' in "
+            "deploy/README.md"
+        )
+        bases.add(match["base"])
+    assert len(bases) == 1, f"one runbook base for all alerts, not {sorted(bases)}"
+    [base] = bases
+    assert f"`{base}`" in DEPLOY_README.read_text(), "deploy/README.md names the runbook base"
