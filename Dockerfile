@@ -14,8 +14,9 @@
 # requirements/image-build.txt (pip, setuptools, cyclonedx-bom) and
 # requirements/listener-build.txt (the PySpark whose Spark jars the listener is compiled
 # against), all made by `make lock`; an unchanged tree rebuilds to the same versions. The
-# final stage gets only the finished venv: no pip, setuptools, wheel, JDK, compiler or
-# binutils.
+# final stage gets only the finished venv, and the driver side's wheel and listener jar in
+# /opt/checkpoint-sidecar/bridge/ (for Spark images to install or copy): no pip, setuptools,
+# wheel, JDK, compiler or binutils.
 #
 # Try it locally (the daemon waits for Redis before it binds the socket):
 #
@@ -132,6 +133,15 @@ RUN /opt/build/bin/python -m pip wheel -q --no-deps --no-build-isolation \
            exit 1; }; } \
  && rm -rf /tmp/wheels
 
+# The driver side, for Spark images that install it rather than copy the jar out: the
+# checkpoint-sidecar-bridge wheel (Python 3.8+, no dependencies), built from spark_bridge/ as
+# `make dist` builds it, with the listener stage's jar inside, and that jar beside it. The
+# final stage keeps both in /opt/checkpoint-sidecar/bridge/ (docs/spark-bridge.md, "Installing
+# the Spark side").
+RUN /opt/build/bin/python -m pip wheel -q --no-deps --no-build-isolation \
+        --check-build-dependencies --wheel-dir /opt/checkpoint-sidecar/bridge ./spark_bridge \
+ && cp spark_bridge/jars/checkpoint-sidecar-listener.jar /opt/checkpoint-sidecar/bridge/
+
 # Finish the venv: wheels' extension modules carry their debug information (uvloop's alone is
 # 13 MB of it), which nothing here reads; files with an RPATH (auditwheel-patched, whose
 # vendored .libs strip may break) are left alone. Bytecode compiled once, checked by hash of
@@ -164,6 +174,7 @@ RUN if python3 -m pip --version >/dev/null 2>&1; then \
  && chmod 0750 /var/run/checkpoint-sidecar
 
 COPY --from=builder /opt/venv /opt/venv
+COPY --from=builder /opt/checkpoint-sidecar/bridge/ /opt/checkpoint-sidecar/bridge/
 
 # Only SIDECAR_* names that sidecar/config/settings.py knows may be set: the daemon refuses unknown
 # SIDECAR_* variables at start (exit code 2).
@@ -173,9 +184,11 @@ ENV PATH="/opt/venv/bin:${PATH}" \
     PYTHONDONTWRITEBYTECODE=1 \
     SIDECAR_SOCKET_PATH=/var/run/checkpoint-sidecar/sidecar.sock
 
-# It runs here: every extension module loads (stripped, against this base's libraries), and
-# nothing can install packages.
+# It runs here: every extension module loads (stripped, against this base's libraries),
+# nothing can install packages, and the driver side is where the docs say.
 RUN checkpoint-sidecar --version \
+ && test -s /opt/checkpoint-sidecar/bridge/checkpoint-sidecar-listener.jar \
+ && ls /opt/checkpoint-sidecar/bridge/checkpoint_sidecar_bridge-*-py3-none-any.whl >/dev/null \
  && python -c 'import importlib, pathlib, sysconfig; \
 site = pathlib.Path(sysconfig.get_path("purelib")); \
 [importlib.import_module(".".join(p.relative_to(site).parent.parts + (p.name.split(".")[0],))) \

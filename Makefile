@@ -71,8 +71,10 @@ dist: jar
 
 ## requirements/image*.txt: the image's dependencies and build tools, pinned with hashes (uv
 ## pip compile, for CPython 3.11 on Linux); requirements/listener-build.txt: the PySpark whose
-## jars the image's listener stage compiles against. Run it after changing pyproject.toml's
-## `daemon` or `uvloop` dependencies, or the .in files; pins that still fit are kept.
+## jars the image's listener stage compiles against; requirements/release.txt: what the release
+## workflow (.github/workflows/release.yml) builds the sdists and wheels with. Run it after
+## changing pyproject.toml's `daemon` or `uvloop` dependencies, or the .in files; pins that
+## still fit are kept.
 ## UPGRADE=1 moves all to the newest.
 LOCK := .venv/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 \
 	--python-platform linux --custom-compile-command "make lock" $(if $(UPGRADE),--upgrade)
@@ -80,6 +82,7 @@ lock: setup
 	$(LOCK) pyproject.toml --extra daemon --extra uvloop -o requirements/image.txt
 	$(LOCK) requirements/image-build.in -o requirements/image-build.txt
 	$(LOCK) --no-deps requirements/listener-build.in -o requirements/listener-build.txt
+	$(LOCK) requirements/release.in -o requirements/release.txt
 
 ## The documentation site (MkDocs, mkdocs.yml) from docs/ and the two READMEs, into site/.
 ## Strict: a broken link or anchor fails it. `make test` builds it the same way
@@ -92,6 +95,7 @@ lint: setup
 	.venv/bin/ruff format --check sidecar spark_bridge tests bench scripts deploy
 	.venv/bin/mypy
 	.venv/bin/mypy deploy/grafana/dashboard.py
+	.venv/bin/mypy deploy/kubernetes/monitoring/generate.py
 
 clean:
 	rm -rf .venv .venv-spark35 .tools .pytest_cache .mypy_cache .ruff_cache site

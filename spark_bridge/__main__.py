@@ -1,4 +1,4 @@
-"""``python -m spark_bridge listener-jar``: the bundled listener jar's path, for ``spark-submit
+"""``python3 -m spark_bridge listener-jar``: the bundled listener jar's path, for ``spark-submit
 --jars`` (the daemon's CLI has the same command; this one needs only this package)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 from spark_bridge.handle import BridgeError
 from spark_bridge.jvm import listener_jar
 
-USAGE = "usage: python -m spark_bridge listener-jar"
+USAGE = "usage: python3 -m spark_bridge listener-jar"
 
 
 def main(argv: list[str]) -> int:

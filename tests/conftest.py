@@ -201,3 +201,19 @@ def harness_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
     from tests.jvmharness import compile_harness
 
     return compile_harness(tmp_path_factory.mktemp("harness"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group the tests that must not run beside each other under pytest-xdist (--dist loadgroup).
+
+    The Spark tests share one JVM (the session's ``spark`` fixture, and Spark's state-store
+    maintenance timer is per JVM); the container tests share podman's image store and names.
+    Everything else is spread over the workers. Without xdist the marks do nothing.
+    """
+    for item in items:
+        if item.get_closest_marker("container") is not None:
+            item.add_marker(pytest.mark.xdist_group("container"))
+        elif item.get_closest_marker("spark") is not None or "spark" in getattr(
+            item, "fixturenames", ()
+        ):
+            item.add_marker(pytest.mark.xdist_group("spark"))

@@ -324,6 +324,32 @@ def test_the_pod_templates_jar_copier_finds_the_listener_in_the_image(
     assert f"Implementation-Version: {VERSION}" in manifest  # compiled in the build, from here
 
 
+def test_the_image_keeps_the_driver_side_where_the_docs_say(image: str, short_tmp: Path) -> None:
+    """docs/spark-bridge.md's copy, run as written (podman create, cp, rm): the bridge's wheel
+    (checkpoint-sidecar-bridge, Python 3.8+, the Spark side alone) and the listener jar in
+    /opt/checkpoint-sidecar/bridge/, the jar the same inside the wheel, beside it and in what
+    the pod template's init container copies."""
+    dest = short_tmp / "bridge"
+    container = podman("create", image).strip()
+    try:
+        podman("cp", f"{container}:/opt/checkpoint-sidecar/bridge/.", str(dest))
+    finally:
+        podman("rm", container)
+    wheel_name = f"checkpoint_sidecar_bridge-{VERSION}-py3-none-any.whl"
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "checkpoint-sidecar-listener.jar",
+        wheel_name,
+    ]
+    jar = (dest / "checkpoint-sidecar-listener.jar").read_bytes()
+    with zipfile.ZipFile(dest / wheel_name) as wheel:
+        assert wheel.read("spark_bridge/jars/checkpoint-sidecar-listener.jar") == jar
+        assert not [n for n in wheel.namelist() if n.startswith("sidecar/")]
+        metadata = wheel.read(f"checkpoint_sidecar_bridge-{VERSION}.dist-info/METADATA").decode()
+    assert "Name: checkpoint-sidecar-bridge\n" in metadata
+    assert "Requires-Python: >=3.8\n" in metadata
+    assert copy_listener_jar(image, short_tmp / "lib").read_bytes() == jar
+
+
 #: A Spark driver with the listener switched on by the pod template's confs alone (the jar on
 #: the driver's class path, the class, the socket): a rate query to batch 3, stopped.
 JAR_DRIVER = textwrap.dedent(

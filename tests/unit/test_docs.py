@@ -35,7 +35,7 @@ DOCS = [
     REPO_ROOT / "deploy" / "README.md",
     REPO_ROOT / "Dockerfile",
     *sorted((REPO_ROOT / "docs").glob("*.md")),
-    *sorted((REPO_ROOT / "deploy" / "kubernetes").glob("*.yaml")),
+    *sorted((REPO_ROOT / "deploy" / "kubernetes").rglob("*.yaml")),
     REPO_ROOT / "deploy" / "compose" / "compose.yaml",
     REPO_ROOT / "CHANGELOG.md",
 ]
@@ -119,23 +119,151 @@ def test_docs_and_manifests_name_only_real_settings() -> None:
     assert not unknown, f"not settings of the daemon: {sorted(unknown)}"
 
 
+# --- one install story, commands that run ------------------------------------------------
+
+#: Every page a command is copied from: the docs, the READMEs, the manifests, the packaging
+#: and the release workflow (its release notes).
+COMMAND_PAGES = [
+    *DOCS,
+    REPO_ROOT / "spark_bridge" / "README.md",
+    REPO_ROOT / "pyproject.toml",
+    REPO_ROOT / "spark_bridge" / "pyproject.toml",
+    REPO_ROOT / ".github" / "workflows" / "release.yml",
+]
+_VERSION_SPEC = r"(?:(?:==|>=|<=|~=|!=|<|>)[\w.*$+-]+)?"
+#: What a `pip install` may name of this project: the Spark side (on a driver, Python 3.8+),
+#: by name or as its archive, or the daemon with its `daemon` extra (Python 3.11+, never a
+#: driver's). A bare `checkpoint-sidecar` is the daemon's distribution without the daemon: on
+#: a driver it fails on the Spark 3.5 images' Python 3.8 and has no use elsewhere.
+INSTALLABLE = [
+    rf"checkpoint-sidecar-bridge{_VERSION_SPEC}",
+    r"checkpoint_sidecar_bridge-[\w.*$+-]+\.(?:whl|tar\.gz)",
+    rf"checkpoint-sidecar\[(?:\w+,)*daemon(?:,\w+)*\]{_VERSION_SPEC}",
+    r"checkpoint_sidecar-[\w.*$+-]+\.(?:whl|tar\.gz)\[(?:\w+,)*daemon(?:,\w+)*\]",
+]
+
+
+def commands(text: str) -> list[str]:
+    """``text`` cut into what a reader copies as one command: each line of a fenced code block
+    (with its ``\\`` continuations), and each other paragraph joined into one line, leading
+    comment marks (``#``) and indentation removed, so that a command a paragraph breaks
+    across lines (in a code span, a list item or a YAML comment) reads as one."""
+    units: list[str] = []
+    paragraph: list[str] = []
+    fenced = False
+    for line in text.replace("\\\n", " ").splitlines():
+        if line.strip().startswith(("```", "~~~")):
+            fenced = not fenced
+            units.append(" ".join(paragraph))
+            paragraph = []
+        elif fenced:
+            units.append(line)
+        elif line.strip():
+            paragraph.append(re.sub(r"^\s*(?:#+\s*)?", "", line))
+        else:
+            units.append(" ".join(paragraph))
+            paragraph = []
+    units.append(" ".join(paragraph))
+    return [unit for unit in units if unit.strip()]
+
+
+def wrong_installs(text: str) -> list[str]:
+    """Each package a `pip install` in ``text`` names of this project that is not one of
+    :data:`INSTALLABLE` (a path names its file). Its arguments end at the end of the command:
+    a code span's backtick, a shell comment, ``;``, ``|``, ``&`` or ``)``."""
+    wrong = []
+    for unit in commands(text):
+        for args in re.findall(r"\bpip3?\s+install\b([^`#;|&)]*)", unit):
+            for token in args.split():
+                name = token.strip("'\"\\").rsplit("/", 1)[-1]
+                if re.match(r"checkpoint[-_]sidecar", name) and not any(
+                    re.fullmatch(ok, name) for ok in INSTALLABLE
+                ):
+                    wrong.append(name)
+    return wrong
+
+
+def wrong_commands(text: str) -> list[str]:
+    """Commands that fail where they are run: ``python`` for ``python3`` (Debian, Ubuntu and
+    the Spark images have only ``python3``; a path such as ``.venv/bin/python`` is fine), and a
+    driver's ``--jars`` from the daemon's CLI (``checkpoint-sidecar listener-jar``: a driver
+    has the bridge, whose command is ``python3 -m spark_bridge listener-jar``)."""
+    wrong = []
+    for unit in commands(text):
+        wrong += re.findall(r"(?<![\w/.$-])python\s+(?:-[mc]\s*\S+|[\w./-]+\.py\b)", unit)
+        wrong += re.findall(r"--jars[\s=]+[\"']?\$\(checkpoint-sidecar\s+listener-jar\)", unit)
+    return wrong
+
+
 def test_the_driver_side_is_installed_as_the_bridge_everywhere() -> None:
-    # One install story: a Spark driver installs checkpoint-sidecar-bridge (Python 3.8+, no
-    # dependencies); `pip install checkpoint-sidecar` (Python 3.11+) is the daemon's and
-    # fails on the Spark 3.5 images. A page saying the latter for a driver misleads.
-    pages = [*DOCS, REPO_ROOT / "pyproject.toml", REPO_ROOT / "spark_bridge" / "README.md"]
+    # One install story (issue #41): a Spark driver installs checkpoint-sidecar-bridge; the
+    # daemon, outside its image, checkpoint-sidecar[daemon,...].
     wrong = {
-        f"{path.relative_to(REPO_ROOT)}:{number}"
-        for path in pages
-        for number, line in enumerate(path.read_text().splitlines(), 1)
-        if re.search(r"checkpoint-sidecar\[bridge\]|…\[bridge\]", line)
-        or (
-            re.search(r"pip install ['\"]?checkpoint-sidecar(?![-\w\[])", line)
-            and re.search(r"driver|spark-submit", line, re.I)
-        )
+        f"{path.relative_to(REPO_ROOT)}: pip install {name}"
+        for path in COMMAND_PAGES
+        for name in wrong_installs(path.read_text())
     }
-    assert not wrong, f"the driver installs checkpoint-sidecar-bridge, not: {sorted(wrong)}"
-    assert "pip install checkpoint-sidecar-bridge" in README.read_text()
+    assert not wrong, f"a driver installs checkpoint-sidecar-bridge: {sorted(wrong)}"
+    for page in (README, REPO_ROOT / "docs" / "getting-started.md"):
+        assert "pip install checkpoint-sidecar-bridge" in page.read_text(), page
+    # Until it is published: the wheel `make dist` builds, and where the image keeps it.
+    bridge = (REPO_ROOT / "docs" / "spark-bridge.md").read_text()
+    assert "pip install dist/checkpoint_sidecar_bridge-" in bridge
+    assert "/opt/checkpoint-sidecar/bridge/checkpoint_sidecar_bridge-" in bridge
+    assert "/opt/checkpoint-sidecar/bridge/" in (REPO_ROOT / "Dockerfile").read_text()
+
+
+def test_commands_shown_run_as_written() -> None:
+    # The Dockerfile's commands run inside the image, whose venv has `python`.
+    wrong = {
+        f"{path.relative_to(REPO_ROOT)}: {command}"
+        for path in COMMAND_PAGES
+        if path.name != "Dockerfile"
+        for command in wrong_commands(path.read_text())
+    }
+    assert not wrong, f"python3, and the bridge's listener-jar: {sorted(wrong)}"
+
+
+def test_the_install_and_command_rules_find_the_wrong_lines() -> None:
+    """The two tests above can fail: each wrong line is found, each right one is not."""
+    wrong = {
+        "pip install checkpoint-sidecar   # on the driver": "checkpoint-sidecar",
+        "(Outside these templates, `pip install\n    checkpoint-sidecar` on the driver)": (
+            "checkpoint-sidecar"
+        ),
+        "# requirements of a driver: `pip install\n# 'checkpoint-sidecar[bridge]'`": (
+            "checkpoint-sidecar[bridge]"
+        ),
+        "```sh\npython3 -m pip install dist/checkpoint_sidecar-0.1.0-py3-none-any.whl\n```": (
+            "checkpoint_sidecar-0.1.0-py3-none-any.whl"
+        ),
+        "uv pip install -q checkpoint-sidecar==0.1.0 && run": "checkpoint-sidecar==0.1.0",
+    }
+    for text, name in wrong.items():
+        assert wrong_installs(text) == [name], text
+    right = [
+        "pip install checkpoint-sidecar-bridge   # on the machine that runs spark-submit",
+        "`python3 -m pip install dist/checkpoint_sidecar_bridge-0.1.0-py3-none-any.whl`",
+        "pip install /opt/checkpoint-sidecar/bridge/checkpoint_sidecar_bridge-0.1-py3-none-any.whl",
+        "\\`python3 -m pip install 'checkpoint-sidecar[daemon,uvloop]==$version'\\`.",
+        "Outside a container: `pip install 'checkpoint-sidecar[daemon,uvloop]'`, then run",
+        '--find-links /tmp/wheels "checkpoint-sidecar[daemon,uvloop]" || exit 1',
+        "pip install -e '.[daemon,test]'",
+    ]
+    for text in right:
+        assert wrong_installs(text) == [], text
+    assert len(wrong_commands('spark-submit --jars "$(python -m spark_bridge listener-jar)"')) == 1
+    assert len(wrong_commands("JARS=\"$(python -c 'import pyspark')\"")) == 1
+    assert len(wrong_commands("`python scripts/demo.py`")) == 1
+    assert len(wrong_commands('`--jars "$(checkpoint-sidecar\n    listener-jar)"`')) == 1
+    for text in (
+        'spark-submit --jars "$(python3 -m spark_bridge listener-jar)"',
+        ".venv/bin/python -m pytest tests/unit",
+        'cp "$(checkpoint-sidecar listener-jar)" /opt/checkpoint-sidecar/lib/',
+        'attach(spark, listener="python")',
+        "A Python listener remains as a fallback",
+    ):
+        assert wrong_commands(text) == [], text
 
 
 # --- metrics -------------------------------------------------------------------------------
