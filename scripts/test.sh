@@ -16,10 +16,15 @@ source scripts/lib.sh
 
 eval "set -- ${PYTEST_ARGS:-}"
 
+# Two pytest-xdist workers (TEST_WORKERS; 0 runs in one process): most tests wait on
+# daemons, Redis, Azurite and timeouts rather than on the CPU. The Spark tests share one
+# worker and its JVM, the container tests another (tests/conftest.py: --dist loadgroup).
+# The 3.5 pass has only Spark tests: two workers there are two JVMs (--dist load).
 # The slowest tests, printed at the end of the main pass: where the suite's time goes.
-.venv/bin/python -m pytest --durations=25 "$@" || exit $?
+workers=${TEST_WORKERS:-2}
+.venv/bin/python -m pytest -n "$workers" --dist loadgroup --durations=25 "$@" || exit $?
 
-.venv-spark35/bin/python -m pytest -m "spark and not spark4" "$@"
+.venv-spark35/bin/python -m pytest -n "$workers" --dist load -m "spark and not spark4" "$@"
 rc=$?
 if [ $rc -eq 5 ] && [ $# -gt 0 ]; then
     log "PYTEST_ARGS selects no Spark test that runs on PySpark 3.5"
