@@ -1,7 +1,8 @@
 """How ``restore`` shows its progress (``sidecar.snapshot.restore.Progress`` sinks, one per
 restore, made by a renderer the command picks for its standard error):
 
-- **a terminal**: a bar per restore (``rich.progress``): files, bytes, rate, time left;
+- **a terminal**: a bar per restore (``tqdm``, no dependencies of its own): bytes, files,
+  rate, time left;
 - **anything else** (a pod's log, a file): one log line every :data:`LOG_EVERY_S` while a
   restore runs (files, bytes, rate, time left), and one when it ends, so an operator tailing
   an init container sees it move and a stalled one stands out (its rate falls);
@@ -15,22 +16,14 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import IO, Protocol
+from typing import IO, Never, Protocol
 
 import anyio
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-from rich.progress import Progress as RichProgress
+from tqdm import tqdm
 
 from sidecar.ops.restore import Restored
 from sidecar.snapshot.index import SnapshotIndex
@@ -174,55 +167,57 @@ class LogProgress:
 
 
 class _Bar:
-    """One restore's task in :class:`BarProgress`."""
+    """One restore's bar in :class:`BarProgress`."""
 
-    def __init__(self, bar: RichProgress, task: TaskID, description: str) -> None:
-        self.bar, self.task, self.description = bar, task, description
-        self.files = 0
+    def __init__(self, bar: tqdm[Never], description: str, files_total: int) -> None:
+        self.bar, self.description = bar, description
+        self.files, self.files_total = 0, files_total
 
     def begin(self, files: int, bytes: int) -> None:
-        self.bar.update(self.task, total=bytes, files_total=files)
-        self.bar.start_task(self.task)
+        self.files_total = files
+        self.bar.reset(total=bytes)
+        self._files()
 
     def advance(self, files: int, bytes: int) -> None:
         self.files += files
-        self.bar.update(self.task, advance=bytes, files=self.files)
+        self._files()
+        self.bar.update(bytes)
 
     def end(self, ok: bool) -> None:
         if not ok:
-            self.bar.update(self.task, description=f"{self.description} [red]not written[/red]")
-        self.bar.stop_task(self.task)
+            self.bar.set_description(f"{self.description} not written", refresh=False)
+        self.bar.close()
+
+    def _files(self) -> None:
+        self.bar.set_postfix_str(f"{self.files}/{self.files_total} files", refresh=False)
 
 
 class BarProgress:
-    """A ``rich`` progress bar per restore on a terminal: files, bytes, rate, time left."""
+    """A ``tqdm`` bar per restore on a terminal: bytes, files, rate, time left."""
 
     def __init__(self, stream: IO[str]) -> None:
-        self.bar = RichProgress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.fields[files]}/{task.fields[files_total]} files"),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=Console(file=stream),
-        )
+        self.stream = stream
+        # tqdm's default lock is also a multiprocessing one, made (a semaphore file) on the
+        # first bar, on the event loop; the bars here share only this process's threads.
+        tqdm.set_lock(threading.RLock())
 
     def __call__(self, label: str, index: SnapshotIndex) -> Progress:
         description = f"{label} batch {index.batch}"
-        task = self.bar.add_task(
-            description,
+        bar = tqdm(
             total=index.total_bytes,
-            start=False,
-            files=0,
-            files_total=len(index.files),
+            desc=description,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            file=self.stream,
+            dynamic_ncols=True,
+            mininterval=0.2,
         )
-        return _Bar(self.bar, task, description)
+        return _Bar(bar, description, len(index.files))
 
     @asynccontextmanager
     async def showing(self) -> AsyncIterator[None]:
-        with self.bar:
-            yield
+        yield  # each bar draws itself, and is closed when its restore ends
 
 
 # --- the end ------------------------------------------------------------------------------
