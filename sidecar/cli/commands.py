@@ -140,7 +140,11 @@ def inspect(args: argparse.Namespace, config: Config) -> int:
             inspection.print_history(info, as_json=args.json)
         else:
             info = anyio.run(inspection.find_checkpoint, config, args.query)
-            inspection.print_show(info, as_json=args.json)
+            if args.checkpoint:
+                assert info.document is not None
+                print(msgspec.json.encode(ckpt.as_builtins(info.document.checkpoint())).decode())
+            else:
+                inspection.print_show(info, as_json=args.json)
     except (SidecarError, ResumeError) as exc:  # ResumeError: the Spark side's resume rules
         print(f"checkpoint-sidecar: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE

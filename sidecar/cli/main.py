@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     shower.add_argument("query", metavar="QUERY", help="query name or query id")
     shower.add_argument("--json", action="store_true", help="machine-readable output")
+    shower.add_argument(
+        "--checkpoint",
+        action="store_true",
+        help="print only the checkpoint, as the daemon's `get` answers it (JSON): what "
+        "spark_bridge.load_checkpoint reads when no daemon answers",
+    )
     _add_settings(shower)
     history = sub.add_parser(
         "history",

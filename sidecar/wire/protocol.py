@@ -1,8 +1,10 @@
 """The socket protocol between the Spark listener and the daemon. Sans-IO.
 
 This module turns bytes into typed events and events into bytes. It never touches a socket,
-never awaits and imports no event loop, so the daemon's async server (``sidecar.ingest.server``)
-and the synchronous Spark-side client (``spark_bridge``) drive the very same code.
+never awaits and imports no event loop: the daemon's async server (``sidecar.ingest.server``)
+and its own clients (``sidecar.ops.client``, the benches) drive it. It is the reference; the
+Spark side speaks a subset of it with the standard library only (``spark_bridge.wire``, and
+the JVM listener's ``Wire.java``), checked against this module by tests.
 
 Framing: newline-delimited JSON. One request object per line (``\\n``-terminated, a trailing
 ``\\r`` is tolerated, empty lines are ignored), one reply line per request, in request order.

@@ -284,3 +284,66 @@ def test_the_bridge_installs_alone_and_serves_a_driver_without_the_daemons_depen
     code = f"import spark_bridge; spark_bridge.starting_offsets({query_id!r}, {sock!r}, batch=1)"
     rewind = run(python, "-c", code, env=clean_env())
     assert rewind.returncode == 1 and "pip install 'checkpoint-sidecar[daemon]'" in rewind.stderr
+
+
+SPARK_DRIVER = """
+import importlib.util, json, sys
+from pyspark.sql import SparkSession
+import spark_bridge
+
+socket_path, query_id = sys.argv[1], sys.argv[2]
+spark = (
+    SparkSession.builder.master("local[1]")
+    .config("spark.ui.enabled", "false")
+    .config(spark_bridge.SOCKET_CONF, socket_path)  # what the shipped templates set
+    .getOrCreate()
+)
+try:
+    offsets = spark_bridge.starting_offsets(query_id)
+finally:
+    spark.stop()
+print(json.dumps({
+    "offsets": offsets,
+    "daemon_importable": [m for m in ("sidecar", "msgspec", "anyio")
+                          if importlib.util.find_spec(m) is not None],
+}))
+"""
+
+
+@pytest.mark.spark
+def test_a_driver_configured_by_the_templates_spark_conf_alone_resumes_from_the_daemon(
+    bridge_venv: Path, daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
+) -> None:
+    """``starting_offsets("q")`` in a real PySpark session whose only pointer to the daemon is
+    ``spark.checkpointSidecar.socketPath`` (no argument, no SIDECAR_SOCKET_PATH, not the
+    default path), with only the bridge's wheel installed: the daemon's saved offsets."""
+    import py4j
+    import pyspark
+
+    # PySpark and py4j, and nothing else of this environment, beside the bridge's venv.
+    spark_only = tmp_path / "spark-only"
+    spark_only.mkdir()
+    for package in (pyspark, py4j):
+        assert package.__file__ is not None
+        (spark_only / package.__name__).symlink_to(Path(package.__file__).parent)
+
+    daemon = DaemonProcess(daemon_env, tmp_path / "d.log")
+    procs.append(daemon)
+    daemon.start()
+    sock = daemon_env["SIDECAR_SOCKET_PATH"]
+    assert sock != "/tmp/checkpoint-sidecar.sock"  # not found by the default path
+    query_id = "5e1d0000-0000-4000-8000-0000000000cc"
+    progress = json.dumps(kafka_progress(query_id, 6), separators=(",", ":"))
+    python = bridge_venv / "bin/python"
+    sent = run(python, "-c", BRIDGE_DRIVER, sock, query_id, progress, env=clean_env())
+    assert sent.returncode == 0, sent.stderr[-3000:]
+
+    env = clean_env(PYTHONPATH=str(spark_only), SPARK_LOCAL_IP="127.0.0.1")
+    env.pop("SIDECAR_SOCKET_PATH", None)
+    env["PYSPARK_PYTHON"] = str(python)
+    result = run(python, "-c", SPARK_DRIVER, sock, query_id, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    end = kafka_progress(query_id, 6)["sources"][0]["endOffset"]
+    assert json.loads(report["offsets"]) == end
+    assert report["daemon_importable"] == []

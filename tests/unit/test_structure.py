@@ -222,3 +222,39 @@ def test_the_daemon_imports_little_of_the_spark_side() -> None:
 def test_no_product_module_is_a_test_service() -> None:
     assert not list(SIDECAR.rglob("devservices.py"))
     assert not list(SIDECAR.rglob("services.py"))
+
+
+def test_the_spark_side_imports_nothing_of_the_daemon() -> None:
+    """``spark_bridge`` runs on drivers with only the standard library (Python 3.8+): it
+    imports no ``sidecar`` module, anywhere in any file (inside functions included). What
+    needs the daemon's package reads the blobs through its command line, in a child process."""
+    bridge = REPO / "spark_bridge"
+    wrong = [
+        f"{path.relative_to(REPO)} imports {module}"
+        for path in sorted(bridge.rglob("*.py"))
+        for module in imports_of(path)
+        if module.split(".")[0] == "sidecar"
+    ]
+    assert wrong == []
+
+
+def test_no_cycle_between_packages() -> None:
+    """The packages of ``sidecar`` as they import each other (not as the rules allow): a
+    directed acyclic graph, read from the code."""
+    graph: dict[str, set[str]] = {}
+    for name, imported in modules().items():
+        own = package_of(name)
+        targets = {sidecar_target(m) for m in imported} - {None, own, "__version__"}
+        graph.setdefault(own, set()).update(t for t in targets if t is not None)
+    done: set[str] = set()
+
+    def visit(package: str, path: list[str]) -> None:
+        assert package not in path, f"package cycle: {' -> '.join([*path, package])}"
+        if package in done:
+            return
+        for target in sorted(graph.get(package, ())):
+            visit(target, [*path, package])
+        done.add(package)
+
+    for package in sorted(graph):
+        visit(package, [])
