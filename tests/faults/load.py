@@ -32,6 +32,7 @@ from typing import cast
 
 import anyio
 import redis.asyncio as aioredis
+from redis.exceptions import BusyLoadingError
 
 from sidecar.buffer.keys import Keys
 from sidecar.config import Config
@@ -159,7 +160,10 @@ class Load:
                 behind = {}
                 for q in self.queries:
                     blob = await _blob_batch(store, q.query_id)
-                    stored = await _redis_batch(r, self.keys, q.query_id)
+                    try:
+                        stored = await _redis_batch(r, self.keys, q.query_id)
+                    except BusyLoadingError:  # restarted, loading its dataset: ask again
+                        stored = None
                     if blob is None or blob < q.acked or stored is None or stored < q.acked:
                         behind[q.name] = f"acked {q.acked}, blob {blob}, redis {stored}"
                 if not behind:
