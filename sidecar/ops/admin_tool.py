@@ -143,8 +143,13 @@ async def retire(config: Config, request: Retire) -> AdminResult:
 
 
 def who() -> str:
-    """Who asks, for the daemon's log: user@host and pid."""
-    return f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
+    """Who asks, for the daemon's log: user@host and pid (``uid N`` for a user without a
+    name: an arbitrary uid with no /etc/passwd entry, as OpenShift runs containers)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (KeyError up to 3.12, OSError after)
+        user = f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname()} pid {os.getpid()}"
 
 
 async def _via_daemon(config: Config, request: AdminRequest) -> AdminResult | None:

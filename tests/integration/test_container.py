@@ -58,6 +58,9 @@ PODMAN = ["bash", str(REPO_ROOT / "scripts" / "podman.sh")]
 SHARED_GID = 10001
 DRIVER_UID = 185
 OUTSIDER_UID = 186
+#: What OpenShift's restricted SCCs run every container of a pod as: a uid from the project's
+#: range (this one is of the kind it assigns), group 0, no /etc/passwd entry.
+ARBITRARY_UID = 1000650000
 MEMORY_LIMIT = "256m"
 VERSION = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
 #: The image's size budget (issue #22): the local runtime base (~96 MB) plus the venv (~51 MB).
@@ -185,13 +188,19 @@ def container() -> Iterator[str]:
 
 
 def post_as(
-    image: str, socket_dir: Path, uid: int, groups: list[int], frames: list[str]
+    image: str,
+    socket_dir: Path | str,
+    uid: int,
+    groups: list[int],
+    frames: list[str],
+    gid: int | None = None,
 ) -> tuple[int, str]:
-    """Run CLIENT in a container of ``image`` as ``uid`` with ``groups`` added, the socket
-    directory mounted read-only (as the driver's pod template does); (exit code, stdout)."""
+    """Run CLIENT in a container of ``image`` as ``uid`` (primary group ``gid``, by default
+    the uid's number) with ``groups`` added, the socket directory (a host directory or a named
+    volume) mounted read-only (as the driver's pod template does); (exit code, stdout)."""
     result = podman_rc(
         "run", "--rm", "-i", "--network=none", *LOCKED_DOWN,
-        f"--user={uid}:{uid}", *(f"--group-add={g}" for g in groups),
+        f"--user={uid}:{uid if gid is None else gid}", *(f"--group-add={g}" for g in groups),
         f"--volume={socket_dir}:{SOCKET_DIR}:ro",
         "--entrypoint=python", image, "-c", CLIENT, f"{SOCKET_DIR}/sidecar.sock",
         stdin="".join(f + "\n" for f in frames),
@@ -293,6 +302,88 @@ def test_image_runs_with_the_pods_security_settings(
     assert lease_state(env, query_id) == "available", "the lease was released"
     assert "final flush" in logs()
     assert not (socket_dir / "sidecar.sock").exists(), "the socket file is removed on stop"
+
+
+def test_image_runs_as_an_arbitrary_uid_in_group_0(
+    image: str,
+    redis_server: RedisServer,
+    azurite: Azurite,
+    namespace: str,
+    short_tmp: Path,
+    container: str,
+) -> None:
+    """OpenShift's restricted SCCs: the image's uid replaced by an arbitrary one in group 0,
+    without a name (``--passwd=false``: no /etc/passwd entry), with the pod's read-only root
+    and no writable tmpfs. The socket directory is one that only group 0 may write (root's,
+    0770, as the image's own is): the daemon binds there, the driver -- the same uid, as the
+    SCC gives every container of a pod -- posts three batches, they reach the blob, and a stop
+    is clean. Without a volume (a plain ``docker run``, writable root) the image's own socket
+    directory is writable by that uid through group 0."""
+    assert os.geteuid() == 0, "the container test needs root: rootful podman, other uids"
+    socket_dir = short_tmp / "run"
+    socket_dir.mkdir()
+    os.chown(socket_dir, 0, 0)
+    os.chmod(socket_dir, 0o770)
+    admin = f"http://127.0.0.1:{free_port()}"
+    env = {
+        "SIDECAR_REDIS_URL": redis_server.url,
+        "SIDECAR_NAMESPACE": namespace,
+        "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string,
+        "SIDECAR_CONTAINER": "checkpoints",
+        "SIDECAR_METRICS_HOST": "127.0.0.1",
+        "SIDECAR_METRICS_PORT": admin.rsplit(":", 1)[1],
+        "SIDECAR_SOCKET_MODE": "660",
+        "SIDECAR_COUNT_THRESHOLD": "3",
+        "SIDECAR_TIME_THRESHOLD_S": "3600",
+        "SIDECAR_FLUSH_INTERVAL_S": "0.1",
+    }
+    arbitrary = [f"--user={ARBITRARY_UID}:0", "--passwd=false"]
+    podman(
+        "run", "--detach", f"--name={container}", "--network=host", "--http-proxy=false",
+        *LOCKED_DOWN, *arbitrary, f"--volume={socket_dir}:{SOCKET_DIR}",
+        *(f"--env={k}={v}" for k, v in env.items()),
+        image,
+    )  # fmt: skip
+
+    def ready() -> bool:
+        answer = http_get(f"{admin}/readyz")
+        return answer is not None and answer[0] == 200
+
+    try:
+        wait_for(ready, 60, "/readyz 200 as an arbitrary uid")
+    except AssertionError as exc:
+        logs = podman_rc("logs", container)
+        tail = (logs.stdout + logs.stderr)[-3000:]
+        raise AssertionError(f"{exc}; the daemon's log ends:\n{tail}") from None
+    # The socket is this uid's, in group 0, 0660.
+    sock = os.stat(socket_dir / "sidecar.sock")
+    assert (sock.st_uid, sock.st_gid, stat.S_IMODE(sock.st_mode)) == (ARBITRARY_UID, 0, 0o660)
+    # The admin commands name their user without an /etc/passwd entry.
+    who = podman(
+        "exec", container, "python", "-c", "from sidecar.ops.admin_tool import who; print(who())"
+    )
+    assert who.startswith(f"uid {ARBITRARY_UID}@"), who
+
+    query_id = str(uuid.uuid4())
+    frames = [progress_frame(query_id, b) for b in range(3)]
+    code, out = post_as(image, socket_dir, ARBITRARY_UID, [], frames, gid=0)
+    assert code == 0, out
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"id": b, "ok": True, "applied": True} for b in range(3)
+    ]
+    assert wait_blob(env, query_id, 2).batch_id == 2
+
+    podman("stop", "--time", "30", container, timeout_s=60)
+    assert podman("inspect", "--format", "{{.State.ExitCode}}", container).strip() == "0"
+    assert not (socket_dir / "sidecar.sock").exists(), "the socket file is removed on stop"
+
+    # No volume, a writable root: the image's own socket directory takes a socket file.
+    own = podman_rc(
+        "run", "--rm", "--network=none", *arbitrary, "--entrypoint=python", image, "-c",
+        "import os, socket; s = socket.socket(socket.AF_UNIX); "
+        f"s.bind('{SOCKET_DIR}/probe.sock'); os.unlink('{SOCKET_DIR}/probe.sock')",
+    )  # fmt: skip
+    assert own.returncode == 0, f"{SOCKET_DIR} is not writable by group 0: {own.stderr[-2000:]}"
 
 
 def copy_listener_jar(image: str, lib: Path) -> Path:
