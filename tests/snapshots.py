@@ -1,8 +1,10 @@
 """Test helpers for checkpoint snapshots: a cut copied to a directory, the way a restore
-writes it (every file through the source's checked stream)."""
+writes it (every file through the source's checked stream, the paths Spark recorded pointed
+at the copy)."""
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from pathlib import Path
 
@@ -10,11 +12,13 @@ import anyio
 import anyio.to_thread
 
 from sidecar.snapshot.cut import Cut
+from sidecar.snapshot.relocate import location_uri, recorded_paths_in, relocate
 from sidecar.snapshot.source import CheckpointSource, LocalSource
 
 
 async def copy_cut(source: CheckpointSource, location: str, cut: Cut, dest: Path) -> None:
-    """Write exactly ``cut``'s files under ``dest``, each read through ``source.open``.
+    """Write exactly ``cut``'s files under ``dest``, each read through ``source.open``, then
+    point the paths Spark recorded in them at ``dest`` (as ``sidecar.snapshot.restore`` does).
 
     Raises:
         FileChanged: a file was gone or changed while it was copied.
@@ -29,6 +33,12 @@ async def copy_cut(source: CheckpointSource, location: str, cut: Cut, dest: Path
                     await anyio.to_thread.run_sync(out.write, chunk)
             finally:
                 await anyio.to_thread.run_sync(out.close)
+    location = location_uri(await anyio.to_thread.run_sync(os.path.abspath, dest))
+    for file in cut.files:
+        if recorded_paths_in(file.path):
+            target = dest / file.path
+            data = await anyio.to_thread.run_sync(target.read_bytes)
+            await anyio.to_thread.run_sync(target.write_bytes, relocate(data, location))
 
 
 def snapshot_to(checkpoint: Path, batch: int, dest: Path) -> Cut:

@@ -12,13 +12,14 @@ their blob names (``index``, pure); one snapshot taken and uploaded, each conten
 index last (``upload``), knowing what is stored where (``contents``); which snapshots are kept,
 which blobs swept and which packs repacked (``retention``, pure) and the pass that does it
 (``prune``); a snapshot restored into a directory, verified, and a query's snapshots listed
-and found (``restore``). The blobs are reached through the ``SnapshotStore`` protocol
+and found (``restore``), the full paths Spark recorded in it pointed at that directory
+(``relocate``, pure). The blobs are reached through the ``SnapshotStore`` protocol
 (``stored``, with retries), which ``sidecar.store.snapshots.SnapshotBlobs`` meets; the
 daemon and the CLI hand it in. ``docs/snapshots.md`` says what a cut holds, how a snapshot is
 stored, kept and restored.
 
 May import: ``sidecar.model`` (Spark's log formats: ``spark_dir``; ``SnapshotRef``),
 ``sidecar.config``, ``sidecar.errors``, ``sidecar.backoff``; ``msgspec`` and, outside the pure
-modules (``cut``, ``index``, ``retention``), ``anyio`` (blocking file calls run in worker
-threads). No SDK: the store only through ``stored.SnapshotStore``.
+modules (``cut``, ``index``, ``relocate``, ``retention``), ``anyio`` (blocking file calls run
+in worker threads). No SDK: the store only through ``stored.SnapshotStore``.
 """

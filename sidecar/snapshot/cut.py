@@ -57,6 +57,8 @@ sources: ``MicroBatchExecution.populateStartOffsets``, ``HDFSBackedStateStorePro
 ``<name>.crc``, Spark's own checkpoint file checksums) are optional to Spark — it reads a file
 without one and writes new ones — and one copied at another moment than its file could
 disagree with it and fail the load; the snapshot keeps its own checksum of every file.
+(Spark 4.1+ writes ``<name>.crc`` beside state files under checkpoint format v2 only; on
+load a missing one is a warning, a mismatching one a failure: ``ChecksumCheckpointFileManager``.)
 Hidden files and ``.tmp`` files are writes in progress (Spark writes to a temporary name and
 renames). Spark's later batches' files. Anything the rules do not recognise is listed in
 :attr:`Cut.ignored`, not copied.

@@ -21,6 +21,11 @@
   CRC-32C (``sidecar.snapshot.crc``), or its SHA-256 when the index has no CRC for it; a
   mismatch fails the restore (``RestoreError``, reason ``checksum``, naming the file and the
   pack).
+- **Points Spark's recorded paths at ``dest``**: the schema file paths Spark 4 writes in
+  operator metadata v2 (``transformWithState``) name the directory snapshotted; once every
+  file is verified, they are rewritten to the same files under ``dest``
+  (``sidecar.snapshot.relocate``), so a restore into another directory, or on another pod,
+  restarts with its state. Nothing else is changed.
 - **Leaves it writable by the driver**: directories ``2775`` and files ``664`` whatever the
   umask, so another user of the volume's group (the pod's ``fsGroup``: the driver, uid 185 in
   Spark's images, while the restore ran as the sidecar's user) writes the next batch's files.
@@ -66,6 +71,7 @@ import msgspec
 from sidecar.errors import CorruptRecord, SidecarError
 from sidecar.snapshot import crc
 from sidecar.snapshot.index import SnapshotIndex, new_id, pack_name, prefix
+from sidecar.snapshot.relocate import location_uri, recorded_paths_in, relocate
 from sidecar.snapshot.retention import StoredIndex, classify
 from sidecar.snapshot.stored import SnapshotStore, first_error, read_index, read_indexes, retried
 
@@ -293,6 +299,22 @@ def _write_durably(target: Path, data: bytes | memoryview) -> None:
         os.close(fd)
 
 
+def _relocate(temp: Path, paths: list[str], dest: Path) -> None:
+    """The full paths Spark recorded in ``paths`` (verified already) pointed at ``dest``, where
+    the checkpoint is put (``sidecar.snapshot.relocate``). A file that is not what its name
+    says is left as it is: Spark says what it makes of it."""
+    location = location_uri(os.path.abspath(dest))
+    for path in paths:
+        data = (temp / path).read_bytes()
+        try:
+            moved = relocate(data, location)
+        except ValueError as exc:
+            log.warning("restore: %s left as it is, its paths not rewritten: %s", path, exc)
+            continue
+        if moved != data:
+            _write_durably(temp / path, moved)
+
+
 def _write_empty(targets: list[Path]) -> None:
     for target in targets:
         _write_durably(target, b"")
@@ -469,6 +491,9 @@ async def _restore(
         finally:
             for state in sliced.values():
                 state.close()
+        recorded = [f.path for f in index.files if recorded_paths_in(f.path)]
+        if recorded:
+            await anyio.to_thread.run_sync(_relocate, temp, recorded, dest)
         await anyio.to_thread.run_sync(_place, temp, dest, mount, token)
     except BaseException:
         with anyio.CancelScope(shield=True):

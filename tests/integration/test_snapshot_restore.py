@@ -13,7 +13,9 @@ join matches find rows that arrived before M.
 Stores: HDFS, RocksDB without and with changelog checkpointing, and (PySpark 4, ``spark4``)
 checkpoint format v2. Also: a cut of an older batch after later ones ran; a cut refused
 once Spark's maintenance deleted its files; a copy that fails when maintenance deletes a
-file under it, and the next cut and copy that succeed.
+file under it, and the next cut and copy that succeed. And (PySpark 4) a ``transformWithState``
+count, whose operator metadata names its schema files by their full path, snapshotted to the
+store (Azurite) and restored from it into another directory, the original gone.
 
 One local SparkSession serves the run (``conftest.spark``: shuffle partitions are set per
 query here; the state store maintenance runs every 500 ms).
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +36,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
+from sidecar.config import Config
+from sidecar.snapshot.contents import Contents
 from sidecar.snapshot.cut import Cut, CutError, Role
+from sidecar.snapshot.index import SnapshotIndex
+from sidecar.snapshot.restore import find_snapshot, restore
 from sidecar.snapshot.source import FileChanged, LocalSource
-from tests.helpers import spark_conf, wait_for
+from sidecar.snapshot.upload import upload_snapshot
+from sidecar.store.blobs import BlobStore
+from sidecar.store.snapshots import SnapshotBlobs
+from tests.helpers import ConfigFactory, spark_conf, wait_for
 from tests.snapshots import copy_cut, snapshot_to
 
 pytestmark = pytest.mark.spark
@@ -82,6 +92,36 @@ def expected_counts(batch: int) -> Rows:
     return sorted((k, sum(k in keys_of(c) for c in range(batch + 1))) for k in keys_of(batch))
 
 
+def count_processor() -> Any:
+    """The count by key as a ``transformWithState`` processor (PySpark 4.1's Row API): a value
+    state per key, the rows seen so far; each batch outputs its keys with their counts (what
+    :func:`expected_counts` says). Made here, not at module level: PySpark 3.5 has no
+    ``StatefulProcessor``, and a class made in a function goes to the Python workers by value."""
+    from pyspark.sql import Row
+    from pyspark.sql.streaming.stateful_processor import (
+        StatefulProcessor,
+        StatefulProcessorHandle,
+        TimerValues,
+    )
+
+    class CountByKey(StatefulProcessor):
+        def init(self, handle: StatefulProcessorHandle) -> None:
+            self.count = handle.getValueState("count", "n long")
+
+        def handleInputRows(
+            self, key: Any, rows: Iterator[Any], timerValues: TimerValues
+        ) -> Iterator[Row]:
+            stored = self.count.get()  # None: a key not seen before
+            total = (stored[0] if stored is not None else 0) + sum(1 for _ in rows)
+            self.count.update((total,))
+            yield Row(k=key[0], count=total)
+
+        def close(self) -> None:
+            pass
+
+    return CountByKey()
+
+
 def expected_join(batch: int) -> Rows:
     """An inner join: every pair of a left and a right row with the same key whose later
     row arrived in this batch."""
@@ -108,6 +148,11 @@ class Run:
         df: DataFrame
         if kind == "count":
             df, mode = left.groupBy("k").count(), "update"
+        elif kind == "tws":
+            tws = left.groupBy("k").transformWithState(
+                count_processor(), "k string, count long", "Update", "None"
+            )
+            df, mode = tws, "update"
         else:
             right = reader.schema("k2 string, w string").json(str(inputs / "right"))
             df, mode = left.join(right, F.expr("k = k2")), "append"
@@ -135,7 +180,7 @@ class Run:
     @property
     def outputs(self) -> dict[int, Rows]:
         """Each batch's output rows, sorted."""
-        columns = ("k", "count") if self.kind == "count" else ("k", "v", "k2", "w")
+        columns = ("k", "v", "k2", "w") if self.kind == "join" else ("k", "count")
         found: dict[int, Rows] = {}
         for batch in self.out.iterdir() if self.out.is_dir() else ():
             rows = [
@@ -188,7 +233,7 @@ def write_whole(path: Path, rows: list[dict[str, str]]) -> None:
 
 
 def expected(kind: str, batch: int) -> Rows:
-    return expected_counts(batch) if kind == "count" else expected_join(batch)
+    return expected_join(batch) if kind == "join" else expected_counts(batch)
 
 
 def store_dirs(checkpoint: Path) -> list[Path]:
@@ -290,6 +335,9 @@ def test_a_query_restarted_from_a_cut_continues_as_the_original(
         finally:
             run.stop()
         assert run.outputs == {b: expected(kind, b) for b in range(k + 1)}
+        # Spark 4.1+ writes its checksums of state files under format v2 only; a cut leaves
+        # them out (a missing one is a warning to Spark, a stale one would fail the load).
+        assert bool(spark_checksums(checkpoint)) == store.endswith("v2")
         remove_stopped(checkpoint)  # each copy stands alone
         for batch, cut in cuts.items():
             assert_cut_shape(cut, store, kind, batch)
@@ -301,6 +349,13 @@ def test_a_query_restarted_from_a_cut_continues_as_the_original(
             assert sorted(restored) == list(range(batch + 1, k + 1)), "it resumes at the next"
             for b in range(batch + 1, k + 1):
                 assert restored[b] == run.outputs[b] == expected(kind, b), f"batch {b}"
+            # ... and writes them again for the state files it writes from then on
+            assert bool(spark_checksums(copies[batch])) == store.endswith("v2")
+
+
+def spark_checksums(checkpoint: Path) -> list[Path]:
+    """Spark's own checksum files (``<name>.crc``; Hadoop's local ones are ``.<name>.crc``)."""
+    return [p for p in checkpoint.rglob("*.crc") if not p.name.startswith(".") and p.is_file()]
 
 
 def files_under(root: Path) -> list[str]:
@@ -374,3 +429,88 @@ def test_maintenance_deleting_files_refuses_old_cuts_and_fails_a_copy_under_way(
         finally:
             restored.stop()
     assert restored.outputs == {last + 1: expected_counts(last + 1)}
+
+
+# -- transformWithState: full paths in its metadata, a restore elsewhere ------------------
+
+
+async def upload_to_store(
+    config: Config, namespace: str, checkpoint: Path, batch: int, query_id: str
+) -> SnapshotIndex:
+    """The snapshot of ``batch`` stored, as the daemon stores it (a store of its own)."""
+    store = BlobStore(config, creates_container=True)
+    await store.ensure_container()
+    try:
+        blobs = SnapshotBlobs(store)
+        source = LocalSource(checkpoint)
+        result = await upload_snapshot(source, "", batch, blobs, namespace, query_id, Contents())
+    finally:
+        await store.aclose()
+    return result.index
+
+
+async def restore_from_store(config: Config, namespace: str, query_id: str, dest: Path) -> None:
+    """The newest snapshot found and restored into ``dest``, as ``restore`` on a new pod does."""
+    store = BlobStore(config)
+    try:
+        blobs = SnapshotBlobs(store)
+        await restore(await find_snapshot(blobs, namespace, query_id), blobs, namespace, dest)
+    finally:
+        await store.aclose()
+
+
+def schema_paths(checkpoint: Path, batch: int) -> list[str]:
+    """The state schema files operator 0's metadata of ``batch`` names."""
+    text = (checkpoint / f"state/0/_metadata/v2/{batch}").read_text()
+    head, _, body = text.partition("\n")
+    assert head == "v2"
+    stores = json.loads(body)["stateStoreInfo"]
+    return [path for store in stores for path in store["stateSchemaFilePaths"]]
+
+
+@V2
+def test_transform_with_state_restored_into_another_directory_keeps_its_state(
+    spark: SparkSession, tmp_path: Path, make_config: ConfigFactory, namespace: str
+) -> None:
+    """A ``transformWithState`` query names its schema files by their full path in its operator
+    metadata, which a restart opens as written. Its snapshot of batch M, stored and restored
+    from the store into another directory once the original is gone (another pod), restarts
+    there with its state: batches M+1..K equal the uninterrupted run's."""
+    m, k = 1, 2
+    inputs, checkpoint = tmp_path / "in", tmp_path / "ck"
+    elsewhere = tmp_path / "another-pod" / "ck"
+    config = make_config()
+    # One partition, a zip each version (no wait for maintenance): a Python worker per batch
+    # is what this query costs. Another store changes nothing of the paths.
+    conf = COMMON | STORES["rocksdb"] | {"spark.sql.shuffle.partitions": "1"}
+    with spark_conf(spark, conf):
+        run = Run(spark, "tws", inputs, checkpoint)
+        query_id = str(run.query.id)
+        try:
+            for batch in range(k + 1):
+                run.feed(batch)
+                run.drain()
+                if batch == m:
+                    index = anyio.run(upload_to_store, config, namespace, checkpoint, m, query_id)
+        finally:
+            run.stop()
+        assert run.outputs == {b: expected("tws", b) for b in range(k + 1)}
+        recorded = schema_paths(checkpoint, 0)
+        assert [p.rpartition("/state/")[0] for p in recorded] == [f"file:{checkpoint}"]
+        paths = [f.path for f in index.files]
+        assert {"state/0/_metadata/v2/0", f"state/0/0/{m + 1}.zip"} <= set(paths)
+        assert [p for p in paths if "/_stateSchema/" in p] == [
+            p.rpartition(f"{checkpoint}/")[2] for p in recorded
+        ]
+        assert not [p for p in paths if p.endswith((".crc", ".tmp"))]
+        remove_stopped(checkpoint)
+
+        anyio.run(restore_from_store, config, namespace, query_id, elsewhere)
+        moved = [p.replace(f"file:{checkpoint}/", f"file:{elsewhere}/") for p in recorded]
+        assert schema_paths(elsewhere, 0) == moved
+        restored = restored_outputs(spark, "tws", inputs, elsewhere)
+    assert sorted(restored) == list(range(m + 1, k + 1)), "it resumes at the next batch"
+    for b in range(m + 1, k + 1):
+        assert restored[b] == run.outputs[b] == expected("tws", b), f"batch {b}"
+    # Spark carried the (moved) paths into the metadata of the batch it ran first.
+    assert schema_paths(elsewhere, m + 1) == moved

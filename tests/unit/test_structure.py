@@ -55,6 +55,7 @@ PURE_MODULES = {
     "snapshot.cut",
     "snapshot.index",
     "snapshot.lineage",
+    "snapshot.relocate",
     "snapshot.retention",
     "telemetry.logs",  # stdlib only: cli.main sets logging up without the daemon's extra
 }
