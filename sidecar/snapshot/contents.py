@@ -74,7 +74,9 @@ class Contents:
     ) -> None:
         """Know ``index``'s contents: each file's place (the newest learned wins) and its
         packs' sizes; keep it as the index blob ``name`` at ``version``, when given (prune's
-        reads). ``stamps``: path → stamp of the files of the cut it was taken from, which
+        reads; a ``version`` of "" — a create that found its blob there, an earlier send of
+        its own that landed — keeps it all the same, read again by prune to learn its
+        version). ``stamps``: path → stamp of the files of the cut it was taken from, which
         replace the remembered stamps. ``present``: learn only places in these packs."""
         for f in index.files:
             if f.size and (present is None or f.pack in present):
@@ -88,8 +90,12 @@ class Contents:
             self._stamps = {
                 (f.path, f.size, stamps[f.path]): f.sha256 for f in index.files if f.path in stamps
             }
-        if name is not None and version:
-            self._indexes[name] = (version, index)
+        if name is not None:
+            # Kept even without its version: it is the query's lineage. Left out, the next
+            # snapshot took the one before it for its parent while the document named it, and
+            # every later one was refused off_timeline until a restart (the snapshot nemesis,
+            # a reset after an index write ran).
+            self._indexes[name] = (version or "", index)
 
     def remember(self, name: str, version: str, index: SnapshotIndex) -> None:
         """Keep the index blob ``name`` at ``version`` (prune's reads), learning nothing of
