@@ -32,7 +32,10 @@ of no checkpoint)                              from it (it would start a new que
 location reused by a new query)                a failure): this query is gone from there;
                                                its snapshots are reclaimed after a while
 this query's, C ≥ B, ``offsets/B`` and         kept (a pod restarted on its volume, or a
-``commits/B`` identical to the head's          rewound query run on)
+``commits/B`` identical to the head's          rewound query run on); when C = B and the
+                                               checkpoint document names a later batch
+                                               (a restore killed before it moved the
+                                               checkpoint), the checkpoint moved to B
 this query's, C ≥ B, those files differ        refused: a timeline the document does not
                                                know (rewound by hand?)
 this query's, C ≥ B, those files gone          kept (Spark's retention deleted them: it
@@ -339,31 +342,34 @@ async def restore_all(
         names = {q: (i.query_name if (i := infos.get(q)) is not None else None) for q in query_ids}
         # Each location is one query's: several with snapshots of one location (it was
         # reused) are told apart first, so that an empty volume gets the right one.
+        # Each query's snapshots, listed once: where it was taken from (its newest's
+        # location), who owns a location, and what is restored all read this.
+        listed: dict[str, list[SnapshotIndex]] = {}
         by_location: dict[str, list[str]] = {}
         for query_id in query_ids:
             try:
-                location = await _location_of(config, blobs, query_id)
+                found = listed[query_id] = await list_snapshots(blobs, config.namespace, query_id)
             except (SidecarError, OSError) as exc:
                 out.append(_failed(query_id, names[query_id], exc))
                 continue
-            if location is not None:
-                by_location.setdefault(location, []).append(query_id)
+            if found:
+                by_location.setdefault(found[0].location, []).append(query_id)
         for location, queries in sorted(by_location.items()):
             try:
-                owner = await _owner_of(config, blobs, root, location, queries, set(infos))
+                owner = await _owner_of(config, blobs, root, location, listed, queries, set(infos))
             except (SidecarError, OSError) as exc:
                 out.extend(_failed(q, names[q], exc) for q in queries)
                 continue
             for query_id in queries:
-                name = names[query_id]
+                name, found = names[query_id], listed[query_id]
                 done: Restored | None
                 try:
                     if owner is not None and query_id != owner:
-                        done = await _elsewhere(config, blobs, root, location, query_id, name,
-                                                owner)  # fmt: skip
+                        done = await _elsewhere(config, blobs, root, location, found, query_id,
+                                                name, owner)  # fmt: skip
                     else:
-                        done = await _restore_one(config, store, blobs, root, query_id, name,
-                                                  progress)  # fmt: skip
+                        done = await _restore_one(config, store, blobs, root, found, query_id,
+                                                  name, progress)  # fmt: skip
                 except (SidecarError, OSError) as exc:
                     done = _failed(query_id, name, exc)
                 if done is not None:
@@ -379,17 +385,12 @@ def _failed(query_id: str, name: str | None, exc: BaseException) -> Restored:
     return Restored(query_id, name, -1, "", "", 0, 0, 0.0, "failed", error=reason)
 
 
-async def _location_of(config: Config, blobs: SnapshotBlobs, query_id: str) -> str | None:
-    """Where the query's newest snapshot was taken from (None: it has none)."""
-    found = await list_snapshots(blobs, config.namespace, query_id)
-    return found[0].location if found else None
-
-
 async def _owner_of(
     config: Config,
     blobs: SnapshotBlobs,
     root: Path,
     location: str,
+    listed: dict[str, list[SnapshotIndex]],
     queries: list[str],
     with_checkpoint: set[str],
 ) -> str | None:
@@ -411,8 +412,7 @@ async def _owner_of(
         gone = await read_gone(blobs, config.namespace, query_id)
         if gone is not None and gone.location == location:
             continue
-        found = await list_snapshots(blobs, config.namespace, query_id)
-        candidates.append((query_id in with_checkpoint, found[0].created_at, query_id))
+        candidates.append((query_id in with_checkpoint, listed[query_id][0].created_at, query_id))
     return max(candidates)[2] if candidates else max(queries)
 
 
@@ -421,12 +421,12 @@ async def _elsewhere(
     blobs: SnapshotBlobs,
     root: Path,
     location: str,
+    found: list[SnapshotIndex],
     query_id: str,
     name: str | None,
     owner: str,
 ) -> Restored:
     """``query_id``'s location is ``owner``'s: nothing written, the query marked gone."""
-    found = await list_snapshots(blobs, config.namespace, query_id)
     dest = root / location if location else root
     why = (
         f"is query {owner}'s location now (it holds or is restored with that query's "
@@ -443,11 +443,11 @@ async def _restore_one(
     store: BlobStore,
     blobs: SnapshotBlobs,
     root: Path,
+    found: list[SnapshotIndex],
     query_id: str,
     name: str | None,
     progress: Watch | None = None,
 ) -> Restored | None:
-    found = await list_snapshots(blobs, config.namespace, query_id)
     if not found:
         return None  # packs of a failed first snapshot only: nothing to restore
     marker = await marker_of(store, query_id)
@@ -480,6 +480,22 @@ async def _restore_one(
                 keep_days,
             )
             return Restored.of(query_id, name, index, dest, outcome="elsewhere", error=verdict.why)
+        if verdict.keep and await _move_cut_short(store, query_id, dest, index):
+            # A restore of this snapshot put the files in place and was cut short before it
+            # moved the checkpoint (killed, or the lease or Redis refused it): kept as it is,
+            # Spark would resume at the snapshot's batch while the sidecar names a later one.
+            log.warning(
+                "restore query=%s: %s holds batch %d of snapshot %s while the sidecar's "
+                "checkpoint names a later batch: a restore whose checkpoint move was cut short "
+                "(killed, or refused); moving the checkpoint now",
+                label,
+                dest,
+                index.batch,
+                index.id,
+            )
+            moved = lineage.marker_for(index, found, marker)
+            done = await _moved(config, query_id, name, index, moved, dest, 0.0)
+            return msgspec.structs.replace(done, broken=tuple(str(e) for e in broken))
         if verdict.keep or verdict.refuse:
             log.log(
                 logging.ERROR if verdict.refuse else logging.INFO,
@@ -597,6 +613,23 @@ def judge(dest: Path, query_id: str, head: SnapshotIndex) -> Verdict:
             why=f"holds batch {held}, on the timeline of its snapshot of batch {head.batch}: kept",
         )
     return Verdict(replace=True)
+
+
+async def _move_cut_short(
+    store: BlobStore, query_id: str, dest: Path, index: SnapshotIndex
+) -> bool:
+    """Whether ``dest`` (kept: ``index``'s timeline) holds the batch of ``index`` while the
+    query's checkpoint document names a later one: a restore of ``index`` that put the files
+    in place and never moved the checkpoint. Spark commits a batch before its listener
+    reports it, so a directory Spark wrote is never behind the document."""
+    held = await anyio.to_thread.run_sync(_committed, dest)
+    if held != index.batch:
+        return False
+    try:
+        doc = await store.read(query_id)
+    except CorruptRecord:
+        return False
+    return doc is not None and doc.batch_id > held
 
 
 def _same_line(dest: Path, head: SnapshotIndex, batch: int) -> bool | None:
