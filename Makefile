@@ -1,7 +1,7 @@
 # The README's commands. Each target installs what it needs first (scripts/setup.sh).
 PY := .venv/bin/python
 
-.PHONY: setup jar test simulate run demo bench lint image quickstart-test dist lock docs clean
+.PHONY: setup jar test simulate soak snapshot-soak restore-kill run demo bench lint image quickstart-test dist lock docs clean
 
 setup:
 	@bash scripts/setup.sh
@@ -10,8 +10,10 @@ setup:
 jar: setup
 
 ## Run the test suite against real redis-server and Azurite (started by the tests), with
-## PySpark 4; then the Spark tests that are not PySpark-4-only again with PySpark 3.5; then
-## the flush simulation's deep pass (1,500 examples, at most 10 minutes): scripts/test.sh.
+## PySpark 4, on two pytest-xdist workers (TEST_WORKERS); then the Spark tests that are not
+## PySpark-4-only again with PySpark 3.5, and beside them the flush simulation's deep pass
+## (1,500 examples, at most 10 minutes): scripts/test.sh. Long runs: simulate, soak,
+## snapshot-soak, restore-kill.
 test: setup
 	@bash scripts/test.sh
 
@@ -21,6 +23,27 @@ SIMULATION_EXAMPLES ?= 5000
 simulate: setup
 	SIMULATION_EXAMPLES=$(SIMULATION_EXAMPLES) $(PY) -m pytest -p no:cacheprovider --timeout 0 \
 	    tests/unit/test_flush_simulation.py $(PYTEST_ARGS)
+
+## The snapshot nemesis (tests/faults/snapshot_nemesis.py) longer than `make test` runs it (6
+## rounds): rounds of seed SNAPSHOT_SOAK_SEED for SNAPSHOT_SOAK_S seconds (default 600, ~11 min
+## in all), its report printed at the end (docs/snapshots.md#the-snapshot-nemesis).
+SNAPSHOT_SOAK_S ?= 600
+SNAPSHOT_SOAK_SEED ?= 20261164
+snapshot-soak: setup
+	SNAPSHOT_SOAK_S=$(SNAPSHOT_SOAK_S) SNAPSHOT_SOAK_SEED=$(SNAPSHOT_SOAK_SEED) $(PY) -m pytest \
+	    -p no:cacheprovider -s tests/faults/test_snapshot_soak.py $(PYTEST_ARGS)
+
+## The flush nemesis soak (tests/faults/nemesis.py) longer than `make test` runs it (40 s):
+## 30 minutes of seed 20261125 (SOAK_ARGS: --seconds S --seed N); bench/results/soak.json.
+soak: setup
+	$(PY) bench/soak.py $(SOAK_ARGS)
+
+## restore --all killed -9 at 10 points of a 1 GiB restore, each followed by a run that must
+## end with exactly the snapshot's files and the checkpoint at its batch, or a clear refusal
+## (bench/restore_kill.py, ~10 min; docs/snapshots.md#a-restore-killed-at-any-point); results in
+## bench/results/restore_kill.json. RESTORE_KILL_ARGS: e.g. --mib 256 --points 5.
+restore-kill: setup
+	$(PY) bench/restore_kill.py $(RESTORE_KILL_ARGS)
 
 ## Run the daemon with throw-away local redis-server and Azurite; it says when GET /readyz
 ## answers 200 (the launcher of tests/services.py). Ctrl-C / SIGTERM stops all.

@@ -139,13 +139,14 @@ def wait_for(
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m sidecar ARGS`` of this checkout with only the settings ``env`` (and a PATH)."""
+    """``python -m sidecar ARGS`` of this checkout with only the settings ``env`` (and a PATH);
+    180 s at most (a restore of a large snapshot on a loaded machine)."""
     return subprocess.run(
         [sys.executable, "-m", "sidecar", *args],
         env={"PATH": "/usr/bin:/bin", **env, "PYTHONPATH": str(REPO_ROOT)},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
     )
 
 

@@ -32,22 +32,12 @@ from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 from sidecar.config import Config
 from sidecar.snapshot.index import decode_index, pack_name, prefix
 from tests.faults.load import scrape_process
-from tests.helpers import metric_value, post_progress, read_blob, wait_blob, wait_for
+from tests.helpers import cli, metric_value, post_progress, read_blob, wait_blob, wait_for
 from tests.services import REPO_ROOT, DaemonProcess
 from tests.snapshotdirs import QUERY_ID, HdfsCheckpoint, tree
 from tests.sparkshapes import rate_progress
 
 NAME = "counts"
-
-
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar", *args],
-        env={"PATH": "/usr/bin:/bin", **env, "PYTHONPATH": str(REPO_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def snapshots(env: dict[str, str]) -> list[dict[str, Any]]:

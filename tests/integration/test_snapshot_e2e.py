@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 import spark_bridge
-from tests.helpers import read_blob, spark_conf, wait_blob, wait_for
+from tests.helpers import cli, read_blob, spark_conf, wait_blob, wait_for
 from tests.integration.test_snapshot_restore import (
     COMMON,
     STORES,
@@ -40,7 +38,7 @@ from tests.integration.test_snapshot_restore import (
     feed,
     remove_stopped,
 )
-from tests.services import REPO_ROOT, DaemonProcess
+from tests.services import DaemonProcess
 
 pytestmark = pytest.mark.spark
 
@@ -48,16 +46,6 @@ pytestmark = pytest.mark.spark
 LAST, EARLIER = 4, 1
 #: The batches run after each restore.
 MORE = 2
-
-
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar", *args],
-        env={"PATH": "/usr/bin:/bin", **env, "PYTHONPATH": str(REPO_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
 
 
 def listed(env: dict[str, str], query: str) -> list[int]:
