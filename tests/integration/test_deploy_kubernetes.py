@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -308,7 +309,10 @@ def test_the_plain_sidecar_stops_the_daemon_once_the_driver_has_exited(
 ) -> None:
     """The pre-1.29 watcher script, run as the container would run it."""
     container = daemon_container(load(PLAIN)["spec"])
-    mark = literal_env(container)["DRIVER_MARK"]
+    assert literal_env(container)["DRIVER_MARK"] == "org.apache.spark.deploy.SparkSubmit"
+    # The stand-in driver's own mark: this machine may run real Spark drivers meanwhile
+    # (other tests' JVMs, on another pytest worker), which the template's mark would match.
+    mark = f"org.apache.spark.deploy.SparkSubmit-stand-in-{uuid.uuid4().hex}"
     probe = DaemonProcess(daemon_env)  # not started: picks the admin port, asks /readyz
     env = {
         **os.environ,
@@ -337,6 +341,7 @@ def test_the_plain_sidecar_stops_the_daemon_once_the_driver_has_exited(
         for proc in (driver, watcher):
             if proc is not None and proc.poll() is None:
                 proc.kill()
+                proc.wait()
     output = log_path.read_text()
     assert code == 0, output
     assert "stopped" in output
