@@ -33,6 +33,8 @@ if [ $# -eq 0 ] && [ "${DEEP_EXAMPLES:-1500}" -gt 0 ]; then
     nice -n 19 scripts/deep_simulation.sh "${DEEP_EXAMPLES:-1500}" 150 \
         "${DEEP_BUDGET_S:-600}" > "$deep_log" 2>&1 &
     deep_pid=$!
+    # Stopped with the script (an interrupt, CI's timeout): a background job outlives it.
+    trap 'kill "$deep_pid" 2>/dev/null; rm -f "$deep_log"' EXIT
 fi
 
 .venv-spark35/bin/python -m pytest -n "$workers" --dist load -m "spark and not spark4" "$@"
@@ -47,6 +49,7 @@ fi
 if [ -n "$deep_pid" ]; then
     wait "$deep_pid"
     deep_rc=$?
+    trap - EXIT
     cat "$deep_log"
     rm -f "$deep_log"
     [ $rc -ne 0 ] || rc=$deep_rc

@@ -145,7 +145,7 @@ def load_checkpoint(
         if found is not None:
             return found
     why = f"the checkpoint-sidecar at {path} (from {origin}) did not answer for {query!r}"
-    read: dict[str, Any] = json.loads(_read_blobs(["show", query, "--checkpoint"], why))
+    read: dict[str, Any] = json.loads(_read_blobs(["show", "--checkpoint", "--", query], why))
     return read
 
 
@@ -282,10 +282,11 @@ def starting_offsets(
     if batch is not None and before is not None:
         raise ResumeError("rewind by batch or before, not both")
     when = ["--batch", str(batch)] if batch is not None else ["--before", _iso(before)]
-    args = ["starting-offsets", query, *when, "--missing", missing]
+    args = ["starting-offsets", *when, "--missing", missing]
     args += ["--state-rewound"] if state_rewound else []
     args += ["--source", str(source)] if source is not None else []
     args += [a for t, n in (partitions or {}).items() for a in ("--partitions", f"{t}={n}")]
+    args += ["--", query]  # a name may start with "-"
     return _read_blobs(args, "an earlier checkpoint is read from the query's blob").strip()
 
 

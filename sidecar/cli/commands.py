@@ -282,11 +282,24 @@ def snapshot_command(args: argparse.Namespace, config: Config) -> int:
 
 
 async def _shown(shown: Renderer | None, work: Callable[[], Awaitable[T]]) -> T:
-    """``work``, with ``shown``'s progress on show while it runs (None: none)."""
+    """``work``, with ``shown``'s progress on show while it runs (None: none). ``work``'s own
+    error comes out as itself, not wrapped in the exception group of the renderer's task
+    group (the command's one-line message depends on it)."""
     if shown is None:
         return await work()
-    async with shown.showing():
-        return await work()
+    try:
+        async with shown.showing():
+            return await work()
+    except BaseExceptionGroup as group:
+        cancelled = anyio.get_cancelled_exc_class()
+        _, rest = group.split(cancelled)
+        if (
+            rest is not None
+            and len(rest.exceptions) == 1
+            and isinstance(rest.exceptions[0], Exception)
+        ):
+            raise rest.exceptions[0] from None
+        raise
 
 
 def _check(config: Config, args: argparse.Namespace) -> int:

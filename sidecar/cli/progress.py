@@ -167,28 +167,43 @@ class LogProgress:
 
 
 class _Bar:
-    """One restore's bar in :class:`BarProgress`."""
+    """One restore's bar in :class:`BarProgress`, drawn from :meth:`begin` on (a restore that
+    fails before it starts leaves no bar behind)."""
 
-    def __init__(self, bar: tqdm[Never], description: str, files_total: int) -> None:
-        self.bar, self.description = bar, description
+    def __init__(self, stream: IO[str], description: str, files_total: int) -> None:
+        self.stream, self.description = stream, description
         self.files, self.files_total = 0, files_total
+        self.bar: tqdm[Never] | None = None
 
     def begin(self, files: int, bytes: int) -> None:
         self.files_total = files
-        self.bar.reset(total=bytes)
+        self.bar = tqdm(
+            total=bytes,
+            desc=self.description,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            file=self.stream,
+            dynamic_ncols=True,
+            mininterval=0.2,
+        )
         self._files()
 
     def advance(self, files: int, bytes: int) -> None:
         self.files += files
-        self._files()
-        self.bar.update(bytes)
+        if self.bar is not None:
+            self._files()
+            self.bar.update(bytes)
 
     def end(self, ok: bool) -> None:
+        if self.bar is None:
+            return
         if not ok:
             self.bar.set_description(f"{self.description} not written", refresh=False)
         self.bar.close()
 
     def _files(self) -> None:
+        assert self.bar is not None
         self.bar.set_postfix_str(f"{self.files}/{self.files_total} files", refresh=False)
 
 
@@ -202,18 +217,7 @@ class BarProgress:
         tqdm.set_lock(threading.RLock())
 
     def __call__(self, label: str, index: SnapshotIndex) -> Progress:
-        description = f"{label} batch {index.batch}"
-        bar = tqdm(
-            total=index.total_bytes,
-            desc=description,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            file=self.stream,
-            dynamic_ncols=True,
-            mininterval=0.2,
-        )
-        return _Bar(bar, description, len(index.files))
+        return _Bar(self.stream, f"{label} batch {index.batch}", len(index.files))
 
     @asynccontextmanager
     async def showing(self) -> AsyncIterator[None]:

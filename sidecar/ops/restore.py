@@ -70,6 +70,7 @@ import msgspec
 
 from sidecar.config import Config
 from sidecar.errors import AdminRefused, CorruptRecord, NotFound, SidecarError
+from sidecar.model.checkpoint import Position
 from sidecar.model.document import SnapshotRef
 from sidecar.model.restored import RestoreStats
 from sidecar.model.spark_dir import SparkCheckpointError, parse_query_metadata
@@ -620,16 +621,24 @@ async def _move_cut_short(
 ) -> bool:
     """Whether ``dest`` (kept: ``index``'s timeline) holds the batch of ``index`` while the
     query's checkpoint document names a later one: a restore of ``index`` that put the files
-    in place and never moved the checkpoint. Spark commits a batch before its listener
-    reports it, so a directory Spark wrote is never behind the document."""
+    in place and never moved the checkpoint.
+
+    Not a directory Spark wrote: under synchronous progress tracking Spark commits a batch
+    before its listener reports it, so the document is never ahead of such a directory;
+    under async progress tracking or real-time mode (the document's position ``processed``)
+    it may well be, and is left alone. Spark's local file system also writes a checksum
+    beside each commit (``commits/.N.crc``), which a restore never writes: its presence
+    says Spark wrote the directory too."""
     held = await anyio.to_thread.run_sync(_committed, dest)
     if held != index.batch:
+        return False
+    if await anyio.to_thread.run_sync((dest / "commits" / f".{held}.crc").exists):
         return False
     try:
         doc = await store.read(query_id)
     except CorruptRecord:
         return False
-    return doc is not None and doc.batch_id > held
+    return doc is not None and doc.batch_id > held and doc.position is not Position.PROCESSED
 
 
 def _same_line(dest: Path, head: SnapshotIndex, batch: int) -> bool | None:

@@ -168,6 +168,9 @@ def test_each_committed_batch_is_snapshotted_restored_and_the_checkpoint_moves_w
     # A non-empty directory is refused without --force.
     again = cli(env, "restore", NAME, str(older), "--batch", "3")
     assert again.returncode == 1 and "not empty" in again.stderr.lower()
+    # Said in one line, with progress shown (stderr is no terminal here: log lines).
+    assert "Traceback" not in again.stderr and "TaskGroup" not in again.stderr, again.stderr
+    assert again.stderr.strip().splitlines()[-1].startswith("checkpoint-sidecar: ")
 
 
 def test_a_daemon_that_does_not_own_the_query_writes_no_snapshot(
