@@ -86,17 +86,19 @@ class _Tally:
         seconds = self.owner.clock() - self.started
         log.log(
             logging.INFO if ok else logging.WARNING,
-            "restore %s: query=%s batch=%d files=%d/%d bytes=%d/%d (%s) seconds=%.1f rate=%s/s",
+            "restore %s: %s (%s) seconds=%.1f rate=%s/s",
             "finished" if ok else "failed",
-            self.label,
-            self.batch,
-            self.files,
-            self.files_total,
-            self.bytes,
-            self.bytes_total,
+            self.counts(),
             size(self.bytes),
             seconds,
             size(self.bytes / seconds) if seconds > 0 else "-",
+        )
+
+    def counts(self) -> str:
+        """What every line of this restore says: which, and how far in files and bytes."""
+        return (
+            f"query={self.label} batch={self.batch} files={self.files}/{self.files_total} "
+            f"bytes={self.bytes}/{self.bytes_total}"
         )
 
     def line(self, now: float) -> None:
@@ -109,14 +111,8 @@ class _Tally:
         self.last, self.bytes_last = now, self.bytes
         done = 100.0 * self.bytes / self.bytes_total if self.bytes_total else 100.0
         log.info(
-            "restore progress: query=%s batch=%d files=%d/%d bytes=%d/%d (%s of %s, %.0f%%) "
-            "rate=%s/s left=%s",
-            self.label,
-            self.batch,
-            self.files,
-            self.files_total,
-            self.bytes,
-            self.bytes_total,
+            "restore progress: %s (%s of %s, %.0f%%) rate=%s/s left=%s",
+            self.counts(),
             size(self.bytes),
             size(self.bytes_total),
             done,
