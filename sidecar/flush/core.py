@@ -358,6 +358,10 @@ class QueryState(Generic[W, L]):
     #: lease acquired anew, or a renewal reported another): due, to be read and compared
     #: with Redis, whatever its updates.
     unverified: bool = False
+    #: The blob was read under the lease held now by another part than the flush (ingest's
+    #: floor, an admin op) and not compared with Redis since: the flush compares it first
+    #: (:attr:`Step.COMPARE`), else a blob that went back would be written over unreported.
+    uncompared: bool = False
 
     @property
     def floor(self) -> int | None:
@@ -381,6 +385,9 @@ class Step(enum.Enum):
     #: Write nothing: the blob holds a reset this daemon's Redis never recorded
     #: (:class:`Behind`); an operator decides.
     REFUSE = "refuse"
+    #: Read the row again before writing: the blob was read under the lease by another part
+    #: (ingest's floor, an admin op) and is compared with Redis first (:class:`Behind`).
+    COMPARE = "compare"
 
 
 @dataclass(frozen=True, slots=True)
@@ -505,6 +512,7 @@ class FlushCore(Generic[W, L]):
             q.confirming = []
         if q.blob != before:
             q.behind = None  # judged again against Redis' next word
+            q.uncompared = isinstance(q.blob, Seen) and q.blob.read_under is not None
             if isinstance(event, Wrote):
                 q.reported = None  # written: a later finding is news again
         if isinstance(q.blob, Seen) and q.blob.stored.document is not None:
@@ -664,7 +672,7 @@ class FlushCore(Generic[W, L]):
         answered = [] if batch is None else self._advance(q, RedisSays(batch, reset, term))
         blob = q.blob
         if judge and isinstance(blob, Seen) and term is not None and blob.read_under == term:
-            q.unverified = False  # read under the lease, then Redis: compared
+            q.unverified = q.uncompared = False  # read under the lease, then Redis: compared
             if batch is not None and not reset and batch > blob.batch:
                 doc = blob.stored.document
                 foreign = reset_unrecorded(doc, batch, recorded_reset)
@@ -773,6 +781,10 @@ class FlushCore(Generic[W, L]):
                 return Plan(Step.SKIP, blob)
             case Seen() if q.behind is not None and q.behind.reset is not None:
                 return Plan(Step.REFUSE, blob)
+            case Seen() if (
+                q.uncompared and batch > blob.batch and blob.read_under == self._held_term(q)
+            ):
+                return Plan(Step.COMPARE, blob)  # (Redis' flushed batch is at most the row's)
             case Seen() if blob.stored.version is not None:
                 return Plan(Step.WRITE, blob)
         # Not seen, or seen absent (before the lease created it): no version to name.

@@ -397,11 +397,13 @@ class Flusher:
         try:
             for _ in range(WRITE_TRIES):
                 plan = self._blobs.plan(q.query_id, checkpoint.batch_id)
-                if plan.step is Step.READ:
+                if plan.step is Step.READ or plan.step is Step.COMPARE:
                     # What the blob holds is not known (first flush, a write of unknown
                     # outcome, another writer's write): read it, then the row again: a row read
                     # before may predate another owner's reset (Redis first, then the blob).
-                    await self._blobs.read(q.query_id)
+                    # Read by ingest or an admin op under this lease: the row alone, compared.
+                    if plan.step is Step.READ:
+                        await self._blobs.read(q.query_id)
                     fresh = await self._reread(q)
                     if fresh is None:
                         return True
@@ -427,7 +429,7 @@ class Flusher:
                     self._blobs.skipped(q.query_id)
                     version = plan.base.stored.version
                     break
-                if plan.step is Step.READ:
+                if plan.step is Step.READ or plan.step is Step.COMPARE:
                     continue  # read again meanwhile (a write in flight elsewhere ended unsure)
                 assert plan.base is not None
                 doc = self._documents.build(

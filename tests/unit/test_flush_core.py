@@ -210,6 +210,28 @@ def test_a_blob_read_under_the_lease_below_redis_went_back_and_is_written_over()
     assert core.behind(Q) is None
 
 
+def test_a_blob_read_by_ingest_under_the_lease_is_compared_with_redis_before_a_write() -> None:
+    core = held_core()
+    core.read(Q, AT_3.stored, core.stamp, term=4)  # ingest's floor, not the flush's READ
+    # The tick's own read of Redis (not judging) keeps the blob as read: held under the lease
+    core.redis_says(Q, 6, 0, core.stamp, recorded_reset="")
+    plan = core.plan(Q, 7)
+    assert plan.step is Step.COMPARE and plan.base == READ_3 and core.behind(Q) is None
+    core.redis_says(Q, 6, 0, core.stamp, recorded_reset="", judge=True)  # the flush's reread
+    assert core.take_behind(Q) == Behind(3, 6)
+    assert core.plan(Q, 7).step is Step.WRITE
+    assert core.plan(Q, 3).step is Step.SKIP  # holding the row's batch: nothing to compare
+
+
+def test_a_blob_written_here_needs_no_comparison() -> None:
+    core = held_core()
+    core.read(Q, AT_3.stored, core.stamp, term=4)
+    core.redis_says(Q, 3, 0, core.stamp, recorded_reset="", judge=True)
+    assert core.begin_write(Q, READ_3)
+    core.wrote(Q, AT_7)
+    assert core.plan(Q, 9).step is Step.WRITE
+
+
 def test_a_read_begun_under_another_term_proves_nothing() -> None:
     core = held_core(term=5)
     core.read(Q, AT_3.stored, core.stamp, term=4)  # begun before the lease came back
@@ -244,6 +266,7 @@ def test_a_reset_is_told_from_a_store_that_went_back_by_its_record() -> None:
 def test_a_renewal_reporting_another_version_makes_the_blob_unverified() -> None:
     core = held_core()
     core.read(Q, AT_3.stored, core.stamp, term=4)
+    core.redis_says(Q, 3, 0, core.stamp, recorded_reset="", judge=True)
     core.lease_version(Q, '"v3"')  # the version seen: nothing to check
     assert core.unverified() == [] and core.plan(Q, 7).step is Step.WRITE
     core.lease_version(Q, '"v9"')  # changed under the lease
