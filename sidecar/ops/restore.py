@@ -86,6 +86,7 @@ from sidecar.snapshot.restore import (
     check_snapshots,
     list_snapshots,
     restore,
+    tidy,
 )
 from sidecar.store.blobs import BlobStore, newest_named
 from sidecar.store.snapshots import SnapshotBlobs
@@ -469,6 +470,13 @@ async def _restore_one(
     for index in [head, *older]:
         dest = root / index.location if index.location else root
         verdict = await anyio.to_thread.run_sync(judge, dest, query_id, index)
+        if verdict.keep and (left := await anyio.to_thread.run_sync(tidy, dest)):
+            log.warning(
+                "restore query=%s: %s: removed what a restore killed before its end left: %s",
+                label,
+                dest,
+                ", ".join(left),
+            )
         if verdict.elsewhere is not None:
             await mark_gone(blobs, config.namespace, query_id, index.location, verdict.elsewhere)
             keep_days = config.snapshot_abandoned_keep_s / 86400

@@ -39,8 +39,8 @@
   ``dest`` is a mount point (an init container's volume), the temporary directory is inside it
   and its entries are moved into place at the end, ``metadata`` last (what was there goes,
   its ``metadata`` first): until then ``dest`` is no query's checkpoint location. A failure
-  removes the temporary directory; one a killed restore left is removed by the next restore
-  into the same ``dest``.
+  removes the temporary directory; what a killed restore left (:func:`tidy`) is removed by
+  the next restore into the same ``dest``, or by ``restore --all`` keeping ``dest``.
 
 :func:`list_snapshots` and :func:`find_snapshot` read a query's indexes for ``snapshots`` and
 ``restore [--batch N]``; :func:`check_snapshots` (restic's ``check``) says of each kept
@@ -225,6 +225,32 @@ def _unsafe(path: str) -> bool:
     )
 
 
+def _is_mount(dest: Path) -> bool:
+    return dest.is_dir() and os.path.ismount(dest)
+
+
+def _stale_prefix(dest: Path, mount: bool) -> str:
+    return ".restore-" if mount else f".{dest.name}.restore-"
+
+
+def tidy(dest: Path) -> list[str]:
+    """Remove what a restore into ``dest`` killed before its end left: its temporary
+    directory (inside ``dest`` when a mount point, else beside it), or the old checkpoint it
+    had set aside. Run by every restore into ``dest`` and by ``restore --all`` when it keeps
+    ``dest`` as it is (a restore killed after its last move leaves a whole checkpoint, and
+    what it left would stay for good). The names removed."""
+    mount = _is_mount(dest)
+    parent = dest if mount else dest.parent
+    stale = _stale_prefix(dest, mount)
+    removed = []
+    if parent.is_dir():
+        for entry in parent.iterdir():
+            if entry.name.startswith(stale) and entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry.name)
+    return removed
+
+
 def _prepare(dest: Path, force: bool, token: str) -> tuple[Path, bool]:
     """Check ``dest``, remove what a killed restore left beside it, make the temporary
     directory; (it, whether ``dest`` is a mount point)."""
@@ -234,13 +260,9 @@ def _prepare(dest: Path, force: bool, token: str) -> tuple[Path, bool]:
             reason="not_empty",
             path=str(dest),
         )
-    mount = dest.is_dir() and os.path.ismount(dest)
+    mount = _is_mount(dest)
     parent = dest if mount else dest.parent
-    stale = ".restore-" if mount else f".{dest.name}.restore-"
-    if parent.is_dir():
-        for entry in parent.iterdir():
-            if entry.name.startswith(stale) and entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
+    tidy(dest)
     if dest.is_dir() and any(dest.iterdir()) and not force:
         raise RestoreError(
             f"{dest} is not empty: a checkpoint may be there. Restore into an empty or new "
@@ -248,7 +270,7 @@ def _prepare(dest: Path, force: bool, token: str) -> tuple[Path, bool]:
             reason="not_empty",
             path=str(dest),
         )
-    temp = parent / f"{stale}{token}"
+    temp = parent / f"{_stale_prefix(dest, mount)}{token}"
     temp.mkdir(parents=True)
     _chmod(temp)
     return temp, mount

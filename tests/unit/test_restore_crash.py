@@ -68,6 +68,7 @@ def steps(monkeypatch: pytest.MonkeyPatch, crash_at: int | None) -> list[str]:
     )
     monkeypatch.setattr(os, "rename", counted("rename", os.rename))
     monkeypatch.setattr(Path, "unlink", counted("unlink", Path.unlink))
+    monkeypatch.setattr(Path, "rmdir", counted("rmdir", Path.rmdir))
     monkeypatch.setattr(shutil, "rmtree", counted("rmtree", shutil.rmtree))
     return done
 
@@ -112,3 +113,30 @@ def test_a_restore_cut_short_at_any_step_leaves_a_whole_checkpoint_or_none(
             assert left in (old, new), f"cut short at step {k}: a partial checkpoint"
         else:  # none: the next restore --all restores over it
             assert not verdict.keep and not verdict.refuse, f"step {k}: {verdict}"
+        if left == new:
+            # Whole and kept by the next restore --all, which removes what the restore left
+            # (a mount point's emptied temporary directory, a directory's old checkpoint set
+            # aside) and nothing else.
+            assert verdict.keep, f"step {k}: {verdict}"
+            with monkeypatch.context() as m:
+                m.setattr(os.path, "ismount", lambda p, top=dest: mount and Path(p) == top)
+                restoring.tidy(dest)
+            assert tree(dest) == new
+            beside = dest if mount else dest.parent
+            assert not [e.name for e in beside.iterdir() if ".restore-" in e.name], f"step {k}"
+
+
+def test_tidy_leaves_another_location_and_a_file_alone(tmp_path: Path) -> None:
+    dest, other = tmp_path / "app" / "q", tmp_path / "app" / "q2"
+    write(dest, 3)
+    write(other, 3)
+    (dest.parent / ".q.restore-t-old").mkdir()  # a set-aside old checkpoint of q
+    (dest.parent / ".q2.restore-t").mkdir()  # q2's: not q's to remove
+    (dest.parent / ".q.restore-note").write_text("a file, not a restore's")
+    assert restoring.tidy(dest) == [".q.restore-t-old"]
+    assert sorted(e.name for e in dest.parent.iterdir()) == [
+        ".q.restore-note",
+        ".q2.restore-t",
+        "q",
+        "q2",
+    ]
