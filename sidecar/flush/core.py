@@ -60,7 +60,9 @@ record (or none, where Redis has none) is an older state of the same timeline â€
 lost writes: the newest acknowledged batch is written over it (If-Match on the version just
 read; never below what it holds) and the query's :class:`Behind` is reported once. A
 document carrying a reset record Redis never saw is another daemon's reset: it is never
-written over (:attr:`Step.REFUSE`) until an operator resets the query here. Where Redis has
+written over (:attr:`Step.REFUSE`) until an operator resets the query here. A blob read
+under the lease by another part (ingest's floor, an admin op) is compared the same way before
+a flush writes over it (:attr:`Step.COMPARE`: the row read again). Where Redis has
 no record (written by a version before it was kept), a document whose reset replaced a batch
 at or above Redis' flushed one is taken for such a reset. A blob written here and contradicted
 this way is read before anything else is decided. The lease's own calls tell the blob's
