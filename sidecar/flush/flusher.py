@@ -38,6 +38,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import anyio
 from anyio.abc import TaskStatus
@@ -56,9 +57,10 @@ from sidecar.errors import (
 from sidecar.flush.blob_state import BlobStates, Replan
 from sidecar.flush.core import Step
 from sidecar.flush.documents import DocumentBuilder
+from sidecar.flush.lease import Held
 from sidecar.flush.quarantine import Quarantine
 from sidecar.model import checkpoint as ckpt
-from sidecar.model.document import Writer, encode_document
+from sidecar.model.document import CheckpointDocument, Writer, encode_document
 from sidecar.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,19 @@ WRITE_TRIES = 3
 #: that lost writes before a restart, a restore of an idle query's blob) is found within this.
 #: One listing of the namespace (no download) and one Redis script a minute.
 AUDIT_EVERY_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Landed:
+    """What a flush left the blob holding: the row it flushed (maybe read again on the way),
+    the row's batch or the newer one the blob held, the document it is in, its version, and
+    how (``ok``: written; ``skipped``: held already)."""
+
+    row: PendingQuery
+    durable: int
+    document: CheckpointDocument | None
+    version: str | None
+    result: str
 
 
 class Flusher:
@@ -386,8 +401,7 @@ class Flusher:
     async def _flush(self, q: PendingQuery) -> bool:
         """Flush one query. False when it failed and must be retried (not: not owned, or a
         quarantined blob)."""
-        checkpoint = q.checkpoint
-        label = checkpoint.label
+        label = q.checkpoint.label
         m = self._metrics
         lease = await self._blobs.held(q.query_id, label)
         if lease is None:
@@ -395,143 +409,146 @@ class Flusher:
             log.debug("flush query=%s batch=%d skipped: lease not held", label, q.batch_id)
             return True
         try:
-            for _ in range(WRITE_TRIES):
-                plan = self._blobs.plan(q.query_id, checkpoint.batch_id)
-                if plan.step is Step.READ or plan.step is Step.COMPARE:
-                    # What the blob holds is not known (first flush, a write of unknown
-                    # outcome, another writer's write): read it, then the row again: a row read
-                    # before may predate another owner's reset (Redis first, then the blob).
-                    # Read by ingest or an admin op under this lease: the row alone, compared.
-                    if plan.step is Step.READ:
-                        await self._blobs.read(q.query_id)
-                    fresh = await self._reread(q)
-                    if fresh is None:
-                        return True
-                    q, checkpoint = fresh, fresh.checkpoint
-                    plan = self._blobs.plan(q.query_id, checkpoint.batch_id)
-                self._quarantined.readable(q.query_id, "blob")
-                if plan.step is Step.REFUSE:
-                    raise UnrecordedReset(
-                        f"blob of query {label}: it holds a reset this daemon's Redis never "
-                        "recorded; nothing written over it (see the error logged when it was "
-                        "found: stop the other daemon, then run 'checkpoint-sidecar reset' here)"
-                    )
-                if plan.step is Step.SKIP:
-                    assert plan.base is not None
-                    base_doc = plan.base.stored.document
-                    durable, result = plan.base.batch, "skipped"
-                    log.info(
-                        "flush query=%s batch=%d: blob already holds batch %d, not writing",
-                        label,
-                        checkpoint.batch_id,
-                        durable,
-                    )
-                    self._blobs.skipped(q.query_id)
-                    version = plan.base.stored.version
-                    break
-                if plan.step is Step.READ or plan.step is Step.COMPARE:
-                    continue  # read again meanwhile (a write in flight elsewhere ended unsure)
-                assert plan.base is not None
-                doc = self._documents.build(
-                    checkpoint,
-                    plan.base.stored.document,
-                    functools.partial(self._blobs.note_thinned, q.query_id),
-                    self._blobs.snapshot_of(q.query_id),
-                )
-                started = time.perf_counter()
-                try:
-                    # Waiting acks are answered as it lands, not after the bookkeeping below,
-                    # whose failure retries the flush.
-                    stored = await self._blobs.write(
-                        q.query_id, lease, plan.base, doc, encode_document(doc)
-                    )
-                except Replan:
-                    continue  # seen changed since the plan (a read meanwhile): plan again
-                except VersionConflict:
-                    # Another writer changed the blob (read again by now): plan again from
-                    # what it holds, never below it, with the row read again too.
-                    m.flushes.labels("conflict").inc()
-                    fresh = await self._reread(q)
-                    if fresh is None:
-                        return True
-                    q, checkpoint = fresh, fresh.checkpoint
-                    continue
-                if stored is None:
-                    # Lost (and maybe taken again, under a new term) since the blob was read:
-                    # the next pass starts over.
-                    m.flushes.labels("not_owned").inc()
-                    log.info("flush query=%s batch=%d: lease lost meanwhile", label, q.batch_id)
-                    return True
-                m.flush_seconds.observe(time.perf_counter() - started)
-                durable, result, base_doc = checkpoint.batch_id, "ok", doc
-                version = stored.version
-                break
-            else:
-                raise VersionConflict(
-                    f"blob of query {label}: no write landed in {WRITE_TRIES} tries, the store "
-                    "refusing each as made over a version it no longer has (each refusal is "
-                    "logged with who last wrote the blob); retried after a backoff"
-                )
-            reset_at = base_doc.reset_at if base_doc is not None else None
-            left = await self._buffer.mark_flushed(q, durable, reset_at, version)
+            landed = await self._land(q, lease)
+            if landed is None:
+                return True
+            q, doc = landed.row, landed.document
+            reset_at = doc.reset_at if doc is not None else None
+            left = await self._buffer.mark_flushed(q, landed.durable, reset_at, landed.version)
             self._blobs.marked(q.query_id)
         except LeaseLost as exc:
             m.flushes.labels("lease_lost").inc()
             self._blobs.lost(q.query_id, str(exc))
             return True
         except SidecarError as exc:
-            m.flushes.labels("error").inc()
-            # A retriable error (store or Redis down) retries soon; any other (a refused
-            # credential, a bad request) waits the full cap: it needs an operator first.
-            delay = self._blobs.failed(
-                q.query_id,
-                retriable=exc.retriable,
-                retry_after_s=exc.retry_after_s if isinstance(exc, StoreUnavailable) else None,
-            )
-            level = logging.WARNING if exc.retriable else logging.ERROR
-            if isinstance(exc, CorruptRecord) and not self._quarantined.add(q.query_id, exc):
-                level = logging.DEBUG  # logged once, when it was first found unreadable
-            if isinstance(exc, UnrecordedReset):
-                level = logging.DEBUG  # logged once, in full, when it was found
-            log.log(
-                level,
-                "flush query=%s batch=%d failed (retry %d in %.1fs): %s",
-                label,
-                q.batch_id,
-                self._blobs.failures(q.query_id),
-                delay,
-                exc,
-                extra={"retry_in_s": round(delay, 1), "query_id": q.query_id},  # JSON logs
-            )
-            # A quarantined blob, or one holding a reset this Redis never recorded, is not a
-            # failure the final flush should keep retrying until the grace period ends: only
-            # an operator can fix it (the update stays in Redis).
-            return isinstance(exc, CorruptRecord | UnrecordedReset)
+            return self._failed(q, exc)
         self._blobs.flushed(q.query_id)
-        m.flushes.labels(result).inc()
-        m.checkpoint_batch_id.labels(label).set(durable)
+        m.flushes.labels(landed.result).inc()
+        m.checkpoint_batch_id.labels(label).set(landed.durable)
         m.pending_updates.labels(label).set(left)
         if left == 0:
             m.checkpoint_age.labels(label).set(0)
         log.debug(
             "flushed query=%s batch=%d (%d updates; %d still pending)",
             label,
-            durable,
+            landed.durable,
             q.pending,
             left,
         )
-        if self._on_durable is not None and durable == checkpoint.batch_id:
-            # Also for "skipped" when the blob holds this very batch (e.g. written before a
-            # Redis failure prevented mark_flushed): these offsets are durable. Not when it
-            # holds a newer one (another writer's, or ours before the row was reset): its
-            # offsets are the groups' to hold, committed by its writer; ours, older, would
-            # move them back (a committer knows only what it committed itself).
-            try:
-                self._on_durable(checkpoint)
-            except Exception:
-                log.exception(
-                    "after flushing query=%s batch=%d: durable hook failed",
+        return True
+
+    async def _land(self, q: PendingQuery, lease: Held) -> _Landed | None:
+        """Read, plan and write until the blob holds the row's batch; None: nothing is owed
+        any more, or the lease was lost meanwhile (the next pass starts over).
+
+        Raises:
+            UnrecordedReset: the blob holds a reset this daemon's Redis never recorded.
+            VersionConflict: no write landed in ``WRITE_TRIES`` tries.
+            LeaseLost, SidecarError: the store or Redis refused or failed (:meth:`_flush`).
+        """
+        checkpoint = q.checkpoint
+        label = checkpoint.label
+        m = self._metrics
+        for _ in range(WRITE_TRIES):
+            plan = self._blobs.plan(q.query_id, checkpoint.batch_id)
+            if plan.step is Step.READ or plan.step is Step.COMPARE:
+                # What the blob holds is not known (first flush, a write of unknown
+                # outcome, another writer's write): read it, then the row again: a row read
+                # before may predate another owner's reset (Redis first, then the blob).
+                # Read by ingest or an admin op under this lease: the row alone, compared.
+                if plan.step is Step.READ:
+                    await self._blobs.read(q.query_id)
+                fresh = await self._reread(q)
+                if fresh is None:
+                    return None
+                q, checkpoint = fresh, fresh.checkpoint
+                plan = self._blobs.plan(q.query_id, checkpoint.batch_id)
+            self._quarantined.readable(q.query_id, "blob")
+            if plan.step is Step.REFUSE:
+                raise UnrecordedReset(
+                    f"blob of query {label}: it holds a reset this daemon's Redis never "
+                    "recorded; nothing written over it (see the error logged when it was "
+                    "found: stop the other daemon, then run 'checkpoint-sidecar reset' here)"
+                )
+            if plan.step is Step.SKIP:
+                assert plan.base is not None
+                log.info(
+                    "flush query=%s batch=%d: blob already holds batch %d, not writing",
                     label,
                     checkpoint.batch_id,
+                    plan.base.batch,
                 )
-        return True
+                self._blobs.skipped(q.query_id)
+                base = plan.base.stored
+                return _Landed(q, plan.base.batch, base.document, base.version, "skipped")
+            if plan.step is Step.READ or plan.step is Step.COMPARE:
+                continue  # read again meanwhile (a write in flight elsewhere ended unsure)
+            assert plan.base is not None
+            doc = self._documents.build(
+                checkpoint,
+                plan.base.stored.document,
+                functools.partial(self._blobs.note_thinned, q.query_id),
+                self._blobs.snapshot_of(q.query_id),
+            )
+            started = time.perf_counter()
+            try:
+                # Waiting acks are answered as it lands, not after the bookkeeping that
+                # follows, whose failure retries the flush.
+                stored = await self._blobs.write(
+                    q.query_id, lease, plan.base, doc, encode_document(doc)
+                )
+            except Replan:
+                continue  # seen changed since the plan (a read meanwhile): plan again
+            except VersionConflict:
+                # Another writer changed the blob (read again by now): plan again from
+                # what it holds, never below it, with the row read again too.
+                m.flushes.labels("conflict").inc()
+                fresh = await self._reread(q)
+                if fresh is None:
+                    return None
+                q, checkpoint = fresh, fresh.checkpoint
+                continue
+            if stored is None:
+                # Lost (and maybe taken again, under a new term) since the blob was read:
+                # the next pass starts over.
+                m.flushes.labels("not_owned").inc()
+                log.info("flush query=%s batch=%d: lease lost meanwhile", label, q.batch_id)
+                return None
+            m.flush_seconds.observe(time.perf_counter() - started)
+            return _Landed(q, checkpoint.batch_id, doc, stored.version, "ok")
+        raise VersionConflict(
+            f"blob of query {label}: no write landed in {WRITE_TRIES} tries, the store "
+            "refusing each as made over a version it no longer has (each refusal is "
+            "logged with who last wrote the blob); retried after a backoff"
+        )
+
+    def _failed(self, q: PendingQuery, exc: SidecarError) -> bool:
+        """A flush of ``q`` failed with ``exc``: counted, logged, retried after a backoff.
+        Whether the final flush may stop retrying it (:meth:`_flush`'s answer)."""
+        self._metrics.flushes.labels("error").inc()
+        # A retriable error (store or Redis down) retries soon; any other (a refused
+        # credential, a bad request) waits the full cap: it needs an operator first.
+        delay = self._blobs.failed(
+            q.query_id,
+            retriable=exc.retriable,
+            retry_after_s=exc.retry_after_s if isinstance(exc, StoreUnavailable) else None,
+        )
+        level = logging.WARNING if exc.retriable else logging.ERROR
+        if isinstance(exc, CorruptRecord) and not self._quarantined.add(q.query_id, exc):
+            level = logging.DEBUG  # logged once, when it was first found unreadable
+        if isinstance(exc, UnrecordedReset):
+            level = logging.DEBUG  # logged once, in full, when it was found
+        log.log(
+            level,
+            "flush query=%s batch=%d failed (retry %d in %.1fs): %s",
+            q.checkpoint.label,
+            q.batch_id,
+            self._blobs.failures(q.query_id),
+            delay,
+            exc,
+            extra={"retry_in_s": round(delay, 1), "query_id": q.query_id},  # JSON logs
+        )
+        # A quarantined blob, or one holding a reset this Redis never recorded, is not a
+        # failure the final flush should keep retrying until the grace period ends: only
+        # an operator can fix it (the update stays in Redis).
+        return isinstance(exc, CorruptRecord | UnrecordedReset)
