@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeAlias
 
 from sidecar import __version__
 from sidecar.config import Config
@@ -26,6 +26,10 @@ from spark_bridge.handle import BridgeError
 from spark_bridge.jvm import listener_jar
 
 log = logging.getLogger("sidecar")
+
+
+#: What ``add_subparsers`` returns; argparse names the type only in its stubs.
+_Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _commands() -> ModuleType | None:
@@ -58,6 +62,7 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``checkpoint-sidecar`` parser: its subcommands in the order ``--help`` lists them."""
     parser = argparse.ArgumentParser(
         prog="checkpoint-sidecar",
         description="Sidecar daemon beside a Spark driver: receives each finished micro-batch's "
@@ -68,14 +73,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = sub.add_parser(
+    for add in (
+        _add_run,
+        _add_listener_jar,
+        _add_config,
+        _add_list,
+        _add_show,
+        _add_history,
+        _add_starting_offsets,
+        _add_doctor,
+        _add_import_spark_checkpoint,
+        _add_reset,
+        _add_retire,
+        _add_snapshots,
+        _add_restore,
+    ):
+        add(sub)
+    return parser
+
+
+def _add_run(sub: _Subcommands) -> None:
+    parser = sub.add_parser(
         "run",
         help="run the daemon until SIGTERM/SIGINT",
         description="Run the daemon. SIGTERM or SIGINT stops it gracefully (stop accepting, "
         "answer what was read, flush everything pending to the blobs, release leases), "
         "within SIDECAR_SHUTDOWN_GRACE_S; a second signal forces exit.",
     )
-    _add_settings(run)
+    _add_settings(parser)
+
+
+def _add_listener_jar(sub: _Subcommands) -> None:
     sub.add_parser(
         "listener-jar",
         help="print the path of the bundled Spark listener jar",
@@ -85,32 +113,44 @@ def build_parser() -> argparse.ArgumentParser:
         "io.checkpointsidecar.SidecarStreamingListener. Exit code 1 when it was not built "
         "(a source checkout without `make setup`).",
     )
-    show = sub.add_parser("config", help="print the effective configuration (secrets redacted)")
-    _add_settings(show)
-    lister = sub.add_parser(
+
+
+def _add_config(sub: _Subcommands) -> None:
+    parser = sub.add_parser("config", help="print the effective configuration (secrets redacted)")
+    _add_settings(parser)
+
+
+def _add_list(sub: _Subcommands) -> None:
+    parser = sub.add_parser(
         "list",
         help="list the namespace's checkpoints, read from the blobs",
         description="List every query checkpoint of the namespace, read directly from the "
         "blob store (the daemon need not run).",
     )
-    lister.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_settings(lister)
-    shower = sub.add_parser(
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(parser)
+
+
+def _add_show(sub: _Subcommands) -> None:
+    parser = sub.add_parser(
         "show",
         help="show one query's checkpoint, read from its blob",
         description="Show the saved checkpoint of one query (by name or id), read directly "
         "from the blob store.",
     )
-    shower.add_argument("query", metavar="QUERY", help="query name or query id")
-    shower.add_argument("--json", action="store_true", help="machine-readable output")
-    shower.add_argument(
+    parser.add_argument("query", metavar="QUERY", help="query name or query id")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
         "--checkpoint",
         action="store_true",
         help="print only the checkpoint, as the daemon's `get` answers it (JSON): what "
         "spark_bridge.load_checkpoint reads when no daemon answers",
     )
-    _add_settings(shower)
-    history = sub.add_parser(
+    _add_settings(parser)
+
+
+def _add_history(sub: _Subcommands) -> None:
+    parser = sub.add_parser(
         "history",
         help="list the checkpoints a query's blob retains, to rewind to one of them",
         description="List the checkpoints one query's blob retains (by name or id), newest "
@@ -119,10 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
         "QUERY --batch N` or `--before TIME` resumes from one of them. Reads the blobs "
         "directly.",
     )
-    history.add_argument("query", metavar="QUERY", help="query name or query id")
-    history.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_settings(history)
-    resume = sub.add_parser(
+    parser.add_argument("query", metavar="QUERY", help="query name or query id")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(parser)
+
+
+def _add_starting_offsets(sub: _Subcommands) -> None:
+    parser = sub.add_parser(
         "starting-offsets",
         help="print the Kafka startingOffsets (or Event Hubs startingPositions) JSON to resume "
         "a query from its saved position",
@@ -134,14 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
         "import could not tell) is not rewound unless --state-rewound: its state store must "
         "be rewound to the same batch.",
     )
-    resume.add_argument("query", metavar="QUERY", help="query name or query id")
-    resume.add_argument(
-        "--state-rewound",
-        action="store_true",
-        help="the query's state store moved with it (restored from a snapshot of that batch, or a "
-        "fresh checkpointLocation): lets a stateful query, or one that may be, move back",
-    )
-    when = resume.add_mutually_exclusive_group()
+    parser.add_argument("query", metavar="QUERY", help="query name or query id")
+    _add_state_rewound(parser)
+    when = parser.add_mutually_exclusive_group()
     when.add_argument(
         "--batch",
         type=int,
@@ -156,13 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="rewind: the newest retained checkpoint whose Spark timestamp is before TIME "
         "(ISO 8601, e.g. 2026-11-21T10:00:00Z; no zone means UTC)",
     )
-    resume.add_argument(
+    parser.add_argument(
         "--source",
         type=int,
         default=None,
         help="index of the Kafka source when the query has several",
     )
-    resume.add_argument(
+    parser.add_argument(
         "--partitions",
         action="append",
         default=[],
@@ -170,14 +208,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="current partition count of a topic, so partitions absent from "
         "the checkpoint are named too (repeatable)",
     )
-    resume.add_argument(
+    parser.add_argument(
         "--missing",
         choices=("earliest", "latest", "error"),
         default="earliest",
         help="where absent partitions start (default: earliest)",
     )
-    _add_settings(resume)
-    doctor = sub.add_parser(
+    _add_settings(parser)
+
+
+def _add_doctor(sub: _Subcommands) -> None:
+    parser = sub.add_parser(
         "doctor",
         help="check that Redis, the storage account and Kafka can keep checkpoints",
         description="Check the setup the daemon would run with, one line per check (ok, warn "
@@ -191,9 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
         "reports authorized operations (nothing is committed). The daemon runs the same "
         "checks at start. Exit code: 0 all ok, 1 a warning, 2 a failure (or bad settings).",
     )
-    doctor.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_settings(doctor)
-    adopt = sub.add_parser(
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(parser)
+
+
+def _add_import_spark_checkpoint(sub: _Subcommands) -> None:
+    parser = sub.add_parser(
         "import-spark-checkpoint",
         help="adopt a running query: write its Spark checkpoint's last committed batch",
         description="Read a Spark checkpoint directory (the query's checkpointLocation, a "
@@ -213,53 +257,106 @@ def build_parser() -> argparse.ArgumentParser:
         "until its next progress. Exit code 0 written (or --dry-run), 1 refused, 2 bad "
         "settings (admin ops off on the daemon).",
     )
-    adopt.add_argument("path", metavar="PATH", help="the Spark checkpoint directory (local)")
-    adopt.add_argument(
+    parser.add_argument("path", metavar="PATH", help="the Spark checkpoint directory (local)")
+    parser.add_argument(
         "--query-name", required=True, metavar="NAME", help="the query's name (queryName)"
     )
-    adopt.add_argument("--dry-run", action="store_true", help="print what would be written")
-    adopt.add_argument(
+    parser.add_argument("--dry-run", action="store_true", help="print what would be written")
+    parser.add_argument(
         "--force",
         action="store_true",
         help="write even if the blob holds a newer batch or the sidecar heard from the query",
     )
-    adopt.add_argument(
-        "--state-rewound",
-        action="store_true",
-        help="the query's state store moved with it (restored from a snapshot of that batch, or a "
-        "fresh checkpointLocation): lets a stateful query, or one that may be, move back",
+    _add_state_rewound(parser)
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(parser)
+
+
+#: How ``reset`` and ``retire`` act, the end of both descriptions.
+_ADMIN_HOW = (
+    "Through the daemon running on SIDECAR_SOCKET_PATH when there is one (it needs "
+    "SIDECAR_ADMIN_OPS=true; the lease owner performs it), else under a lease this command "
+    "takes on the query's blob and releases (refused while another owner holds it). Refused "
+    "for a query heard from or updated within SIDECAR_ADMIN_QUIET_S (it may still run: "
+    "stop it first) unless --force. Logged at WARNING; exit code 0 done, 1 refused or "
+    "failed (nothing changed unless the message says so), 2 bad usage or admin ops off."
+)
+
+
+def _add_reset(sub: _Subcommands) -> None:
+    parser = sub.add_parser(
+        "reset",
+        help="set a query's checkpoint to an earlier retained batch or to explicit offsets",
+        description="Make a retained checkpoint (--to-batch N, see `history`) or explicit end "
+        "offsets (--offsets) the query's position: Redis and the blob are set to it, the blob "
+        "records reset_from / reset_at / reset_reason, and later batches must exceed the new "
+        "batch id. Restart the query from it with `starting-offsets` (a new Spark checkpoint "
+        "directory). " + _ADMIN_HOW,
     )
-    adopt.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_settings(adopt)
-    _add_admin_commands(sub)
-    _add_snapshot_commands(sub)
-    return parser
+    parser.add_argument("query", metavar="QUERY", help="query name or query id")
+    to = parser.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-batch", type=int, metavar="N", help="the retained checkpoint of batch N")
+    to.add_argument(
+        "--offsets",
+        metavar="JSON",
+        help="each source's end offset, a JSON array in the order of the query's sources, e.g. "
+        '\'[{"events":{"0":4200,"1":4100}}]\' (as `history --json` shows end_offsets)',
+    )
+    parser.add_argument(
+        "--batch-id",
+        type=int,
+        metavar="N",
+        help="with --offsets: the batch id to record them as (default: the blob's batch)",
+    )
+    parser.add_argument("--reason", metavar="TEXT", help="why (logged and kept in the blob)")
+    parser.add_argument("--force", action="store_true", help="even if the query may be running")
+    _add_state_rewound(parser)
+    _add_settings(parser)
 
 
-def _add_snapshot_commands(sub: Any) -> None:
-    listing = sub.add_parser(
+def _add_retire(sub: _Subcommands) -> None:
+    parser = sub.add_parser(
+        "retire",
+        help="stop tracking a query: its Redis keys removed, its blob kept or archived",
+        description="Remove the query's Redis record (its hash, its entries in the pending and "
+        "queries sets, the names pointing at it) and drop it from the daemon's memory, lease "
+        "released. The blob stays, or with --archive moves to <namespace>/archive/ (copied, "
+        "then deleted under the lease). " + _ADMIN_HOW,
+    )
+    parser.add_argument("query", metavar="QUERY", help="query name or query id")
+    parser.add_argument("--archive", action="store_true", help="move the blob to archive/")
+    parser.add_argument("--reason", metavar="TEXT", help="why (logged)")
+    parser.add_argument("--force", action="store_true", help="even if the query may be running")
+    _add_settings(parser)
+
+
+def _add_snapshots(sub: _Subcommands) -> None:
+    parser = sub.add_parser(
         "snapshots",
         help="list a query's checkpoint snapshots (SIDECAR_SNAPSHOT_ROOT)",
         description="List the snapshots of one query's Spark checkpoint (by name or id), newest "
         "first: batch, id, when, files, bytes, bytes first uploaded by it, and the location it "
         "was taken from. Reads the blobs directly.",
     )
-    listing.add_argument("query", metavar="QUERY", help="query name or query id")
-    listing.add_argument(
+    parser.add_argument("query", metavar="QUERY", help="query name or query id")
+    parser.add_argument(
         "--check",
         action="store_true",
         help="check that each snapshot can be restored: its index readable and every pack it "
         "names stored (one listing; exit code 1 if any cannot)",
     )
-    listing.add_argument(
+    parser.add_argument(
         "--read-data",
         action="store_true",
         help="with --check: also read every file back and verify its checksum (restores each "
         "snapshot into a temporary directory: its size on disk, one at a time)",
     )
-    listing.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_settings(listing)
-    back = sub.add_parser(
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_settings(parser)
+
+
+def _add_restore(sub: _Subcommands) -> None:
+    parser = sub.add_parser(
         "restore",
         help="write a snapshot back as the query's Spark checkpoint directory",
         description="Write snapshot N of QUERY (default: the newest; see `snapshots`) into DIR "
@@ -277,89 +374,42 @@ def _add_snapshot_commands(sub: Any) -> None:
         "committed (Delta, the file sink) skips the batches replayed after the restored one: "
         "docs/snapshots.md. Exit code 0 done, 1 refused or failed, 2 bad usage.",
     )
-    back.add_argument("query", metavar="QUERY", nargs="?", help="query name or query id")
-    back.add_argument("dir", metavar="DIR", nargs="?", help="the checkpoint directory to write")
-    back.add_argument("--batch", type=int, metavar="N", help="the snapshot of batch N")
-    back.add_argument("--force", action="store_true", help="replace what DIR holds")
-    back.add_argument(
+    parser.add_argument("query", metavar="QUERY", nargs="?", help="query name or query id")
+    parser.add_argument("dir", metavar="DIR", nargs="?", help="the checkpoint directory to write")
+    parser.add_argument("--batch", type=int, metavar="N", help="the snapshot of batch N")
+    parser.add_argument("--force", action="store_true", help="replace what DIR holds")
+    parser.add_argument(
         "--all",
         metavar="ROOT",
         dest="all_root",
         help="every query with a snapshot, each back to its location under ROOT",
     )
-    back.add_argument("--json", action="store_true", help="machine-readable output")
-    back.add_argument(
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
         "--no-progress",
         action="store_true",
         help="show no progress (by default, on standard error: a bar per restore on a "
         "terminal, else a log line every --progress-every seconds with files, bytes, rate and "
         "time left, and one as each restore ends)",
     )
-    back.add_argument(
+    parser.add_argument(
         "--progress-every",
         type=float,
         metavar="SECONDS",
         help="when standard error is not a terminal (a pod's log): a progress line this often "
         "(default: 5)",
     )
-    _add_settings(back)
+    _add_settings(parser)
 
 
-def _add_admin_commands(sub: Any) -> None:
-    how = (
-        "Through the daemon running on SIDECAR_SOCKET_PATH when there is one (it needs "
-        "SIDECAR_ADMIN_OPS=true; the lease owner performs it), else under a lease this command "
-        "takes on the query's blob and releases (refused while another owner holds it). Refused "
-        "for a query heard from or updated within SIDECAR_ADMIN_QUIET_S (it may still run: "
-        "stop it first) unless --force. Logged at WARNING; exit code 0 done, 1 refused or "
-        "failed (nothing changed unless the message says so), 2 bad usage or admin ops off."
-    )
-    reset = sub.add_parser(
-        "reset",
-        help="set a query's checkpoint to an earlier retained batch or to explicit offsets",
-        description="Make a retained checkpoint (--to-batch N, see `history`) or explicit end "
-        "offsets (--offsets) the query's position: Redis and the blob are set to it, the blob "
-        "records reset_from / reset_at / reset_reason, and later batches must exceed the new "
-        "batch id. Restart the query from it with `starting-offsets` (a new Spark checkpoint "
-        "directory). " + how,
-    )
-    reset.add_argument("query", metavar="QUERY", help="query name or query id")
-    to = reset.add_mutually_exclusive_group(required=True)
-    to.add_argument("--to-batch", type=int, metavar="N", help="the retained checkpoint of batch N")
-    to.add_argument(
-        "--offsets",
-        metavar="JSON",
-        help="each source's end offset, a JSON array in the order of the query's sources, e.g. "
-        '\'[{"events":{"0":4200,"1":4100}}]\' (as `history --json` shows end_offsets)',
-    )
-    reset.add_argument(
-        "--batch-id",
-        type=int,
-        metavar="N",
-        help="with --offsets: the batch id to record them as (default: the blob's batch)",
-    )
-    reset.add_argument("--reason", metavar="TEXT", help="why (logged and kept in the blob)")
-    reset.add_argument("--force", action="store_true", help="even if the query may be running")
-    reset.add_argument(
+def _add_state_rewound(parser: argparse.ArgumentParser) -> None:
+    """``--state-rewound``, the same on each command that may move a query back."""
+    parser.add_argument(
         "--state-rewound",
         action="store_true",
         help="the query's state store moved with it (restored from a snapshot of that batch, or a "
         "fresh checkpointLocation): lets a stateful query, or one that may be, move back",
     )
-    _add_settings(reset)
-    retire = sub.add_parser(
-        "retire",
-        help="stop tracking a query: its Redis keys removed, its blob kept or archived",
-        description="Remove the query's Redis record (its hash, its entries in the pending and "
-        "queries sets, the names pointing at it) and drop it from the daemon's memory, lease "
-        "released. The blob stays, or with --archive moves to <namespace>/archive/ (copied, "
-        "then deleted under the lease). " + how,
-    )
-    retire.add_argument("query", metavar="QUERY", help="query name or query id")
-    retire.add_argument("--archive", action="store_true", help="move the blob to archive/")
-    retire.add_argument("--reason", metavar="TEXT", help="why (logged)")
-    retire.add_argument("--force", action="store_true", help="even if the query may be running")
-    _add_settings(retire)
 
 
 def _config_from(args: argparse.Namespace) -> Config:
