@@ -470,58 +470,10 @@ async def _restore_one(
     for index in [head, *older]:
         dest = root / index.location if index.location else root
         verdict = await anyio.to_thread.run_sync(judge, dest, query_id, index)
-        if verdict.keep and (left := await anyio.to_thread.run_sync(tidy, dest)):
-            log.warning(
-                "restore query=%s: %s: removed what a restore killed before its end left: %s",
-                label,
-                dest,
-                ", ".join(left),
-            )
-        if verdict.elsewhere is not None:
-            await mark_gone(blobs, config.namespace, query_id, index.location, verdict.elsewhere)
-            keep_days = config.snapshot_abandoned_keep_s / 86400
-            log.warning(
-                "restore query=%s: %s: %s; its snapshots are kept %.3g days from the first time "
-                "this was found (SIDECAR_SNAPSHOT_ABANDONED_KEEP_S), then reclaimed",
-                label,
-                dest,
-                verdict.why,
-                keep_days,
-            )
-            return Restored.of(query_id, name, index, dest, outcome="elsewhere", error=verdict.why)
-        if verdict.keep and await _move_cut_short(store, query_id, dest, index):
-            # A restore of this snapshot put the files in place and was cut short before it
-            # moved the checkpoint (killed, or the lease or Redis refused it): kept as it is,
-            # Spark would resume at the snapshot's batch while the sidecar names a later one.
-            log.warning(
-                "restore query=%s: %s holds batch %d of snapshot %s while the sidecar's "
-                "checkpoint names a later batch: a restore whose checkpoint move was cut short "
-                "(killed, or refused); moving the checkpoint now",
-                label,
-                dest,
-                index.batch,
-                index.id,
-            )
-            moved = lineage.marker_for(index, found, marker)
-            done = await _moved(config, query_id, name, index, moved, dest, 0.0)
+        done = await _as_it_is(config, store, blobs, verdict, dest, query_id, name, index,
+                               lineage.marker_for(index, found, marker))  # fmt: skip
+        if done is not None:
             return msgspec.structs.replace(done, broken=tuple(str(e) for e in broken))
-        if verdict.keep or verdict.refuse:
-            log.log(
-                logging.ERROR if verdict.refuse else logging.INFO,
-                "restore query=%s: %s: %s",
-                label,
-                dest,
-                verdict.why,
-            )
-            return Restored.of(
-                query_id,
-                name,
-                index,
-                dest,
-                outcome="refused" if verdict.refuse else "newer",
-                error=verdict.why if verdict.refuse else None,
-                broken=tuple(str(e) for e in broken),
-            )
         if verdict.why:
             log.warning("restore query=%s: %s: %s", label, dest, verdict.why)
         sink = progress(label, index) if progress is not None else None
@@ -548,6 +500,74 @@ async def _restore_one(
         done = await _moved(config, query_id, name, index, moved, dest, seconds)
         return msgspec.structs.replace(done, broken=tuple(str(e) for e in broken))
     raise broken[0]
+
+
+async def _as_it_is(
+    config: Config,
+    store: BlobStore,
+    blobs: SnapshotBlobs,
+    verdict: Verdict,
+    dest: Path,
+    query_id: str,
+    name: str | None,
+    index: SnapshotIndex,
+    moved: SnapshotRef,
+) -> Restored | None:
+    """What ``restore --all`` does with ``dest`` without restoring ``index`` into it, by
+    ``verdict``: another query's location now (the query marked gone), this query's to keep
+    (what a killed restore left beside it removed; the checkpoint moved to ``moved`` when the
+    restore's move was cut short), or refused. None: restore it."""
+    label = name or query_id
+    if verdict.keep and (left := await anyio.to_thread.run_sync(tidy, dest)):
+        log.warning(
+            "restore query=%s: %s: removed what a restore killed before its end left: %s",
+            label,
+            dest,
+            ", ".join(left),
+        )
+    if verdict.elsewhere is not None:
+        await mark_gone(blobs, config.namespace, query_id, index.location, verdict.elsewhere)
+        keep_days = config.snapshot_abandoned_keep_s / 86400
+        log.warning(
+            "restore query=%s: %s: %s; its snapshots are kept %.3g days from the first time "
+            "this was found (SIDECAR_SNAPSHOT_ABANDONED_KEEP_S), then reclaimed",
+            label,
+            dest,
+            verdict.why,
+            keep_days,
+        )
+        return Restored.of(query_id, name, index, dest, outcome="elsewhere", error=verdict.why)
+    if verdict.keep and await _move_cut_short(store, query_id, dest, index):
+        # A restore of this snapshot put the files in place and was cut short before it
+        # moved the checkpoint (killed, or the lease or Redis refused it): kept as it is,
+        # Spark would resume at the snapshot's batch while the sidecar names a later one.
+        log.warning(
+            "restore query=%s: %s holds batch %d of snapshot %s while the sidecar's "
+            "checkpoint names a later batch: a restore whose checkpoint move was cut short "
+            "(killed, or refused); moving the checkpoint now",
+            label,
+            dest,
+            index.batch,
+            index.id,
+        )
+        return await _moved(config, query_id, name, index, moved, dest, 0.0)
+    if verdict.keep or verdict.refuse:
+        log.log(
+            logging.ERROR if verdict.refuse else logging.INFO,
+            "restore query=%s: %s: %s",
+            label,
+            dest,
+            verdict.why,
+        )
+        return Restored.of(
+            query_id,
+            name,
+            index,
+            dest,
+            outcome="refused" if verdict.refuse else "newer",
+            error=verdict.why if verdict.refuse else None,
+        )
+    return None
 
 
 class Verdict(msgspec.Struct, frozen=True):
