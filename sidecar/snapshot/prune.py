@@ -32,6 +32,7 @@ import hashlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from functools import partial
 
 import anyio
@@ -46,6 +47,7 @@ from sidecar.snapshot.retention import (
     DEFAULT_GRACE_S,
     MAX_REPACK_BYTES,
     REPACK_BELOW,
+    Listing,
     LiveEntry,
     PrunePlan,
     Repack,
@@ -129,7 +131,52 @@ async def prune(
     base = prefix(namespace, query_id)
     listed = await retried("list snapshots", lambda: counted.list(base))
     listing = classify(listed, namespace, query_id)
+    listing, indexes = await _read_indexes(counted, listing, contents)
+    marks = await _read_marks(counted, marks_name(namespace, query_id), listing.marks_version)
+    decided = plan(
+        listing,
+        indexes,
+        retain=retain,
+        named=named,
+        marks=marks.by_pack,
+        now=clock(),
+        grace_s=grace_s,
+        repack_below=repack_below,
+        max_repack_bytes=max_repack_bytes,
+        abandoned_s=abandoned_s,
+    )
+    result = _Pass(counted, namespace, query_id, contents, decided, owner)
+    if not result.still_owner("its marks"):
+        return result.done()
+    if not await result.write_marks(marks):
+        return result.done()
+    if not result.still_owner("its deletes"):
+        return result.done()
+    await result.delete()
+    if not result.still_owner("its repack"):
+        return result.done()
+    await result.repack(repack_target_bytes)
+    done = result.done()
+    _report(query_id, done)
+    return done
 
+
+@dataclass(frozen=True, slots=True)
+class _Marks:
+    """The marks blob as read: its name, its marks (pack id → when first found unreferenced)
+    and its version (None: not there, so written create-only)."""
+
+    name: str
+    by_pack: dict[str, float]
+    version: str | None
+
+
+async def _read_indexes(
+    blobs: SnapshotStore, listing: Listing, contents: Contents | None
+) -> tuple[Listing, dict[str, SnapshotIndex | None]]:
+    """The listed indexes, :data:`CONCURRENCY` at a time (those ``contents`` holds at the listed
+    version are not read again), None for one this version cannot read; and the listing
+    without those deleted since it was taken."""
     if contents is not None:  # deleted elsewhere since: not kept in memory
         contents.keep_indexes({s.name for s in listing.indexes})
     indexes: dict[str, SnapshotIndex | None] = {}
@@ -142,7 +189,7 @@ async def prune(
             return
         async with limiter:
             try:
-                got = await read_index(counted, name)
+                got = await read_index(blobs, name)
             except CorruptRecord as exc:
                 log.error("snapshot index unreadable: blob=%s problem=%s", name, exc.problem)
                 indexes[name] = None
@@ -162,61 +209,24 @@ async def prune(
         listing = msgspec.structs.replace(
             listing, indexes=tuple(s for s in listing.indexes if s.name not in gone)
         )
+    return listing, indexes
 
-    marks_blob = marks_name(namespace, query_id)
-    marks: dict[str, float] = {}
-    marks_version = listing.marks_version
-    if marks_version is not None:
-        found = await retried("read marks", lambda: counted.read(marks_blob))
-        if found is not None:
-            marks, marks_version = decode_marks(found[0]), found[1]
-        else:
-            marks_version = None
 
-    decided = plan(
-        listing,
-        indexes,
-        retain=retain,
-        named=named,
-        marks=marks,
-        now=clock(),
-        grace_s=grace_s,
-        repack_below=repack_below,
-        max_repack_bytes=max_repack_bytes,
-        abandoned_s=abandoned_s,
-    )
-    result = _Pass(counted, namespace, query_id, contents, decided)
+async def _read_marks(blobs: SnapshotStore, name: str, listed_version: str | None) -> _Marks:
+    """The marks blob ``name``, read only when the listing had it: none, and no version, when
+    it was not listed or is gone since."""
+    if listed_version is None:
+        return _Marks(name, {}, None)
+    found = await retried("read marks", lambda: blobs.read(name))
+    if found is None:
+        return _Marks(name, {}, None)
+    return _Marks(name, decode_marks(found[0]), found[1])
 
-    def still_owner(phase: str) -> bool:
-        if owner():
-            return True
-        log.info("snapshot prune stopped before %s: query=%s is no longer owned", phase, query_id)
-        result.add("conflicts")
-        return False
 
-    if not still_owner("its marks"):
-        return result.done()
-    if decided.marks != marks or (marks_version is None and decided.marks):
-        body = encode_marks(decided.marks)
-        try:
-            if marks_version is None:
-                await create(counted, marks_blob, lambda: chunks_of(body, len(body)))
-            else:
-                await retried(
-                    "write marks", lambda: counted.replace(marks_blob, body, marks_version)
-                )
-        except VersionConflict:
-            log.info("snapshot prune left to another pass: query=%s", query_id)
-            result.add("conflicts")
-            return result.done()
-
-    if not still_owner("its deletes"):
-        return result.done()
-    await result.delete(still_owner)
-    if not still_owner("its repack"):
-        return result.done()
-    await result.repack(repack_target_bytes)
-    done = result.done()
+def _report(query_id: str, done: PruneResult) -> None:
+    """Log what the pass ``done`` did, if anything, and why it swept nothing when an index
+    was unreadable."""
+    decided = done.plan
     if done.deleted_indexes or done.deleted_packs or done.repacked_packs:
         log.info(
             "snapshots pruned: query=%s kept=%d deleted_indexes=%d deleted_packs=%d "
@@ -240,7 +250,6 @@ async def prune(
             query_id,
             ",".join(decided.unreadable),
         )
-    return done
 
 
 class _Pass:
@@ -253,9 +262,10 @@ class _Pass:
         query_id: str,
         contents: Contents | None,
         decided: PrunePlan,
+        owner: Callable[[], bool],
     ) -> None:
         self.blobs, self.namespace, self.query_id = blobs, namespace, query_id
-        self.contents, self.plan = contents, decided
+        self.contents, self.plan, self.owner = contents, decided, owner
         self.counts: dict[str, int] = {}
         self.damaged: list[str] = []
         self.indexes: dict[str, SnapshotIndex] = {}
@@ -279,7 +289,37 @@ class _Pass:
             requests=dict(self.blobs.requests),
         )
 
-    async def delete(self, still_owner: Callable[[str], bool]) -> None:
+    def still_owner(self, phase: str) -> bool:
+        """Whether this process still owns the query, asked before each phase: if not, the
+        pass stops before ``phase`` (counted as a conflict), leaving the rest to the new owner."""
+        if self.owner():
+            return True
+        log.info(
+            "snapshot prune stopped before %s: query=%s is no longer owned", phase, self.query_id
+        )
+        self.add("conflicts")
+        return False
+
+    async def write_marks(self, read: _Marks) -> bool:
+        """Write the plan's marks where they differ from those ``read``, conditionally on the
+        version read (create-only when none). False on a conflict: another pass is running,
+        and this one stops, changing nothing else."""
+        if self.plan.marks != read.by_pack or (read.version is None and self.plan.marks):
+            body, version = encode_marks(self.plan.marks), read.version
+            try:
+                if version is None:
+                    await create(self.blobs, read.name, lambda: chunks_of(body, len(body)))
+                else:
+                    await retried(
+                        "write marks", lambda: self.blobs.replace(read.name, body, version)
+                    )
+            except VersionConflict:
+                log.info("snapshot prune left to another pass: query=%s", self.query_id)
+                self.add("conflicts")
+                return False
+        return True
+
+    async def delete(self) -> None:
         limiter = anyio.CapacityLimiter(CONCURRENCY)
 
         async def delete(name: str, version: str | None, size: int, kind: str) -> None:
@@ -301,7 +341,7 @@ class _Pass:
             async with anyio.create_task_group() as tg:
                 for stored in self.plan.delete_indexes:
                     tg.start_soon(delete, stored.name, stored.version, 0, "deleted_indexes")
-        if not still_owner("its pack deletes"):
+        if not self.still_owner("its pack deletes"):
             return
         if self.contents is not None:
             self.contents.forget(packs=[p.id for p in self.plan.delete_packs])

@@ -50,6 +50,7 @@ import hashlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 import anyio
 import anyio.to_thread
@@ -58,7 +59,7 @@ import msgspec
 from sidecar.errors import SidecarError, StoreRefused, StoreUnavailable
 from sidecar.snapshot import crc, stored
 from sidecar.snapshot.contents import Contents
-from sidecar.snapshot.cut import CutError, CutFile, Hints
+from sidecar.snapshot.cut import Cut, CutError, CutFile, Hints
 from sidecar.snapshot.index import (
     FileEntry,
     SnapshotIndex,
@@ -464,13 +465,8 @@ async def upload_snapshot(
     """
     started = time.monotonic()
     counted = blobs.counted()
-    cut = await (source.cut(location, batch, hints[1]) if hints else source.cut(location, batch))
-    if cut.query_id != query_id:
-        raise UploadError(
-            f"the checkpoint at {location or '.'} is query {cut.query_id}'s, not {query_id}'s "
-            "(its metadata file names it): snapshots of a location go to its own query",
-            reason="wrong_query",
-        )
+    asked = _Asked(source, location, batch, query_id, lineage, hints)
+    cut = await _cut(asked)
     upload = _Upload(
         source,
         location,
@@ -483,43 +479,7 @@ async def upload_snapshot(
         packed_file_max_bytes,
     )
     await upload.run(list(cut.files))
-
-    files = tuple(upload.entries[f.path] for f in cut.files)
-    packs: dict[str, int] = {}
-    for f in files:
-        if f.size and f.pack not in packs:
-            size = upload.new_packs.get(f.pack) or contents.pack_size(f.pack)
-            if size is None:  # a place Contents gave without its pack: a bug, not the store's
-                raise AssertionError(f"no size known for pack {f.pack} of {f.path}")
-            packs[f.pack] = size
-    parent, timeline = None, None
-    if lineage is not None:  # its place among the query's snapshots, by content
-        try:
-            parent, timeline = lineage(batch, {f.path: f.sha256 for f in files})
-        except OffTimeline as exc:
-            what = f"query {query_id} batch {batch}: {exc}"
-            raise UploadError(what, reason=OFF_TIMELINE) from exc
-    if cut.hinted and (hints is None or parent != hints[0]):
-        raise CutError(
-            f"the cut of batch {batch} took state ids from snapshot "
-            f"{hints[0] if hints else '?'} where Spark's retention deleted the commits naming "
-            "them, but this checkpoint does not follow that snapshot (its logs differ): "
-            "a later batch's cut will do",
-            reason="missing_file",
-        )
-    index = SnapshotIndex(
-        query_id=query_id,
-        batch=batch,
-        id=new_id(),
-        created_at=now_text(),
-        location=location,
-        checkpoint_format=cut.checkpoint_format,
-        files=files,
-        packs=packs,
-        new_bytes=upload.uploaded_bytes,
-        parent=parent,
-        timeline=timeline,
-    )
+    index = _index(asked, cut, upload)
     body = encode_index(index)
     name = index_name(namespace, query_id, batch, index.id)
     if not owner():  # only the owner names a snapshot (its packs alone name nothing)
@@ -528,16 +488,116 @@ async def upload_snapshot(
             "index written (the new owner snapshots it)",
             reason="not_owner",
         )
-    target = counted.target()
-    if target is None:
-        version = await create(counted, name, lambda: chunks_of(body, len(body)))
-    else:  # sent by the worker that sent the packs: the loop only hands it the bytes
-        created = await source.create(stored.CreateJob(target, name, body, stored.ATTEMPTS))
-        _tell(counted, created.sent, "write snapshot index")
-        if created.error is not None:
-            raise created.error
-        version = created.version
+    version = await _write_index(source, counted, name, body)
     contents.learn(index, name=name, version=version, stamps={f.path: f.stamp for f in cut.files})
+    return _written(upload, index, name, version, len(body), started)
+
+
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """The snapshot asked for: of ``batch`` of the checkpoint at ``location`` under
+    ``source``'s root, for ``query_id``; ``lineage`` and ``hints`` as
+    :func:`upload_snapshot` takes them."""
+
+    source: CheckpointSource
+    location: str
+    batch: int
+    query_id: str
+    lineage: Callable[[int, Mapping[str, bytes]], tuple[str | None, str | None]] | None
+    hints: tuple[str, Hints] | None
+
+
+async def _cut(asked: _Asked) -> Cut:
+    """The cut of the batch asked for (from the hints, when given); refused when the
+    checkpoint is another query's."""
+    source, location, batch, hints = asked.source, asked.location, asked.batch, asked.hints
+    cut = await (source.cut(location, batch, hints[1]) if hints else source.cut(location, batch))
+    if cut.query_id != asked.query_id:
+        raise UploadError(
+            f"the checkpoint at {location or '.'} is query {cut.query_id}'s, not "
+            f"{asked.query_id}'s (its metadata file names it): snapshots of a location go to "
+            "its own query",
+            reason="wrong_query",
+        )
+    return cut
+
+
+def _index(asked: _Asked, cut: Cut, upload: _Upload) -> SnapshotIndex:
+    """The snapshot's index: the cut's files where ``upload`` found or put their contents,
+    the size of each pack they name, its parent and timeline."""
+    files = tuple(upload.entries[f.path] for f in cut.files)
+    packs: dict[str, int] = {}
+    for f in files:
+        if f.size and f.pack not in packs:
+            size = upload.new_packs.get(f.pack) or upload.contents.pack_size(f.pack)
+            if size is None:  # a place Contents gave without its pack: a bug, not the store's
+                raise AssertionError(f"no size known for pack {f.pack} of {f.path}")
+            packs[f.pack] = size
+    parent, timeline = _lineage(asked, cut, files)
+    return SnapshotIndex(
+        query_id=asked.query_id,
+        batch=asked.batch,
+        id=new_id(),
+        created_at=now_text(),
+        location=asked.location,
+        checkpoint_format=cut.checkpoint_format,
+        files=files,
+        packs=packs,
+        new_bytes=upload.uploaded_bytes,
+        parent=parent,
+        timeline=timeline,
+    )
+
+
+def _lineage(
+    asked: _Asked, cut: Cut, files: tuple[FileEntry, ...]
+) -> tuple[str | None, str | None]:
+    """The snapshot's parent and timeline, by ``asked.lineage`` (None, None without it).
+
+    Raises:
+        UploadError: ``lineage`` refused the cut (``off_timeline``).
+        CutError: the cut took state ids from the hints' snapshot, which it does not follow.
+    """
+    parent, timeline = None, None
+    if asked.lineage is not None:  # its place among the query's snapshots, by content
+        try:
+            parent, timeline = asked.lineage(asked.batch, {f.path: f.sha256 for f in files})
+        except OffTimeline as exc:
+            what = f"query {asked.query_id} batch {asked.batch}: {exc}"
+            raise UploadError(what, reason=OFF_TIMELINE) from exc
+    hints = asked.hints
+    if cut.hinted and (hints is None or parent != hints[0]):
+        raise CutError(
+            f"the cut of batch {asked.batch} took state ids from snapshot "
+            f"{hints[0] if hints else '?'} where Spark's retention deleted the commits naming "
+            "them, but this checkpoint does not follow that snapshot (its logs differ): "
+            "a later batch's cut will do",
+            reason="missing_file",
+        )
+    return parent, timeline
+
+
+async def _write_index(
+    source: CheckpointSource, blobs: SnapshotStore, name: str, body: bytes
+) -> str:
+    """Write the index blob ``name``, create-only, from where the packs went up (the source's
+    worker process when the store can be written from there, else here); its version."""
+    target = blobs.target()
+    if target is None:
+        return await create(blobs, name, lambda: chunks_of(body, len(body)))
+    # Sent by the worker that sent the packs: the loop only hands it the bytes.
+    created = await source.create(stored.CreateJob(target, name, body, stored.ATTEMPTS))
+    _tell(blobs, created.sent, "write snapshot index")
+    if created.error is not None:
+        raise created.error
+    return created.version
+
+
+def _written(
+    upload: _Upload, index: SnapshotIndex, name: str, version: str, index_bytes: int, started: float
+) -> UploadResult:
+    """The snapshot written, as its result (the requests its store ``upload.blobs`` counted,
+    the index's too; its duration since ``started``), logged."""
     result = UploadResult(
         index=index,
         name=name,
@@ -548,17 +608,17 @@ async def upload_snapshot(
         hashed_files=upload.hashed_files,
         hashed_bytes=upload.hashed_bytes,
         packs=len(upload.new_packs),
-        requests=dict(counted.requests),
-        index_bytes=len(body),
+        requests=dict(upload.blobs.requests),
+        index_bytes=index_bytes,
         duration_s=time.monotonic() - started,
     )
     log.info(
         "snapshot written: query=%s batch=%d snapshot=%s files=%d new_files=%d reused=%d "
         "uploaded_bytes=%d packs=%d requests=%d index_bytes=%d duration_s=%.3f",
-        query_id,
-        batch,
+        index.query_id,
+        index.batch,
         index.id,
-        len(files),
+        len(index.files),
         result.new_files,
         result.reused_files,
         result.uploaded_bytes,
