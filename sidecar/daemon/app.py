@@ -97,7 +97,8 @@ class Daemon:
         registry: CollectorRegistry | None = None,
         lease_clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``lease_clock``: the monotonic clock of the lease deadlines (tests inject one)."""
+        """``lease_clock``: the monotonic clock of the lease deadlines (tests inject one).
+        The parts are built in this order, each from those before it."""
         self.config = config
         #: This daemon's name (the pod name), in logs and in the documents it writes.
         self.identity = self.instance_id = ownership.identity(config.instance_id)
@@ -109,45 +110,12 @@ class Daemon:
         self.run_id = str(uuid.uuid4())
         self.writer = Writer(host=socket.gethostname(), pid=os.getpid(), instance_id=self.identity)
         self.metrics = Metrics(registry)
-        self.lag = LagTracker(
-            config.kafka_query_set,
-            per_partition=config.kafka_lag_per_partition,
-            partition_series_max=config.kafka_lag_partition_series_max,
-        )
-        self.metrics.registry.register(self.lag)  # lag is computed when /metrics is collected
-        # Event Hubs sources' lag (Spark's view): the same collector, with its own names.
-        self.eventhubs_lag = LagTracker(
-            per_partition=config.kafka_lag_per_partition,
-            partition_series_max=config.kafka_lag_partition_series_max,
-            family=EVENTHUBS,
-        )
-        self.metrics.registry.register(self.eventhubs_lag)
-        self.committer: KafkaCommitter | None = None
-        if config.kafka_bootstrap_servers:  # aiokafka is imported only then
-            from sidecar.kafka.committer import KafkaCommitter
-
-            self.committer = KafkaCommitter(
-                config,
-                self.metrics,
-                on_committable=self.lag.durable,
-                on_end_offsets=self.lag.end_offsets,
-            )
-        self.buffer = RedisBuffer(
-            config.redis_url,
-            config.namespace,
-            timeout_s=config.redis_timeout_s,
-            topology=Topology.of(config),
-            min_replicas=config.redis_min_replicas,
-        )
+        self.lag, self.eventhubs_lag = self._lag_trackers()
+        self.committer = self._kafka_committer()
+        self.buffer = _redis_buffer(config)
         self.store = BlobStore(config, creates_container=True)
-        self.eventhubs = (
-            EventHubsCheckpointer(config, self.metrics, self.store)
-            if config.eventhubs_namespace
-            else None
-        )
+        self.eventhubs = self._eventhubs_checkpointer()
         self.store_watch = StoreWatch(self.store, config.write_timeout_s)
-        #: Checkpoint snapshots (``SIDECAR_SNAPSHOT_ROOT``), made once the store is open.
-        self.snapshots: Snapshotter | None = None
         self.store.on_failure = lambda call, reason: self.metrics.store_failures.labels(
             call, reason
         ).inc()
@@ -157,25 +125,8 @@ class Daemon:
         )
         self.leases = self.blobs.leases
         self.retirement = Retirement(config.query_idle_s, release=self.blobs.release)
-        if config.snapshot_root:  # the snapshot modules are imported only then
-            from sidecar.daemon.snapshots import Snapshotter
-            from sidecar.snapshot.source import configured_source
-            from sidecar.store.snapshots import SnapshotBlobs
-
-            source = configured_source(config)
-            assert source is not None
-            self.snapshots = Snapshotter(
-                source,
-                SnapshotBlobs(self.store),
-                config.namespace,
-                self.metrics,
-                owns=self.blobs.owner_check,
-                taken=self.blobs.snapshot_taken,
-                marker=self.blobs.snapshot_marker,
-                retain=config.snapshot_retain,
-                abandoned_keep_s=config.snapshot_abandoned_keep_s,
-                checkpoints=self._checkpoint_ids,
-            )
+        #: Checkpoint snapshots (``SIDECAR_SNAPSHOT_ROOT``), made once the store is open.
+        self.snapshots = self._snapshotter()
         self.flusher = Flusher(
             config,
             self.buffer,
@@ -185,6 +136,80 @@ class Daemon:
             on_durable=self._durable_hook(),
             track=self.retirement.track,
         )
+        self._build_ingest()
+        self._wire_retirement()
+        self._build_admin()
+        self._stop = anyio.Event()
+        self._budget: StopBudget | None = None
+        #: Set once :meth:`run` has returned (stopped, cleanly or not).
+        self.stopped = anyio.Event()
+
+    def _lag_trackers(self) -> tuple[LagTracker, LagTracker]:
+        """Kafka sources' lag and Event Hubs sources' (Spark's view), both registered."""
+        config = self.config
+        lag = LagTracker(
+            config.kafka_query_set,
+            per_partition=config.kafka_lag_per_partition,
+            partition_series_max=config.kafka_lag_partition_series_max,
+        )
+        self.metrics.registry.register(lag)  # lag is computed when /metrics is collected
+        # Event Hubs sources' lag (Spark's view): the same collector, with its own names.
+        eventhubs_lag = LagTracker(
+            per_partition=config.kafka_lag_per_partition,
+            partition_series_max=config.kafka_lag_partition_series_max,
+            family=EVENTHUBS,
+        )
+        self.metrics.registry.register(eventhubs_lag)
+        return lag, eventhubs_lag
+
+    def _kafka_committer(self) -> KafkaCommitter | None:
+        """The Kafka committer, with Kafka configured (aiokafka is imported only then)."""
+        if not self.config.kafka_bootstrap_servers:
+            return None
+        from sidecar.kafka.committer import KafkaCommitter
+
+        return KafkaCommitter(
+            self.config,
+            self.metrics,
+            on_committable=self.lag.durable,
+            on_end_offsets=self.lag.end_offsets,
+        )
+
+    def _eventhubs_checkpointer(self) -> EventHubsCheckpointer | None:
+        """The Event Hubs checkpointer, with a namespace configured: it writes to the store."""
+        if not self.config.eventhubs_namespace:
+            return None
+        return EventHubsCheckpointer(self.config, self.metrics, self.store)
+
+    def _snapshotter(self) -> Snapshotter | None:
+        """The snapshotter, with a snapshot root configured (its modules are imported only
+        then)."""
+        config = self.config
+        if not config.snapshot_root:
+            return None
+        from sidecar.daemon.snapshots import Snapshotter
+        from sidecar.snapshot.source import configured_source
+        from sidecar.store.snapshots import SnapshotBlobs
+
+        source = configured_source(config)
+        assert source is not None
+        return Snapshotter(
+            source,
+            SnapshotBlobs(self.store),
+            config.namespace,
+            self.metrics,
+            owns=self.blobs.owner_check,
+            taken=self.blobs.snapshot_taken,
+            marker=self.blobs.snapshot_marker,
+            retain=config.snapshot_retain,
+            abandoned_keep_s=config.snapshot_abandoned_keep_s,
+            checkpoints=self._checkpoint_ids,
+        )
+
+    def _build_ingest(self) -> None:
+        """What answers the Spark side: the write coalescer, the durability watch, the admin
+        ops, the request handler over them, and the socket server."""
+        config = self.config
         # Blob ack mode: the rows each apply returns go to the blob state (no read per ack).
         rows = self.blobs if config.ack_mode == "blob" else None
         self.coalescer = WriteCoalescer(self.buffer, rows=rows)
@@ -219,28 +244,6 @@ class Daemon:
             heard=self.admin_ops.heard if config.admin_ops else None,
         )
         self.server = SocketServer(config, self.handler, self.metrics)
-        self._wire_retirement()
-        self.admin = AdminServer(
-            config.metrics_host,
-            config.metrics_port,
-            self.metrics,
-            checks=[
-                self._socket_ready,
-                self._started_ready,
-                self._redis_ready,
-                self._leases_ready,
-                self._blobs_ready,
-            ],
-            accepting=lambda: self.server.bound,
-        )
-        self.metrics.buffer_queue.set_function(lambda: self.coalescer.queued)
-        self.buffer.on_replicas = self.metrics.redis_replicas_acked.observe
-        self.metrics.redis_up.set_function(lambda: 1.0 if self.buffer.available else 0.0)
-        self.metrics.store_up.set_function(lambda: 1.0 if self.store.up else 0.0)
-        self._stop = anyio.Event()
-        self._budget: StopBudget | None = None
-        #: Set once :meth:`run` has returned (stopped, cleanly or not).
-        self.stopped = anyio.Event()
 
     def _wire_retirement(self) -> None:
         """Every per-query structure in memory, for idle-query retirement (the lease is
@@ -255,6 +258,27 @@ class Daemon:
         if self.eventhubs is not None:
             r.forget.append(self.eventhubs.forget)
         r.forget_label += [self.lag.forget, self.eventhubs_lag.forget, self.metrics.forget_query]
+
+    def _build_admin(self) -> None:
+        """The admin endpoint (metrics, health checks) and the gauges read when it is
+        scraped."""
+        self.admin = AdminServer(
+            self.config.metrics_host,
+            self.config.metrics_port,
+            self.metrics,
+            checks=[
+                self._socket_ready,
+                self._started_ready,
+                self._redis_ready,
+                self._leases_ready,
+                self._blobs_ready,
+            ],
+            accepting=lambda: self.server.bound,
+        )
+        self.metrics.buffer_queue.set_function(lambda: self.coalescer.queued)
+        self.buffer.on_replicas = self.metrics.redis_replicas_acked.observe
+        self.metrics.redis_up.set_function(lambda: 1.0 if self.buffer.available else 0.0)
+        self.metrics.store_up.set_function(lambda: 1.0 if self.store.up else 0.0)
 
     async def _checkpoint_ids(self) -> set[str]:
         """The queries of the namespace with a checkpoint blob (one listing)."""
@@ -606,6 +630,17 @@ class Daemon:
             "own Redis?); nothing is written over it until 'checkpoint-sidecar reset' here: "
             + which
         )
+
+
+def _redis_buffer(config: Config) -> RedisBuffer:
+    """The Redis buffer of ``config``'s namespace and topology."""
+    return RedisBuffer(
+        config.redis_url,
+        config.namespace,
+        timeout_s=config.redis_timeout_s,
+        topology=Topology.of(config),
+        min_replicas=config.redis_min_replicas,
+    )
 
 
 def event_loop_name() -> str:

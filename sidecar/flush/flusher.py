@@ -324,42 +324,15 @@ class Flusher:
         for i in range(0, len(due), ROWS_PER_READ):
             async with self._row_reads:
                 ids = due[i : i + ROWS_PER_READ]
-                # An apply's row (blob ack mode) is as good as one read now for a query an ack
-                # waits on (due whatever its age): no read for it. The others are read; a row
-                # they had is older than that read.
-                taken = {q: row for q in ids if (row := self._blobs.take_row(q))}
-                unread = [q for q in ids if q not in taken]
-                read_at = self._blobs.stamp()  # before the read: an admin op after it voids it
-                try:
-                    rows = Snapshot(0, [], {})
-                    if unread:
-                        rows = await self._buffer.snapshot(unread, only=True)
-                except SidecarError as exc:
-                    log.warning("flush of %d due query(ies) skipped: %s", len(ids), exc)
+                rows = await self._read_rows(ids)
+                if rows is None:
                     return failed + len(due) - i
-                self._metrics.flush_bodies_read.inc(len(rows.queries) + len(rows.corrupt))
-                for query_id, bad in rows.corrupt.items():
-                    if self._quarantined.add(query_id, bad):
-                        log.error("flush query=%s skipped, record unreadable: %s", query_id, bad)
                 started = set()
-                unverified = set(self._blobs.unverified())
-                waiting = set(self._blobs.waiting())
+                asked = {*self._blobs.unverified(), *self._blobs.waiting()}
                 async with anyio.create_task_group() as tg:
-                    for q, since in [*taken.values(), *((q, read_at) for q in rows.queries)]:
-                        self._quarantined.readable(q.query_id, "redis")
-                        self._blobs.seen(q.query_id, q.checkpoint.label)  # tracked from now
-                        self._blobs.flushed_in_redis(
-                            q.query_id, q.flushed_batch_id, q.resets, since, q.flushed_reset
-                        )
-                        age_s = (q.snapshot_ms - (q.first_pending_ms or 0)) / 1000
-                        # An unverified blob is read and compared with Redis even with
-                        # nothing pending: the store may have lost its last writes. So is
-                        # one an ack waits on: only a read or a write answers it.
-                        owed = q.pending > 0 or q.query_id in unverified | waiting
-                        # A snapshot to name, nothing pending: its document written again.
-                        renamed = self._blobs.marker_due(q.query_id, self._config.time_threshold_s)
-                        owed = owed or renamed
-                        if owed and (final or renamed or self._due(q, age_s)):
+                    for q, since in rows:
+                        self._note_row(q, since)
+                        if self._row_due(q, asked, final=final):
                             started.add(q.query_id)
                             tg.start_soon(flush, q, since)
                     if unstarted is not None:  # read, and not due after all
@@ -367,6 +340,52 @@ class Flusher:
                             self._blobs.end(query_id)
                         unstarted.difference_update(ids)
         return failed
+
+    async def _read_rows(self, ids: list[str]) -> list[tuple[PendingQuery, int]] | None:
+        """The rows of ``ids``, each with the stamp it was read at: an apply's row where one
+        was handed over, the others read from Redis in one call (the unreadable records
+        quarantined). None: Redis could not be read (logged)."""
+        # An apply's row (blob ack mode) is as good as one read now for a query an ack
+        # waits on (due whatever its age): no read for it. The others are read; a row
+        # they had is older than that read.
+        taken = {q: row for q in ids if (row := self._blobs.take_row(q))}
+        unread = [q for q in ids if q not in taken]
+        read_at = self._blobs.stamp()  # before the read: an admin op after it voids it
+        try:
+            rows = Snapshot(0, [], {})
+            if unread:
+                rows = await self._buffer.snapshot(unread, only=True)
+        except SidecarError as exc:
+            log.warning("flush of %d due query(ies) skipped: %s", len(ids), exc)
+            return None
+        self._metrics.flush_bodies_read.inc(len(rows.queries) + len(rows.corrupt))
+        for query_id, bad in rows.corrupt.items():
+            if self._quarantined.add(query_id, bad):
+                log.error("flush query=%s skipped, record unreadable: %s", query_id, bad)
+        return [*taken.values(), *((q, read_at) for q in rows.queries)]
+
+    def _note_row(self, q: PendingQuery, since: int) -> None:
+        """A row read at stamp ``since``: its record readable, its query tracked, and what
+        Redis says of its last flush told to the blob state."""
+        self._quarantined.readable(q.query_id, "redis")
+        self._blobs.seen(q.query_id, q.checkpoint.label)  # tracked from now
+        self._blobs.flushed_in_redis(
+            q.query_id, q.flushed_batch_id, q.resets, since, q.flushed_reset
+        )
+
+    def _row_due(self, q: PendingQuery, asked: set[str], *, final: bool) -> bool:
+        """Whether the row is flushed now: something is owed to its blob (updates pending,
+        ``asked``: its blob unverified or an ack waiting on it, a snapshot to name) and it
+        is due (``final``: whatever the thresholds)."""
+        age_s = (q.snapshot_ms - (q.first_pending_ms or 0)) / 1000
+        # An unverified blob is read and compared with Redis even with nothing pending:
+        # the store may have lost its last writes. So is one an ack waits on: only a read
+        # or a write answers it.
+        owed = q.pending > 0 or q.query_id in asked
+        # A snapshot to name, nothing pending: its document written again.
+        renamed = self._blobs.marker_due(q.query_id, self._config.time_threshold_s)
+        owed = owed or renamed
+        return owed and (final or renamed or self._due(q, age_s))
 
     async def final_flush(self) -> None:
         """Flush everything pending that this daemon owns; retry until done or cancelled."""
@@ -435,6 +454,20 @@ class Flusher:
             q.pending,
             left,
         )
+        if self._on_durable is not None and landed.durable == q.checkpoint.batch_id:
+            # Also for "skipped" when the blob holds this very batch (e.g. written before a
+            # Redis failure prevented mark_flushed): these offsets are durable. Not when it
+            # holds a newer one (another writer's, or ours before the row was reset): its
+            # offsets are the groups' to hold, committed by its writer; ours, older, would
+            # move them back (a committer knows only what it committed itself).
+            try:
+                self._on_durable(q.checkpoint)
+            except Exception:
+                log.exception(
+                    "after flushing query=%s batch=%d: durable hook failed",
+                    label,
+                    q.checkpoint.batch_id,
+                )
         return True
 
     async def _land(self, q: PendingQuery, lease: Held) -> _Landed | None:
