@@ -1,7 +1,7 @@
 # The README's commands. Each target installs what it needs first (scripts/setup.sh).
 PY := .venv/bin/python
 
-.PHONY: setup jar test simulate soak snapshot-soak restore-kill run demo bench lint image quickstart-test dist lock docs clean
+.PHONY: setup jar test simulate soak snapshot-soak snapshot-v2-figure restore-kill run demo bench lint image quickstart-test dist lock docs clean
 
 setup:
 	@bash scripts/setup.sh
@@ -32,6 +32,13 @@ SNAPSHOT_SOAK_SEED ?= 20261164
 snapshot-soak: setup
 	SNAPSHOT_SOAK_S=$(SNAPSHOT_SOAK_S) SNAPSHOT_SOAK_SEED=$(SNAPSHOT_SOAK_SEED) $(PY) -m pytest \
 	    -p no:cacheprovider -s tests/faults/test_snapshot_soak.py $(PYTEST_ARGS)
+
+## A figure for format v2 with changelog checkpointing as users run it (minBatchesToRetain 10,
+## a 400 ms trigger, 40 s): how soon the last batch's snapshot is listed
+## (tests/integration/test_snapshot_v2_figure.py, ~1 min; docs/snapshots.md).
+snapshot-v2-figure: setup
+	SNAPSHOT_V2_FIGURE=1 $(PY) -m pytest -p no:cacheprovider -s \
+	    tests/integration/test_snapshot_v2_figure.py $(PYTEST_ARGS)
 
 ## The flush nemesis soak (tests/faults/nemesis.py) longer than `make test` runs it (40 s):
 ## 30 minutes of seed 20261125 (SOAK_ARGS: --seconds S --seed N); bench/results/soak.json.
