@@ -259,3 +259,19 @@ def test_no_cycle_between_packages() -> None:
 
     for package in sorted(graph):
         visit(package, [])
+
+
+#: The longest a function of the daemon may be: one a reader holds in their head.
+MAX_FUNCTION_LINES = 100
+
+
+def test_no_function_of_the_daemon_is_over_a_screenful_or_two() -> None:
+    long = []
+    for path in sorted((REPO_ROOT / "sidecar").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    rel = path.relative_to(REPO_ROOT)
+                    long.append(f"{rel}:{node.lineno} {node.name}: {lines} lines")
+    assert long == [], f"split by job (at most {MAX_FUNCTION_LINES} lines each): {long}"
