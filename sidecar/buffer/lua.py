@@ -40,7 +40,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 # not newer than the floor: the blob may have been rewound by another owner since the floor
 # was read; nothing was written), -1 floor needed (Redis holds no batch of the query and the
 # floor is "?": nothing was written; read the blob and call again with its batch).
-# A damaged record (docs/architecture.md, "Corrupted records"): any update replaces one whose
+# A damaged record (docs/decisions.md, "Corrupted records"): any update replaces one whose
 # batch_id is unreadable, the next newer batch one whose checkpoint is (a readable batch_id
 # stays monotonic); counters that are not integers restart from 0, so HINCRBY cannot fail
 # the call and with it the other queries' updates.

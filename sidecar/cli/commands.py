@@ -66,7 +66,7 @@ def run_daemon(config: Config) -> int:
 def use_uvloop(choice: str) -> bool:
     """Whether the daemon runs on uvloop (``SIDECAR_EVENT_LOOP``): ``auto`` when it is
     installed, ``uvloop`` always, ``asyncio`` never. Either way anyio's asyncio backend runs
-    the daemon: uvloop is an asyncio event loop (``docs/architecture.md``, event loop).
+    the daemon: uvloop is an asyncio event loop (``docs/decisions.md``, event loop).
 
     Raises:
         ConfigError: ``uvloop`` asked for, and the package is not installed.

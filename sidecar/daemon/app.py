@@ -396,7 +396,7 @@ class Daemon:
             log.info("%s", budget.summary())
 
     async def _open_store(self, tg: TaskGroup, scope: anyio.CancelScope) -> None:
-        """After readiness (which the store is not part of: docs/architecture.md): import the
+        """After readiness (which the store is not part of: docs/flush-owner.md): import the
         Azure SDK off the event loop, wait for the container, then start what writes to it —
         the store watch, the flusher (whose first pass recovers what a previous run left
         pending). Updates are accepted and buffered meanwhile. A stop cancels ``scope``:

@@ -25,7 +25,7 @@ same container restarted in its pod never both hold, or write under, a query's l
 their identity settings and whichever Redis each uses. What a predecessor's write still in
 flight can do is bounded by the blob's version: every write names the version it read
 (``If-Match``), so a late write of a dead process is refused once its successor has written.
-``docs/architecture.md`` ("Ownership") has the argument for each crash point.
+``docs/flush-owner.md`` ("Ownership") has the argument for each crash point.
 
 The state directory must be local to the pod (an emptyDir, or the container's own
 filesystem outside Kubernetes): ``flock`` is reliable within one kernel; on a network

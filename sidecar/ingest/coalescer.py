@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 #: One update's outcome, set by the coalescer; the submitter awaits it (raises the buffer's
 #: error instead when the call failed). A plain asyncio future: the hot path creates one per
-#: update, and ``anyio.Event()`` costs a library lookup each (``docs/architecture.md``).
+#: update, and ``anyio.Event()`` costs a library lookup each (``docs/decisions.md``).
 PendingWrite = asyncio.Future[Outcome]
 
 _Submitted = tuple[Checkpoint, int | None, PendingWrite]

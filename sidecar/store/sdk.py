@@ -3,7 +3,7 @@
 Importing ``azure.storage.blob.aio`` takes ~260 ms and ~40 MiB (it brings aiohttp's client,
 azure-core's transports and cryptography for client-side encryption), more than half of what
 the daemon took to become ready (issue #22). Readiness does not need the store
-(docs/architecture.md, "Store health and readiness"), so the daemon imports the SDK in a worker
+(docs/flush-owner.md, "Store health and readiness"), so the daemon imports the SDK in a worker
 thread right after it is ready (:func:`load`), and a tool imports it at its first store call.
 The SDK itself is used as it is: nothing of it is re-implemented here.
 """

@@ -911,7 +911,7 @@ class FlushSimulation(RuleBasedStateMachine):
         """An operator resets the query through the twin (its own Redis records it; ours
         never does) to an earlier batch, our lease broken first so that the twin may take it.
         Not to the batch the blob holds: a reset this Redis never recorded is told only below
-        Redis' flushed batch (a known limit: ``docs/architecture.md``)."""
+        Redis' flushed batch (a known limit: ``docs/flush-owner.md``)."""
         held = self.store.batch(query)
         if self.twin is None or held is None or held < back or self.store.down:
             return
