@@ -18,7 +18,8 @@ SIDECAR = REPO / "sidecar"
 #: of two modules; ``sidecar`` itself holds only ``__version__``).
 BASE = {"errors", "backoff", "config"}
 #: The packages of ``sidecar`` in the order data flows, each with the packages it may import
-#: besides the base and itself. Written once here and in docs/architecture.md.
+#: besides the base and itself. Written once, here: docs/architecture.md's table is checked
+#: against it.
 PACKAGES: dict[str, set[str]] = {
     "model": set(),
     "wire": {"model"},
@@ -275,3 +276,40 @@ def test_no_function_of_the_daemon_is_over_a_screenful_or_two() -> None:
                     rel = path.relative_to(REPO_ROOT)
                     long.append(f"{rel}:{node.lineno} {node.name}: {lines} lines")
     assert long == [], f"split by job (at most {MAX_FUNCTION_LINES} lines each): {long}"
+
+
+def _doc_table() -> dict[str, str]:
+    """docs/architecture.md's package table: each package's "may import" cell, in order."""
+    rows: dict[str, str] = {}
+    for line in (REPO / "docs" / "architecture.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[0].endswith("`"):
+            rows[cells[0].strip("`")] = cells[2]
+    return rows
+
+
+def _named(cell: str) -> set[str]:
+    return {part.split("`")[0] for part in cell.split("`")[1::2]}
+
+
+def test_the_docs_package_table_says_what_these_rules_say() -> None:
+    """The rules are written once, here; the architecture page's table is checked against
+    them: its order, and each package's "may import" ("everything above": every package
+    before it)."""
+    table = _doc_table()
+    assert list(table) == ["config", *PACKAGES], "the table's packages, in the data's order"
+    for i, (package, allowed) in enumerate(PACKAGES.items()):
+        cell = table[package]
+        above = set(list(PACKAGES)[:i])
+        if cell.startswith("everything"):
+            named = above
+        else:
+            named = _named(cell) - {"spark_bridge.resume", "spark_bridge"}
+        assert named == allowed, f"{package}: the docs say {sorted(named)}, the rules {allowed}"
+
+
+def test_the_docs_list_the_pure_modules_these_rules_check() -> None:
+    text = " ".join((REPO / "docs" / "architecture.md").read_text().split())
+    start = text.index("as are these modules of the others:")
+    listed = _named(text[start : text.index("Pure: no event loop", start)])
+    assert listed == PURE_MODULES - {"errors", "backoff"}
