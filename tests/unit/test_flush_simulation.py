@@ -1517,6 +1517,24 @@ def test_a_late_write_of_a_killed_daemon_is_refused_after_its_successor_wrote() 
     assert before[-1] == 7 and sim[0].store.history["q1"] == before  # nothing landed late
 
 
+def test_each_flushed_batch_reaches_the_groups() -> None:
+    # The flush's durable hook: batches 1-3 flushed, the Kafka group and the Event Hubs
+    # checkpoint follow (a flush that stopped calling it went unseen by the random runs,
+    # which watch the groups only after a rewind).
+    sim: list[FlushSimulation] = []
+    replay(
+        [
+            sim.append,
+            *[lambda s: s.update(query="q1", back=0, blob_ack=False)] * 3,
+            lambda s: s.time_passes(seconds=2.0),
+        ]
+    )
+    s = sim[0]
+    assert s.store.batch("q1") == 3
+    assert s.kafka.committed[("spark-name-q1", "events", 0)] == 3
+    assert s.eventhubs.blobs[f"{HUB_GROUP}spark-name-q1/checkpoint/0"][0] == 2
+
+
 def test_a_reset_through_the_daemon_lowers_its_groups_and_nothing_older_raises_them() -> None:
     # Batches 1-3 flushed and committed; the daemon's reset to batch 1 tells its hooks (a
     # rewind): the Kafka group and the Event Hubs checkpoint go down to it.
