@@ -277,12 +277,10 @@ class Flusher:
             # a write of the blob: Redis' flushed batch is not evidence) or its blob must be
             # read and compared with Redis.
             renamed = count == 0 and self._blobs.marker_due(query_id, self._config.time_threshold_s)
-            if (
-                count == 0
-                and query_id not in unverified
-                and query_id not in waiting
-                and not renamed
-            ) or (not final and not self._blobs.ready(query_id)):
+            asked = query_id in unverified or query_id in waiting
+            if (count == 0 and not asked and not renamed) or not (
+                final or self._blobs.ready(query_id)
+            ):
                 continue
             # Read the row of an unreadable count (quarantined then), of a query not seen yet
             # (its row tells its name, then whether it is due), of an unknown age (due now).
