@@ -548,9 +548,10 @@ class Flusher:
             m.flush_seconds.observe(time.perf_counter() - started)
             return _Landed(q, checkpoint.batch_id, doc, stored.version, "ok")
         raise VersionConflict(
-            f"blob of query {label}: no write landed in {WRITE_TRIES} tries, the store "
-            "refusing each as made over a version it no longer has (each refusal is "
-            "logged with who last wrote the blob); retried after a backoff"
+            f"blob of query {label}: no write landed in {WRITE_TRIES} tries: the store "
+            "refused each as made over a version it no longer has (each refusal is logged "
+            "with who last wrote the blob), or the blob was read again meanwhile; retried "
+            "after a backoff"
         )
 
     def _failed(self, q: PendingQuery, exc: SidecarError) -> bool:
