@@ -79,6 +79,7 @@ from sidecar.snapshot import lineage
 from sidecar.snapshot.index import SnapshotIndex, all_prefix
 from sidecar.snapshot.reclaim import GoneRecord, mark_gone, read_gone
 from sidecar.snapshot.restore import (
+    LEFTOVER_QUIET_S,
     Checked,
     Progress,
     RestoreError,
@@ -502,6 +503,10 @@ async def _restore_one(
     raise broken[0]
 
 
+def _tidy_quiet(dest: Path) -> list[str]:
+    return tidy(dest, quiet_s=LEFTOVER_QUIET_S)
+
+
 async def _as_it_is(
     config: Config,
     store: BlobStore,
@@ -518,7 +523,7 @@ async def _as_it_is(
     (what a killed restore left beside it removed; the checkpoint moved to ``moved`` when the
     restore's move was cut short), or refused. None: restore it."""
     label = name or query_id
-    if verdict.keep and (left := await anyio.to_thread.run_sync(tidy, dest)):
+    if verdict.keep and (left := await anyio.to_thread.run_sync(_tidy_quiet, dest)):
         log.warning(
             "restore query=%s: %s: removed what a restore killed before its end left: %s",
             label,

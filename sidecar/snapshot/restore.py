@@ -233,22 +233,45 @@ def _stale_prefix(dest: Path, mount: bool) -> str:
     return ".restore-" if mount else f".{dest.name}.restore-"
 
 
-def tidy(dest: Path) -> list[str]:
+#: ``restore --all`` keeping a location removes what a killed restore left beside it only once
+#: nothing in it changed for this long: a restore still running (an operator's, into the same
+#: location) writes into its temporary directory.
+LEFTOVER_QUIET_S = 600.0
+
+
+def tidy(dest: Path, *, quiet_s: float = 0.0) -> list[str]:
     """Remove what a restore into ``dest`` killed before its end left: its temporary
     directory (inside ``dest`` when a mount point, else beside it), or the old checkpoint it
-    had set aside. Run by every restore into ``dest`` and by ``restore --all`` when it keeps
-    ``dest`` as it is (a restore killed after its last move leaves a whole checkpoint, and
-    what it left would stay for good). The names removed."""
+    had set aside; with ``quiet_s``, only what nothing changed in for that long. Run by every
+    restore into ``dest`` and by ``restore --all`` when it keeps ``dest`` as it is (a restore
+    killed after its last move leaves a whole checkpoint, and what it left would stay for
+    good). The names removed."""
     mount = _is_mount(dest)
     parent = dest if mount else dest.parent
     stale = _stale_prefix(dest, mount)
     removed = []
     if parent.is_dir():
         for entry in parent.iterdir():
-            if entry.name.startswith(stale) and entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
+            if not entry.name.startswith(stale) or not entry.is_dir() or entry.is_symlink():
+                continue
+            if quiet_s > 0 and time.time() - _newest_change(entry) < quiet_s:
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            if not entry.exists():
                 removed.append(entry.name)
     return removed
+
+
+def _newest_change(top: Path) -> float:
+    """The newest modification time of ``top`` and anything under it (no link followed)."""
+    newest = top.lstat().st_mtime
+    for root, dirs, files in os.walk(top):
+        for name in [*dirs, *files]:
+            try:
+                newest = max(newest, os.lstat(os.path.join(root, name)).st_mtime)
+            except FileNotFoundError:
+                continue
+    return newest
 
 
 def _prepare(dest: Path, force: bool, token: str) -> tuple[Path, bool]:

@@ -140,3 +140,22 @@ def test_tidy_leaves_another_location_and_a_file_alone(tmp_path: Path) -> None:
         "q",
         "q2",
     ]
+
+
+def test_tidy_with_a_quiet_period_leaves_a_restore_that_may_still_run(tmp_path: Path) -> None:
+    # restore --all keeping a location removes a leftover only once nothing in it changed for
+    # LEFTOVER_QUIET_S: an operator's restore into the same location may be writing there.
+    dest = tmp_path / "app" / "q"
+    write(dest, 3)
+    live = dest.parent / ".q.restore-live"
+    write(live, 2)
+    assert restoring.tidy(dest, quiet_s=restoring.LEFTOVER_QUIET_S) == []
+    old = 1_000_000_000.0
+    for path in [live, *live.rglob("*")]:
+        os.utime(path, (old, old), follow_symlinks=False)
+    (live / "state" / "0" / "0" / "4.delta").write_text("a file being written now")
+    assert restoring.tidy(dest, quiet_s=restoring.LEFTOVER_QUIET_S) == []  # one fresh file
+    os.utime(live / "state" / "0" / "0" / "4.delta", (old, old))
+    os.utime(live / "state" / "0" / "0", (old, old))
+    assert restoring.tidy(dest, quiet_s=restoring.LEFTOVER_QUIET_S) == [".q.restore-live"]
+    assert tree(dest) and not live.exists()
