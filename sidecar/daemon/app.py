@@ -62,6 +62,7 @@ from sidecar.kafka.lag import EVENTHUBS, LagTracker
 from sidecar.model import checkpoint as ckpt
 from sidecar.model.document import Writer
 from sidecar.store.blobs import BlobStore
+from sidecar.store.eventhubs import EventHubsBlobs
 from sidecar.store.sdk import loaded as loaded_sdk
 
 if TYPE_CHECKING:
@@ -179,7 +180,7 @@ class Daemon:
         """The Event Hubs checkpointer, with a namespace configured: it writes to the store."""
         if not self.config.eventhubs_namespace:
             return None
-        return EventHubsCheckpointer(self.config, self.metrics, self.store)
+        return EventHubsCheckpointer(self.config, self.metrics, EventHubsBlobs(self.store.account))
 
     def _snapshotter(self) -> Snapshotter | None:
         """The snapshotter, with a snapshot root configured (its modules are imported only

@@ -3,7 +3,7 @@
 Owns: where and what a checkpoint is (``plan``, pure: blob names, metadata, which partitions
 to write and which would move backwards) and the checkpointer (``checkpointer``: writes after
 durable blob writes, retries, metrics). The blobs themselves are written by the store
-(``sidecar.store.blobs``, the only importer of ``azure``), reached through a protocol that
+(``sidecar.store.eventhubs``, at the Azure edge), reached through a protocol that
 ``sidecar.daemon.app`` wires, as the flusher reaches it; lag is ``sidecar.kafka.lag``'s
 collector, run with the Event Hubs names. See docs/eventhubs.md.
 

@@ -61,7 +61,7 @@ WRITES_IN_FLIGHT = 16
 
 
 class CheckpointBlobs(Protocol):
-    """What the checkpointer needs of the store (``sidecar.store.blobs.BlobStore``)."""
+    """What the checkpointer needs of the store (``sidecar.store.eventhubs.EventHubsBlobs``)."""
 
     async def eventhubs_checkpoints(
         self, container: str, prefix: str

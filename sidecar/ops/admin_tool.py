@@ -297,8 +297,9 @@ async def _rewind_positions(
             said.append(_not_set("Event Hubs checkpoints", "SIDECAR_EVENTHUBS_NAMESPACE"))
         elif hubs:
             from sidecar.eventhubs.checkpointer import rewind_once as hubs_rewind
+            from sidecar.store.eventhubs import EventHubsBlobs
 
-            done = await hubs_rewind(config, store, checkpoint, why)
+            done = await hubs_rewind(config, EventHubsBlobs(store.account), checkpoint, why)
             said.append(_set("Event Hubs checkpoints of group", done))
     if scope.cancelled_caught:
         said.append(

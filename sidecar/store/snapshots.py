@@ -2,7 +2,7 @@
 container: immutable blobs written once (``If-None-Match: *``), streamed up in blocks (memory
 bounded by one block whatever a file's size), listed, read whole or by range, deleted
 idempotently. The format of what they hold is ``sidecar.snapshot.index``'s; this module knows
-names and bytes only. Every call goes through the store's ``_call`` (time limit, errors
+names and bytes only. Every call goes through the account's ``call`` (time limit, errors
 translated, health noted), like the checkpoint blobs'.
 """
 
@@ -63,7 +63,7 @@ class SnapshotBlobs:
     def target(self) -> BlobTarget:
         """Where another process writes blobs of this store (a snapshot's packs and index,
         from the worker that reads the files: ``sidecar.store.remote``)."""
-        config = self._store._config
+        config = self._store.account.config
         return BlobTarget(
             self._store.container,
             config.write_timeout_s,
@@ -84,7 +84,7 @@ class SnapshotBlobs:
                 self._store.on_failure(what, reason)
 
     def _client(self, name: str):  # type: ignore[no-untyped-def]  # the SDK's BlobClient
-        return self._store._container.get_blob_client(name)
+        return self._store.account.container_client.get_blob_client(name)
 
     async def put(self, name: str, chunks: AsyncIterable[bytes]) -> tuple[int, str]:
         """Write the blob ``name`` from ``chunks``, only if it does not exist; its size and
@@ -110,7 +110,7 @@ class SnapshotBlobs:
         # a plain StoreError.
         if not blocks:  # one request
             self._count("put")
-            async with self._store._call("write snapshot blob"):
+            async with self._store.account.call("write snapshot blob"):
                 try:
                     answer = await blob.upload_blob(bytes(buffer), overwrite=False)
                 except sdk().ResourceExistsError as exc:
@@ -119,7 +119,7 @@ class SnapshotBlobs:
         if buffer:
             await self._stage(blob, blocks, bytes(buffer))
         self._count("commit")
-        async with self._store._call("commit snapshot blob"):
+        async with self._store.account.call("commit snapshot blob"):
             try:
                 # IfMissing alone is If-None-Match: * (an etag beside it would reach aiohttp)
                 answer = await blob.commit_block_list(
@@ -132,7 +132,7 @@ class SnapshotBlobs:
     async def _stage(self, blob, blocks: list[str], data: bytes) -> None:  # type: ignore[no-untyped-def]
         block = block_id(len(blocks))
         self._count("block")
-        async with self._store._call("stage snapshot block"):
+        async with self._store.account.call("stage snapshot block"):
             await blob.stage_block(block, data)
         blocks.append(block)
 
@@ -143,7 +143,7 @@ class SnapshotBlobs:
             VersionConflict: it changed (or is gone) since.
         """
         self._count("put")
-        async with self._store._call("replace snapshot blob"):
+        async with self._store.account.call("replace snapshot blob"):
             try:
                 answer = await self._client(name).upload_blob(
                     body,
@@ -159,8 +159,13 @@ class SnapshotBlobs:
         """Every blob whose name starts with ``prefix`` (one listing request per page); each
         version as the other calls give it (a listing's ETags come without their quotes)."""
         out: list[ListedBlob] = []
-        async with self._store._call("list snapshot blobs"), self._store._not_created_yet():
-            pages = self._store._container.list_blobs(name_starts_with=prefix).by_page()
+        async with (
+            self._store.account.call("list snapshot blobs"),
+            self._store.account.not_created_yet(),
+        ):
+            pages = self._store.account.container_client.list_blobs(
+                name_starts_with=prefix
+            ).by_page()
             async for page in pages:
                 self._count("list")
                 async for item in page:
@@ -177,7 +182,7 @@ class SnapshotBlobs:
     async def read(self, name: str) -> tuple[bytes, str] | None:
         """The blob's body and version; None when it does not exist."""
         self._count("read")
-        async with self._store._call("read snapshot blob"):
+        async with self._store.account.call("read snapshot blob"):
             try:
                 stream = await self._client(name).download_blob()
                 return await stream.readall(), str(stream.properties.etag)
@@ -192,7 +197,7 @@ class SnapshotBlobs:
             SidecarError: the store's errors; a missing blob is a ``StoreError`` naming it.
         """
         self._count("read")
-        async with self._store._call("read snapshot pack"):
+        async with self._store.account.call("read snapshot pack"):
             stream = await self._client(name).download_blob(offset=offset, length=length)
             # The response body as the SDK holds it: readall() would copy it into a BytesIO
             # (a copy and fresh pages per byte: ~0.15 CPU-s per GiB here, 4 MiB ranges).
@@ -212,7 +217,7 @@ class SnapshotBlobs:
             if version is None
             else {"etag": version, "match_condition": sdk().MatchConditions.IfNotModified}
         )
-        async with self._store._call("delete snapshot blob"):
+        async with self._store.account.call("delete snapshot blob"):
             try:
                 await self._client(name).delete_blob(**options)
             except sdk().ResourceNotFoundError:

@@ -18,6 +18,7 @@ from sidecar.eventhubs.checkpointer import EventHubsCheckpointer
 from sidecar.eventhubs.plan import blob_name, consumer_group
 from sidecar.model.checkpoint import Checkpoint
 from sidecar.store.blobs import BlobStore
+from sidecar.store.eventhubs import EventHubsBlobs
 from sidecar.telemetry.metrics import Metrics
 from tests.faults.store_proxy import Fault, StoreFaultProxy
 from tests.helpers import (
@@ -75,9 +76,10 @@ async def test_an_old_pods_eventhubs_final_commit_never_lowers_a_sequence_number
     config = make_config(eventhubs_namespace=EH_NAMESPACE)
     store = BlobStore(config)
     await store.ensure_container()
+    blobs = EventHubsBlobs(store.account)
     old_metrics = Metrics()
-    old = EventHubsCheckpointer(config, old_metrics, store)
-    new = EventHubsCheckpointer(config, Metrics(), store)
+    old = EventHubsCheckpointer(config, old_metrics, blobs)
+    new = EventHubsCheckpointer(config, Metrics(), blobs)
 
     def at(batch: int) -> Checkpoint:
         return checkpoint_from(eventhubs_progress(EH_QID, batch, partitions=1, per_partition=10))
@@ -88,7 +90,7 @@ async def test_an_old_pods_eventhubs_final_commit_never_lowers_a_sequence_number
             config.eventhubs_consumer_group_template, checkpoint, config.namespace
         )
         name = blob_name(EH_NAMESPACE, "telemetry", group, 0)
-        listed = await store.eventhubs_checkpoints(config.container, name)
+        listed = await blobs.eventhubs_checkpoints(config.container, name)
         ((number, _),) = listed.values()
         assert number is not None
         return int(number)

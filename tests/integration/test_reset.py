@@ -269,7 +269,9 @@ async def test_retire_through_the_daemon_keeps_or_archives_the_blob(
 
 async def blob_body(store: BlobStore, name: str, *, raw_name: bool = False) -> bytes:
     """A blob's bytes as stored (a query's, or any blob by name)."""
-    blob = store._container.get_blob_client(name if raw_name else store.blob_name(name))
+    blob = store.account.container_client.get_blob_client(
+        name if raw_name else store.blob_name(name)
+    )
     stream = await blob.download_blob()
     return await stream.readall()
 

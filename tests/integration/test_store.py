@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from sidecar.model.document import encode_document
-from sidecar.store import blobs
+from sidecar.store import account as store_account
 from sidecar.store.blobs import BlobStore
 from sidecar.store.proxies import proxies_for, shown
 from tests.faults.store_proxy import StoreFaultProxy
@@ -96,18 +96,18 @@ async def test_no_proxy_keeps_the_store_off_the_proxy(
 async def test_blob_clients_are_kept_for_the_queries_used_last(
     make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(blobs, "BLOB_CLIENTS", 2)
+    monkeypatch.setattr(store_account, "BLOB_CLIENTS", 2)
     store = BlobStore(make_config(), creates_container=True)
     try:
         await store.ensure_container()
         made = []  # the clients themselves (held: no id reused)
         for query_id in ("a", "b", "a", "c", "a", "b"):
             await store.create_if_absent(query_id)
-            made.append(await store._blob(store.blob_name(query_id)))
+            made.append(await store.account.blob(store.blob_name(query_id)))
         # "a" kept while used (one client for all its calls), "b" dropped for "c", then made
         # again; never more than two kept
         assert made[0] is made[2] is made[4] and made[1] is not made[5]
-        assert len(store._blobs) == 2
+        assert len(store.account._blobs) == 2
     finally:
         await store.aclose()
 

@@ -63,7 +63,8 @@ PURE_MODULES = {
 #: Third-party SDKs and the modules that may import them: each edge owns its SDK.
 SDK_OWNERS = {
     "redis": {"buffer.redis_buffer", "buffer.topology"},
-    "azure": {"store.blobs", "store.sdk", "store.remote"},
+    # store.account and store.eventhubs (split from store.blobs): the SDK's types, TYPE_CHECKING
+    "azure": {"store.account", "store.blobs", "store.eventhubs", "store.sdk", "store.remote"},
     "aiokafka": {"kafka.client", "kafka.committer"},
     "h11": {"daemon.http"},
     "prometheus_client": {"telemetry.metrics", "kafka.lag", "daemon.http", "daemon.app"},
