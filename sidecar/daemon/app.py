@@ -88,6 +88,24 @@ class DurableHook(Protocol):
     def __call__(self, checkpoint: ckpt.Checkpoint, rewind: str | None = None) -> None: ...
 
 
+class PositionSink(Protocol):
+    """Where Spark's durable positions are held for lag and autoscaling tools, beside the
+    checkpoint: Kafka consumer groups (``kafka.committer``), Event Hubs checkpoints
+    (``eventhubs.checkpointer``). Told of each durable checkpoint; a loop of its own; a final
+    commit at the stop."""
+
+    FINAL: str
+    NOT_DONE: str
+
+    def durable(self, checkpoint: ckpt.Checkpoint, *, rewind: str | None = None) -> None: ...
+    def forget(self, query_id: str) -> None: ...
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None: ...
+    async def stop_loop(self) -> None: ...
+    async def final_commit(self) -> None: ...
+    def behind(self) -> list[str]: ...
+    async def aclose(self) -> None: ...
+
+
 class Daemon:
     """The checkpoint sidecar. ``await run()``; call :meth:`request_stop` to stop gracefully."""
 
@@ -116,6 +134,10 @@ class Daemon:
         self.buffer = _redis_buffer(config)
         self.store = BlobStore(config, creates_container=True)
         self.eventhubs = self._eventhubs_checkpointer()
+        #: The position sinks configured, in the order they start and stop.
+        self.sinks: list[PositionSink] = [
+            s for s in (self.committer, self.eventhubs) if s is not None
+        ]
         self.store_watch = StoreWatch(self.store, config.write_timeout_s)
         self.store.on_failure = lambda call, reason: self.metrics.store_failures.labels(
             call, reason
@@ -254,10 +276,7 @@ class Daemon:
         r.forget += [self.blobs.forget, self.durability.forget]
         if self.snapshots is not None:
             r.forget.append(self.snapshots.forget)
-        if self.committer is not None:
-            r.forget.append(self.committer.forget)
-        if self.eventhubs is not None:
-            r.forget.append(self.eventhubs.forget)
+        r.forget += [sink.forget for sink in self.sinks]
         r.forget_label += [self.lag.forget, self.eventhubs_lag.forget, self.metrics.forget_query]
 
     def _build_admin(self) -> None:
@@ -291,7 +310,7 @@ class Daemon:
         purpose): the Kafka committer and the Event Hubs checkpointer, those configured (each
         contains its own failures; one raising must not keep the other from hearing of the
         checkpoint)."""
-        hooks = [c.durable for c in (self.committer, self.eventhubs) if c is not None]
+        hooks = [sink.durable for sink in self.sinks]
         if not hooks:
             return None
 
@@ -353,10 +372,8 @@ class Daemon:
                 await tg.start(self.durability.run)
                 await tg.start(self.coalescer.run)
                 await tg.start(self.leases.run)
-                if self.committer is not None:
-                    await tg.start(self.committer.run)  # builds the TLS context once
-                if self.eventhubs is not None:
-                    await tg.start(self.eventhubs.run)
+                for sink in self.sinks:
+                    await tg.start(sink.run)  # Kafka's builds its TLS context once
                 await tg.start(self.retirement.run)
                 await self.flusher.recover()  # before the gate opens: only a previous run's
                 await self._restores()
@@ -386,8 +403,8 @@ class Daemon:
         finally:
             budget = self._budget or StopBudget(cfg.shutdown_grace_s)
             with budget.closing():
-                if self.committer is not None:
-                    await self.committer.aclose()
+                for sink in self.sinks:
+                    await sink.aclose()
                 await self.buffer.aclose()
                 await self.store.aclose()
             # The leases are released: the next daemon of this directory may take the id over.
@@ -525,38 +542,29 @@ class Daemon:
                 if self.snapshots is not None:
                     self.snapshots.stop()  # a snapshot under way is cut: pruned later
                 await self.flusher.stop_loop()
-                if self.committer is not None:
+                for sink in self.sinks:
                     # Before the flush wakes it: the final commit alone opens what it needs.
-                    await self.committer.stop_loop()
-                if self.eventhubs is not None:
-                    await self.eventhubs.stop_loop()
+                    await sink.stop_loop()
                 await self.flusher.final_flush()
             if flush.cancelled_caught:
                 await self._log_unflushed(budget.until("final flush"))
-            if self.committer is not None or self.eventhubs is not None:
+            if self.sinks:
                 with budget.phase("final commit") as commit:
                     async with anyio.create_task_group() as finals:
-                        if self.committer is not None:
-                            finals.start_soon(self.committer.final_commit)
-                        if self.eventhubs is not None:
-                            finals.start_soon(self.eventhubs.final_commit)
+                        for sink in self.sinks:
+                            finals.start_soon(sink.final_commit)
                 outcome = "cut" if commit.cancelled_caught else "failed"
-                if self.committer is not None and (behind := self.committer.behind()):
-                    log.warning(
-                        "stop: final Kafka commit %s: group(s) %s not committed at their "
-                        "query's last durable batch (they stay behind until the query's next "
-                        "flush after a restart)",
-                        outcome,
-                        ", ".join(behind),
-                    )
-                if self.eventhubs is not None and (behind := self.eventhubs.behind()):
-                    log.warning(
-                        "stop: final Event Hubs checkpoints %s: group(s) %s not checkpointed at "
-                        "their query's last durable batch (they stay behind until the query's "
-                        "next flush after a restart)",
-                        outcome,
-                        ", ".join(behind),
-                    )
+                for sink in self.sinks:
+                    if behind := sink.behind():
+                        log.warning(
+                            "stop: %s %s: group(s) %s not %s at their query's last durable "
+                            "batch (they stay behind until the query's next flush after a "
+                            "restart)",
+                            sink.FINAL,
+                            outcome,
+                            ", ".join(behind),
+                            sink.NOT_DONE,
+                        )
             with budget.phase("release") as release:
                 await self.leases.release_all()
             if release.cancelled_caught:

@@ -106,6 +106,11 @@ class _Group:
 class EventHubsCheckpointer:
     """Owns the write loop and each group's state; the blobs are the store's."""
 
+    #: The stop's words for its final write, and for a group it did not bring to the query's
+    #: last durable batch (``sidecar.daemon.app``).
+    FINAL = "final Event Hubs checkpoints"
+    NOT_DONE = "checkpointed"
+
     def __init__(
         self,
         config: Config,
@@ -208,6 +213,9 @@ class EventHubsCheckpointer:
     def behind(self) -> list[str]:
         """The groups whose checkpoints are not their query's last durable batch."""
         return [group.name for group in self._groups.values() if group.dirty]
+
+    async def aclose(self) -> None:
+        """Nothing to close: the blobs are the store's, closed with it."""
 
     def _retire(self) -> None:
         if not self._retiring:

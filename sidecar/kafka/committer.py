@@ -105,6 +105,11 @@ class _Group:
 class KafkaCommitter:
     """Owns one aiokafka consumer per group (created lazily) and the commit loop."""
 
+    #: The stop's words for its final commit, and for a group it did not bring to the query's
+    #: last durable batch (``sidecar.daemon.app``).
+    FINAL = "final Kafka commit"
+    NOT_DONE = "committed"
+
     def __init__(
         self,
         config: Config,
