@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 # The store's log lines keep the name they have always had (operators and tests grep it).
 log = logging.getLogger("sidecar.store.blobs")
 
-#: Blob clients kept (:meth:`StoreAccount._blob`): the queries flushed most recently.
+#: Blob clients kept (:meth:`StoreAccount.blob`): the queries flushed most recently.
 BLOB_CLIENTS = 64
 #: The bytes a response is read by (as the storage SDK's own transport: 256 KiB at a time).
 DATA_BLOCK_SIZE = 256 * 1024
