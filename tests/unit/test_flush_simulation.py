@@ -1451,6 +1451,20 @@ OPEN: dict[str, list[Step]] = {
         lambda s: s.time_passes(seconds=0.6),
         lambda s: s.get(query="q2"),
     ],
+    # A twin on its own Redis reset q2 to batch 0 and lowered its group there; ours, which had
+    # committed batch 1 and never heard of the reset, raised the group back to 1 after it
+    # (how is not analysed yet: its committer's commit of the last durable batch it knows is
+    # the suspect), while its blob, holding the twin's reset, is refused (a reset this Redis
+    # never recorded). The class #40 calls "twins both commit"; a fence would be a committer
+    # that commits only under its query's lease, or stops once its blob holds another's
+    # reset. Found by make simulate at 5,000 examples (29 steps, cut to these 4); fails the
+    # same on the code before the session that found it.
+    "a twin's reset to 0 raised back to 1 in the group by ours": [
+        lambda s: s.update(back=0, blob_ack=True, query="q2"),
+        lambda s: s.update(back=2, blob_ack=True, query="q2"),
+        lambda s: s.twin_starts(),
+        lambda s: s.twin_resets(back=1, query="q2"),
+    ],
     # A retired query (no Redis record) whose blob the store lost: get answered batch 1,
     # then 0 (an older resend stored over what the store kept). Possibly the model's: the
     # daemon cannot know the lost batch; or the floor should come from somewhere else.
