@@ -828,11 +828,8 @@ class FlushCore(Generic[W, L]):
         if q is not None:
             self._evidence(q)
             q.blob = advance(q.blob, Lapsed())
-            q.behind, q.unverified, q.uncompared = (
-                None,
-                False,
-                False,
-            )  # judged again under the next term
+            q.behind, q.unverified = None, False  # judged again under the next term
+            q.uncompared = False
 
     def abandoned(self, query_id: str) -> None:
         """The write was not sent (the lease was lost meanwhile)."""

@@ -59,6 +59,7 @@ container is never scraped).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -471,8 +472,8 @@ async def _restore_one(
     for index in [head, *older]:
         dest = root / index.location if index.location else root
         verdict = await anyio.to_thread.run_sync(judge, dest, query_id, index)
-        done = await _as_it_is(config, store, blobs, verdict, dest, query_id, name, index,
-                               lineage.marker_for(index, found, marker))  # fmt: skip
+        moved = lineage.marker_for(index, found, marker)  # what a restore of it writes
+        done = await _as_it_is(config, store, blobs, verdict, dest, query_id, name, index, moved)
         if done is not None:
             return msgspec.structs.replace(done, broken=tuple(str(e) for e in broken))
         if verdict.why:
@@ -497,14 +498,9 @@ async def _restore_one(
             )
             continue
         seconds = time.perf_counter() - started
-        moved = lineage.marker_for(index, found, marker)
         done = await _moved(config, query_id, name, index, moved, dest, seconds)
         return msgspec.structs.replace(done, broken=tuple(str(e) for e in broken))
     raise broken[0]
-
-
-def _tidy_quiet(dest: Path) -> list[str]:
-    return tidy(dest, quiet_s=LEFTOVER_QUIET_S)
 
 
 async def _as_it_is(
@@ -523,7 +519,8 @@ async def _as_it_is(
     (what a killed restore left beside it removed; the checkpoint moved to ``moved`` when the
     restore's move was cut short), or refused. None: restore it."""
     label = name or query_id
-    if verdict.keep and (left := await anyio.to_thread.run_sync(_tidy_quiet, dest)):
+    quiet_tidy = functools.partial(tidy, quiet_s=LEFTOVER_QUIET_S)
+    if verdict.keep and (left := await anyio.to_thread.run_sync(quiet_tidy, dest)):
         log.warning(
             "restore query=%s: %s: removed what a restore killed before its end left: %s",
             label,
