@@ -124,24 +124,35 @@ class RedisClusterNodes(Service):
         """Migrate ``key``'s slot from ``source`` to ``target`` while it is in use, as
         ``redis-cli --cluster reshard`` does: IMPORTING/MIGRATING, MIGRATE the keys a few at
         a time, then SETSLOT NODE on every primary."""
+        slot = self.begin_move(key, source, target)
+        while self.migrate_keys(slot, source, target, 2):
+            time.sleep(0.05)  # the daemon meets the half-moved slot (ASK, TRYAGAIN) meanwhile
+        self.end_move(slot, target)
+
+    def begin_move(self, key: str, source: RedisServer, target: RedisServer) -> str:
+        """Mark ``key``'s slot IMPORTING on ``target`` and MIGRATING on ``source``; its slot."""
         slot = str(_command(source.port, "CLUSTER", "KEYSLOT", key))
         source_id = str(_command(source.port, "CLUSTER", "MYID"))
         target_id = str(_command(target.port, "CLUSTER", "MYID"))
         _command(target.port, "CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
         _command(source.port, "CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
-        while keys := _command(source.port, "CLUSTER", "GETKEYSINSLOT", slot, "2"):
-            _command(
-                source.port,
-                "MIGRATE",
-                "127.0.0.1",
-                str(target.port),
-                "",
-                "0",
-                "5000",
-                "KEYS",
-                *keys,
-            )
-            time.sleep(0.05)  # the daemon meets the half-moved slot (ASK, TRYAGAIN) meanwhile
+        return slot
+
+    def migrate_keys(self, slot: str, source: RedisServer, target: RedisServer, count: int) -> int:
+        """MIGRATE up to ``count`` of the slot's keys still on ``source``; how many moved."""
+        keys = _command(source.port, "CLUSTER", "GETKEYSINSLOT", slot, str(count))
+        self.migrate(source, target, *keys)
+        return len(keys)
+
+    def migrate(self, source: RedisServer, target: RedisServer, *keys: str) -> None:
+        """MIGRATE ``keys`` (of a slot marked by ``begin_move``) from ``source`` to ``target``."""
+        if keys:
+            port = str(target.port)
+            _command(source.port, "MIGRATE", "127.0.0.1", port, "", "0", "5000", "KEYS", *keys)
+
+    def end_move(self, slot: str, target: RedisServer) -> None:
+        """Give the slot to ``target`` on every primary (after its last key moved)."""
+        target_id = str(_command(target.port, "CLUSTER", "MYID"))
         for node in self.primaries():
             _command(node.port, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
 

@@ -51,6 +51,9 @@ _TRANSIENT_ERRORS = (
     rex.ClusterDownError,
 )
 _TRANSIENT_PREFIXES = ("BUSY", "MISCONF", "CLUSTERDOWN", "NOREPLICAS", "LOADING")
+# A script meeting a key of its slot already moved to another node: a slot migration is under
+# way (the slot's keys move a few at a time), so the call succeeds once it has ended.
+_MIGRATING = "Script attempted to access a non local key"
 
 
 def _refusal(exc: Exception) -> str:
@@ -161,7 +164,20 @@ class RedisBuffer:
                     f"Redis at {self._url} refused {what}: {reason}; nothing was stored, "
                     "retry later"
                 ) from exc
+            if str(exc).startswith(_MIGRATING):
+                reason = f"its slot is being migrated between cluster nodes ({exc})"
+                self._mark(False, reason)
+                raise BufferUnavailable(
+                    f"Redis at {self._url} refused {what}: {reason}; nothing was stored, retry "
+                    "-- it answers once the migration has moved the slot's keys"
+                ) from exc
             raise BufferError_(f"Redis at {self._url} rejected {what}: {exc}") from exc
+        except rex.ClusterError as exc:  # redirected (MOVED, ASK, TRYAGAIN) until redis-py gave up
+            self._mark(False, str(exc))
+            raise BufferUnavailable(
+                f"Redis at {self._url} kept redirecting {what} until the client gave up ({exc}): "
+                "a slot migration or failover is under way; nothing was stored, retry"
+            ) from exc
         self._mark(True)
 
     async def ping(self) -> None:

@@ -190,6 +190,32 @@ async def test_a_live_slot_migration_under_load_loses_and_rewinds_nothing(
         assert await stored_batch(target.url, ns, query) == load.acked[query]
 
 
+async def test_a_slot_left_half_moved_is_retried_until_the_move_ends_and_loses_nothing(
+    cluster: RedisClusterNodes, make_config: ConfigFactory
+) -> None:
+    """A reshard that stalls between MIGRATE steps: the namespace's index on one node, some
+    of its queries on the other. Scripts meet keys that are not local and redis-py runs out
+    of redirections ("TTL exhausted"); both are a retriable refusal, never a crash."""
+    ns = "app-half-moved"  # its own: the module's cluster keeps other tests' batches
+    config = make_config(redis_url=cluster.url, redis_mode="cluster", namespace=ns)
+    keys = Keys(ns)
+    source = cluster.owner(keys.pending)
+    target = next(n for n in cluster.primaries() if n is not source)
+    async with running_daemon(config) as daemon, under_load(config, QUERIES) as load:
+        slot = cluster.begin_move(keys.pending, source, target)
+        cluster.migrate(source, target, keys.pending, keys.query(QUERIES[0]))
+        checks_before = sample(daemon, "checkpoint_sidecar_flush_checks_total")
+        await anyio.sleep(3)  # checks, flushes and acks meet the half-moved slot meanwhile
+        assert load.errors.get("unavailable", 0) > 0, load.errors
+        before = dict(load.acked)
+        await anyio.to_thread.run_sync(lambda: cluster.migrate_keys(slot, source, target, 1000))
+        cluster.end_move(slot, target)
+        await eventually(lambda: all(load.acked[q] >= before[q] + 5 for q in QUERIES), 30)
+        assert sample(daemon, "checkpoint_sidecar_flush_checks_total") > checks_before
+    for query in QUERIES:
+        assert await stored_batch(target.url, ns, query) == load.acked[query]
+
+
 # --- misconfigured topologies ---------------------------------------------------------------
 
 
