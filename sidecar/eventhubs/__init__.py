@@ -7,6 +7,6 @@ durable blob writes, retries, metrics). The blobs themselves are written by the 
 ``sidecar.daemon.app`` wires, as the flusher reaches it; lag is ``sidecar.kafka.lag``'s
 collector, run with the Event Hubs names. See docs/eventhubs.md.
 
-May import: ``sidecar.model``, ``sidecar.telemetry``, ``sidecar.config``, ``sidecar.errors``,
-``sidecar.backoff``.
+May import: ``sidecar.model``, ``sidecar.telemetry``, ``sidecar.sinks``, ``sidecar.config``,
+``sidecar.errors``, ``sidecar.backoff``.
 """

@@ -5,6 +5,6 @@ Owns: the client edge (``client``: consumer options, aiokafka's errors as ours; 
 after durable writes) and lag computed at scrape time (``lag``; it also serves Event Hubs
 sources, with their own metric names: ``lag.EVENTHUBS``).
 
-May import: ``sidecar.model``, ``sidecar.telemetry``, ``sidecar.config``, ``sidecar.errors``,
-``sidecar.backoff``.
+May import: ``sidecar.model``, ``sidecar.telemetry``, ``sidecar.sinks``, ``sidecar.config``,
+``sidecar.errors``, ``sidecar.backoff``.
 """

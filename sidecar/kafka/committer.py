@@ -39,6 +39,10 @@ Ordering of a rewind (Kafka has no conditional commit, so it is made by order):
   group (it never read the group before) retried across the reset: it cannot tell the
   reset's offsets from older ones. Run the reset again if ``kafka-consumer-groups`` shows it.
 
+The loop, the rewind's bookkeeping, the backoff and the log lines are the ones the Event Hubs
+checkpointer runs too (``sidecar.sinks``); this module is their Kafka edge: reading and
+committing a group's offsets through aiokafka.
+
 Commits are made without joining the group (manual assignment, generation -1), so nothing
 rebalances and no Spark executor is disturbed. Commit metadata carries query id, run id and
 batch id. A broker outage never blocks flushing: commits are retried with backoff.
@@ -62,51 +66,43 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
-from anyio.abc import TaskStatus
 
-from sidecar.backoff import Retries
 from sidecar.config import Config
 from sidecar.errors import KafkaRefused, SidecarError
 from sidecar.kafka import client
 from sidecar.model import positions
 from sidecar.model.checkpoint import Checkpoint
 from sidecar.model.offsets import Offsets, commit_metadata, group_name, kafka_offsets
+from sidecar.sinks.loop import Attempt, SinkGroup, SinkLoop
+from sidecar.sinks.report import Reporter, Words
 from sidecar.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 TICK_S = 1.0
 RETRY_CAP_S = 30.0
+#: How its log lines name it and a group's commit.
+WORDS = Words("kafka", "commit", "committing", "committed")
 #: Backoff key of the end-offset poll (group names are the other keys).
 _END_OFFSETS = object()
+#: Why a held partition is left, in its line.
+_HELD = "moved by another writer since (another owner, a reset elsewhere, an operator's tool?)"
 
 
 @dataclass
-class _Group:
-    """One query's consumer group and what we know of its commits."""
+class _Group(SinkGroup[tuple[str, int]]):
+    """One query's consumer group and what we know of its commits (``fetched``: partitions
+    whose committed offset was read from the broker since (re)connecting)."""
 
-    name: str
-    checkpoint: Checkpoint
-    offsets: Offsets
-    dirty: bool = True
     committed: Offsets = field(default_factory=dict)  # as far as we know (broker's view)
-    #: Partitions whose committed offset was read from the broker since (re)connecting.
-    fetched: set[tuple[str, int]] = field(default_factory=set)
     last_commit: float = 0.0
     consumer: Any = None
-    #: A deliberate rewind not yet committed (it lowers what the group holds).
-    rewind: positions.Rewind | None = None
-    #: Partitions another writer moved since we knew them: not moved again by ``offsets``.
-    held: set[tuple[str, int]] = field(default_factory=set)
 
 
-class KafkaCommitter:
-    """Owns one aiokafka consumer per group (created lazily) and the commit loop."""
+class KafkaCommitter(SinkLoop[_Group]):
+    """Owns one aiokafka consumer per group (created lazily); the loop is ``sinks.loop``'s."""
 
-    #: The stop's words for its final commit, and for a group it did not bring to the query's
-    #: last durable batch (``sidecar.daemon.app``).
     FINAL = "final Kafka commit"
     NOT_DONE = "committed"
 
@@ -124,26 +120,21 @@ class KafkaCommitter:
         known; ``on_end_offsets(ends)``: the brokers' end offsets of committed partitions
         (both feed the lag gauges; wired in ``sidecar.daemon.app``); ``clock``, ``jitter``: of
         the idle re-commits and the retries (a simulation's: virtual time, no randomness)."""
+        reporter = Reporter(
+            log, WORDS, metrics.kafka_commits, metrics.kafka_partitions_skipped, metrics.kafka_up
+        )
+        super().__init__(
+            reporter, _Group, tick_s=TICK_S, retry_cap_s=RETRY_CAP_S, clock=clock, jitter=jitter
+        )
         self._config = config
         self._metrics = metrics
         self._on_committable = on_committable
         self._on_end_offsets = on_end_offsets
         self._clock = clock
-        self._backoff = Retries(0.5, RETRY_CAP_S, clock=clock, jitter=jitter)
-        # By group name: a query restarted under the same name (new id) shares its group, so
-        # only the newest checkpoint is committed and the backwards check covers both.
-        self._groups: dict[str, _Group] = {}
-        self._wake = anyio.Event()
         self._extra = config.kafka_query_set
         self._where = config.kafka_bootstrap_servers or ""
         #: Built once (files are read in a worker thread); None until then, or without TLS.
         self._ssl_context: ssl.SSLContext | None = None
-        #: Retired queries whose groups the loop drops, closing their consumers.
-        self._retiring: set[str] = set()
-        self._loop = anyio.CancelScope()
-        #: The loop's passes so far (tests and debugging wait on it, not on a fixed time).
-        self.passes = 0
-        self._loop_done = anyio.Event()
 
     def durable(self, checkpoint: Checkpoint, *, rewind: str | None = None) -> None:
         """A checkpoint is now in the blob: commit its Kafka offsets (non-blocking).
@@ -153,198 +144,72 @@ class KafkaCommitter:
         if not offsets:
             return
         name = group_name(self._config.kafka_group_template, checkpoint, self._config.namespace)
-        group = self._groups.get(name)
-        if group is None:
-            group = self._groups[name] = _Group(name, checkpoint, offsets)
-        else:
-            if group.checkpoint.query_id != checkpoint.query_id:
-                group.rewind = None  # another query under the same name: not its rewind
-            group.checkpoint, group.offsets, group.dirty = checkpoint, offsets, True
-        group.held.clear()  # a newer durable checkpoint moves what another writer moved
-        if rewind is not None:
-            group.rewind = positions.Rewind(rewind)
-            group.fetched.clear()  # lower from what the brokers hold now (and say it)
-        self._retiring.discard(checkpoint.query_id)  # active again
+        self._take(name, checkpoint, offsets, rewind)
         if self._on_committable is not None:
             self._on_committable(checkpoint.label, offsets)
-        self._wake.set()
 
-    def forget(self, query_id: str) -> None:
-        """A retired query: the loop drops its groups between passes (never under a commit
-        in flight) once what is durable is committed, unless another id has used them since."""
-        self._retiring.add(query_id)
-        self._wake.set()
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Commit what is durable, every tick or when woken, until cancelled. Never raises
-        for Kafka's sake: every failure is logged, counted and retried."""
+    async def _prepare(self) -> None:
         if self._tls:
             try:
                 await self._build_ssl_context()
             except KafkaRefused as exc:
                 self._metrics.kafka_up.set(0)
                 log.error("%s; commits wait until it can be built (retried at each attempt)", exc)
-        task_status.started()
-        try:
-            with self._loop:
-                while True:
-                    with anyio.move_on_after(TICK_S):
-                        await self._wake.wait()
-                    self._wake = anyio.Event()
-                    await self._retire()
-                    await self._commit_due()
-                    await self._poll_end_offsets()
-                    self.passes += 1
-        finally:
-            self._loop_done.set()
-            if not self._loop.cancel_called:
-                # Cancelled with the daemon rather than stopped for the final commit (whose
-                # caller closes the clients after it): close them here, briefly.
-                with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                    await self.aclose()
 
-    async def stop_loop(self) -> None:
-        """Stop the commit loop and wait for it (a commit in progress is cancelled), so the
-        final commit never races it for a group's consumer. The consumers stay open."""
-        self._loop.cancel()
-        await self._loop_done.wait()
+    def _due(self, group: _Group) -> bool:
+        """Dirty, or idle for the re-commit interval (it keeps the group alive)."""
+        idle_s = self._clock() - group.last_commit
+        return group.dirty or idle_s >= self._config.kafka_recommit_interval_s
 
-    async def final_commit(self) -> None:
-        """Commit every group's durable offsets not yet committed, all groups at once
-        (shutdown, after :meth:`stop_loop`). A failure is logged; :meth:`behind` names it."""
-        async with anyio.create_task_group() as tg:
-            for group in self._groups.values():
-                if group.dirty:
-                    tg.start_soon(self._commit, group)
+    async def _after_pass(self) -> None:
+        await self._poll_end_offsets()
 
-    def behind(self) -> list[str]:
-        """The groups whose committed offsets are not their query's last durable batch."""
-        return [group.name for group in self._groups.values() if group.dirty]
+    async def _release(self, group: _Group) -> None:
+        """Close the group's consumer (it reconnects at its next commit)."""
+        consumer, group.consumer = group.consumer, None
+        if consumer is not None:
+            await client.stop_quietly(consumer)
 
-    async def aclose(self) -> None:
-        """Close every group's consumer (idempotent)."""
-        async with anyio.create_task_group() as tg:
-            for group in self._groups.values():
-                tg.start_soon(self._drop_consumer, group)
-
-    async def _retire(self) -> None:
-        if not self._retiring:
-            return
-        for name, group in list(self._groups.items()):
-            if group.checkpoint.query_id in self._retiring and not group.dirty:
-                del self._groups[name]
-                self._backoff.forget(name)
-                await self._drop_consumer(group)
-        self._retiring = {g.checkpoint.query_id for g in self._groups.values()} & self._retiring
-
-    async def _commit_due(self) -> None:
-        now = self._clock()
-        interval = self._config.kafka_recommit_interval_s
-        async with anyio.create_task_group() as tg:
-            for group in self._groups.values():
-                due = group.dirty or now - group.last_commit >= interval
-                if due and self._backoff.ready(group.name):
-                    tg.start_soon(self._commit, group)
-
-    async def _commit(self, group: _Group) -> None:
-        m = self._metrics
-        # What this commit writes: durable() may replace them meanwhile (a newer flush, a
-        # rewind), and then the group stays dirty for the next pass (and the final commit).
-        checkpoint, offsets, rewind = group.checkpoint, group.offsets, group.rewind
-        label = checkpoint.label
+    async def _write(self, group: _Group, attempt: Attempt) -> None:
         # The idle re-commit of what was committed: read the group first, so that nothing
         # another writer committed since is overwritten.
         recommit = not group.dirty
         if recommit:
             group.fetched.clear()
-        moves = positions.Moves({})
-        try:
-            async with self._call(f"commit of group {group.name}"):
-                consumer = await self._consumer(group)
-                tps = {key: TopicPartition(*key) for key in offsets}
-                if consumer.assignment() != set(tps.values()):
-                    # Manual assignment: commit as a "simple" consumer, never join the group
-                    # (it never polls, so nothing is fetched).
-                    consumer.assign(list(tps.values()))
-                for key, tp in tps.items():
-                    if key in group.fetched:
-                        continue
-                    # e.g. a partition seen first now, a re-commit, after a failure, a rewind
-                    self._learn(group, key, await consumer.committed(tp), recommit=recommit)
-                    group.fetched.add(key)
-                metadata = commit_metadata(checkpoint)
-                moves = positions.decide(
-                    offsets,
-                    group.committed,
-                    rewind=rewind is not None,
-                    held=group.held,
-                    rewrite_equal=True,  # re-committed: keeps the group alive
+        async with self._call(f"commit of group {group.name}"):
+            consumer = await self._consumer(group)
+            tps = {key: TopicPartition(*key) for key in attempt.wanted}
+            if consumer.assignment() != set(tps.values()):
+                # Manual assignment: commit as a "simple" consumer, never join the group
+                # (it never polls, so nothing is fetched).
+                consumer.assign(list(tps.values()))
+            for key, tp in tps.items():
+                if key in group.fetched:
+                    continue
+                # e.g. a partition seen first now, a re-commit, after a failure, a rewind
+                self._learn(group, key, await consumer.committed(tp), recommit=recommit)
+                group.fetched.add(key)
+            moves = positions.decide(
+                attempt.wanted,
+                group.committed,
+                rewind=attempt.rewind is not None,
+                held=group.held,
+                rewrite_equal=True,  # re-committed: keeps the group alive
+            )
+            attempt.rewound = moves.rewound
+            self._report.backwards(group.name, attempt.checkpoint, moves.regressed)
+            level = logging.DEBUG if recommit else logging.INFO
+            self._report.held(group.name, attempt.checkpoint, moves.held, why=_HELD, level=level)
+            if moves.write:
+                metadata = commit_metadata(attempt.checkpoint)
+                await consumer.commit(
+                    {tps[k]: OffsetAndMetadata(o, metadata) for k, o in moves.write.items()}
                 )
-                commit = {tps[k]: OffsetAndMetadata(o, metadata) for k, o in moves.write.items()}
-                if moves.regressed:
-                    m.kafka_commits.labels("regressed").inc()
-                    m.kafka_partitions_skipped.inc(len(moves.regressed))
-                    log.warning(
-                        "kafka group=%s query=%s batch=%d: not committing %d partition(s) "
-                        "backwards (query reset?): %s",
-                        group.name,
-                        label,
-                        checkpoint.batch_id,
-                        len(moves.regressed),
-                        positions.described(moves.regressed),
-                    )
-                if moves.held:
-                    log.log(
-                        logging.DEBUG if recommit else logging.INFO,
-                        "kafka group=%s query=%s batch=%d: %d partition(s) moved by another "
-                        "writer since (another owner, a reset elsewhere, an operator's tool?), "
-                        "left as it set them until this query's next durable batch: %s",
-                        group.name,
-                        label,
-                        checkpoint.batch_id,
-                        len(moves.held),
-                        positions.described(moves.held),
-                    )
-                if commit:
-                    await consumer.commit(commit)
-        except Exception as exc:  # translated, or a bug here or in the client: never fatal
-            group.fetched.clear()  # re-read the broker's view after reconnecting
-            m.kafka_commits.labels("error").inc()
-            m.kafka_up.set(0)
-            self._failed(group.name, f"kafka group={group.name} query={label} commit", exc)
-            await self._drop_consumer(group)
-            return
         for key, offset in moves.write.items():
             group.committed[key] = offset
             group.held.discard(key)  # ours now
-        if group.offsets is offsets:
-            group.dirty = False
-        if rewind is not None and group.rewind is rewind:
-            group.rewind = None  # committed; a newer rewind given meanwhile stays
-        self._backoff.succeeded(group.name)
+        attempt.done.update(moves.write)
         group.last_commit = self._clock()
-        m.kafka_up.set(1)
-        if moves.rewound and rewind is not None:
-            m.kafka_commits.labels("rewound").inc()
-            log.warning(
-                "kafka group=%s query=%s batch=%d: %d partition(s) lowered on purpose, a "
-                "deliberate rewind (%s): %s",
-                group.name,
-                label,
-                checkpoint.batch_id,
-                len(moves.rewound),
-                rewind.why,
-                positions.described(moves.rewound),
-            )
-        if commit:
-            m.kafka_commits.labels("ok").inc()
-            log.debug(
-                "kafka group=%s query=%s batch=%d: committed %d partition(s)",
-                group.name,
-                label,
-                checkpoint.batch_id,
-                len(commit),
-            )
 
     @staticmethod
     def _learn(group: _Group, key: tuple[str, int], offset: int | None, *, recommit: bool) -> None:
@@ -361,9 +226,6 @@ class KafkaCommitter:
             group.held.add(key)
         group.committed[key] = offset
 
-    def _failed(self, key: object, what: str, exc: Exception) -> None:
-        self._backoff.log_failure(key, what, exc, log)
-
     def _call(self, what: str) -> AbstractAsyncContextManager[None]:
         return client.call(what, self._config.kafka_timeout_s, self._where)
 
@@ -375,11 +237,6 @@ class KafkaCommitter:
                 group.name, client.options(self._config, self._ssl_context)
             )
         return group.consumer
-
-    async def _drop_consumer(self, group: _Group) -> None:
-        consumer, group.consumer = group.consumer, None
-        if consumer is not None:
-            await client.stop_quietly(consumer)
 
     def client_options(self) -> dict[str, Any] | None:
         """The client options of the commits (their TLS context, built once at start), for
@@ -401,7 +258,7 @@ class KafkaCommitter:
         if not groups or not self._backoff.ready(_END_OFFSETS):
             return
         consumer = groups[0].consumer
-        keys = {key for g in groups for key in g.offsets}
+        keys = {key for g in groups for key in g.wanted}
         try:
             async with self._call("end offsets"):
                 ends = await consumer.end_offsets([TopicPartition(*k) for k in keys])
@@ -422,12 +279,4 @@ async def rewind_once(config: Config, checkpoint: Checkpoint, why: str) -> dict[
     its own, where no committer runs): ``checkpoint``'s groups set to its offsets, lowered on
     purpose where lower and logged as the daemon does. Each group's name → whether it was
     committed (a failure is logged, never raised)."""
-    committer = KafkaCommitter(config, Metrics())
-    committer.durable(checkpoint, rewind=why)
-    try:
-        await committer.final_commit()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await committer.aclose()
-    behind = set(committer.behind())
-    return {name: name not in behind for name in committer._groups}
+    return await KafkaCommitter(config, Metrics()).rewind_once(checkpoint, why)

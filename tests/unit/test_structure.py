@@ -28,14 +28,15 @@ PACKAGES: dict[str, set[str]] = {
     "store": {"model"},
     "ingest": {"wire", "model", "buffer", "telemetry"},
     "flush": {"model", "buffer", "telemetry"},  # the store through protocols only
-    "kafka": {"model", "telemetry"},
-    "eventhubs": {"model", "telemetry"},  # the store through a protocol only
+    "sinks": {"model"},  # what the position sinks below share: their commit loop
+    "kafka": {"model", "telemetry", "sinks"},
+    "eventhubs": {"model", "telemetry", "sinks"},  # the store through a protocol only
     "snapshot": {"model"},  # the store through a protocol only
     "ops": {"wire", "model", "buffer", "store", "kafka", "eventhubs", "snapshot"},
     "daemon": {"ingest", "flush", "kafka", "eventhubs", "ops", "buffer", "store", "telemetry"}
-    | {"wire", "model", "snapshot"},
+    | {"wire", "model", "snapshot", "sinks"},
     "cli": {"daemon", "ops", "kafka", "eventhubs", "flush", "ingest", "store", "buffer"}
-    | {"telemetry", "wire", "model", "snapshot"},
+    | {"telemetry", "wire", "model", "snapshot", "sinks"},
 }
 #: Packages that are pure as a whole, and pure modules of the others: no event loop, no
 #: socket, no SDK (the wire format, the records, the rules).
@@ -49,6 +50,7 @@ PURE_MODULES = {
     "buffer.rows",
     "store.probe",
     "ops.diagnosis",
+    "sinks.report",
     "eventhubs.plan",
     "flush.core",
     "flush.lease",
@@ -314,3 +316,4 @@ def test_the_docs_list_the_pure_modules_these_rules_check() -> None:
     start = text.index("as are these modules of the others:")
     listed = _named(text[start : text.index("Pure: no event loop", start)])
     assert listed == PURE_MODULES - {"errors", "backoff"}
+
