@@ -14,7 +14,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-import anyio
 import msgspec
 
 from sidecar.buffer.redis_buffer import RedisBuffer
@@ -25,13 +24,11 @@ from sidecar.errors import (
     InvalidRequest,
     NotFound,
     SidecarError,
-    StoreUnavailable,
     VersionConflict,
 )
-from sidecar.flush.blob_state import BlobStates
-from sidecar.flush.lease import Held
+from sidecar.flush.owner import FlushOwner
 from sidecar.model.checkpoint import Checkpoint
-from sidecar.model.document import Stored, Writer
+from sidecar.model.document import CheckpointDocument, Stored, Writer
 from sidecar.model.restored import RestoreStats, decode_stats
 from sidecar.ops.admin_steps import (
     AdminResult,
@@ -61,7 +58,7 @@ class DaemonAdmin:
         config: Config,
         buffer: RedisBuffer,
         store: BlobStore,
-        blobs: BlobStates,
+        flush: FlushOwner,
         retirement: Retirement,
         metrics: Metrics,
         writer: Writer,
@@ -73,7 +70,7 @@ class DaemonAdmin:
         purpose where lower (``why``: the reset, for their log lines)."""
         self._config = config
         self._buffer, self._store = buffer, store
-        self._blobs, self._retirement = blobs, retirement
+        self._flush, self._retirement = flush, retirement
         self._metrics = metrics
         self._writer = writer
         self._on_rewind = on_rewind
@@ -113,59 +110,48 @@ class DaemonAdmin:
             since = time.monotonic() - at
             raise running(label, query_id, since, self._config, "this daemon received a progress")
 
-    async def _held(self, query_id: str, label: str) -> Held:
-        lease = await self._blobs.held(query_id, label)
-        if lease is None:
-            state = self._blobs.lease_state(query_id)
-            raise AdminRefused(
-                f"this daemon does not hold the lease on {self._store.blob_name(query_id)} now "
-                f"({state.name if state else 'unknown'}): another owner holds it or the store "
-                "refused (see /readyz and the log); run the command where that owner runs"
-            )
-        return lease
-
     async def _reset(self, request: Reset) -> AdminResult:
         query_id, name = await resolve(self._buffer, self._store, request.query_id, request.name)
         label = name or query_id
         self._check_heard(query_id, label, request.force)
-        async with self._blobs.exclusive(query_id):
-            lease = await self._held(query_id, label)
-            base = await self._blobs.stored(query_id)
-            target = target_of(request, query_id, name, base.stored.document)
-            if not self._blobs.begin_write(query_id, lease, base):
-                raise AdminRefused(
-                    f"the lease on {self._store.blob_name(query_id)} was lost, or the blob "
-                    "changed, while it was read; nothing was changed: run the command again"
-                )
-            assert base.stored.version is not None  # the lease created the blob
-            try:
-                doc, dropped, version = await reset_under_lease(
+        async with self._flush.admin(query_id, label) as op:
+            base = await op.base()
+            target = target_of(request, query_id, name, base.document)
+
+            async def send(
+                version: str, lease_id: str, still_held: Callable[[], bool]
+            ) -> tuple[tuple[CheckpointDocument, int], Stored]:
+                doc, dropped, new_version = await reset_under_lease(
                     self._buffer,
                     self._store,
                     self._config,
                     request,
-                    base.stored.document,
+                    base.document,
                     target,
-                    lease_id=self._blobs.lease_id,
-                    version=base.stored.version,
+                    lease_id=lease_id,
+                    version=version,
                     writer=self._writer,
-                    still_held=lambda: self._blobs.leases.holds(lease),
+                    still_held=still_held,
+                )
+                return (doc, dropped), Stored(new_version, doc)
+
+            try:
+                # A reset of unknown outcome may have lowered the blob to the target.
+                done = await op.write(
+                    "reset", send, batch_id=target.batch_id, lowered_to=target.batch_id
                 )
             except VersionConflict as exc:
-                await self._blobs.write_refused(query_id, "reset", target.batch_id)
                 raise AdminRefused(
                     f"reset refused: {exc}. Redis was set to the target, the blob was not "
                     "touched; check who wrote it (`checkpoint-sidecar show`) and run the "
                     "command again"
                 ) from exc
-            except (StoreUnavailable, anyio.get_cancelled_exc_class()):
-                # The write may have landed (the blob lowered to the target) or not.
-                self._blobs.unknown(query_id, lowered_to=target.batch_id)
-                raise
-            except BaseException:
-                self._blobs.not_sent(query_id)  # refused before the blob was written
-                raise
-            self._blobs.reset(query_id, Stored(version, doc))  # floor and acks follow it down
+            if done is None:
+                raise AdminRefused(
+                    f"the lease on {self._store.blob_name(query_id)} was lost, or the blob "
+                    "changed, while it was read; nothing was changed: run the command again"
+                )
+            doc, dropped = done
             # Under the query's lock: no flush of it, nor of a row read before, comes between.
             positions = self._rewound(doc.checkpoint(), request, doc.reset_from)
         self._metrics.checkpoint_batch_id.labels(label).set(doc.batch_id)
@@ -205,35 +191,29 @@ class DaemonAdmin:
         label = name or query_id
         self._check_heard(query_id, label, request.force)
         archived = None
-        async with self._blobs.exclusive(query_id):
-            has_blob = query_id in await self._store.query_ids()
-            lease = await self._held(query_id, label) if has_blob else None
+        async with self._flush.admin(query_id, label, only_a_blob=True) as op:
             removed = await retire_in_redis(self._buffer, self._config, request, query_id, label)
-            if lease is not None and request.archive:
-                base = await self._blobs.stored(query_id)
-                version = base.stored.version
-                if version is None or not self._blobs.begin_write(query_id, lease, base):
-                    raise AdminRefused(
-                        f"the lease on {self._store.blob_name(query_id)} was lost before the "
-                        "blob was archived (Redis' keys are removed): run the command again"
-                    )
+            if op.held and request.archive:
+                base = await op.base()
+
+                async def send(
+                    version: str, lease_id: str, still_held: Callable[[], bool]
+                ) -> tuple[str, Stored]:
+                    moved = await self._store.archive(query_id, lease_id, archive_stamp(), version)
+                    return moved, Stored(None, None)
+
                 try:
-                    archived = await self._store.archive(
-                        query_id, self._blobs.lease_id, archive_stamp(), version
-                    )
+                    archived = await op.write("archive", send, batch_id=base.batch_id or 0)
                 except VersionConflict as exc:
-                    await self._blobs.write_refused(query_id, "archive", base.batch)
                     raise AdminRefused(
                         f"archive refused: {exc}. Redis' keys are removed, the blob was not "
                         "touched: run the command again"
                     ) from exc
-                except (StoreUnavailable, anyio.get_cancelled_exc_class()):
-                    self._blobs.unknown(query_id)  # copied, maybe deleted
-                    raise
-                except BaseException:
-                    self._blobs.not_sent(query_id)
-                    raise
-                self._blobs.archived(query_id)
+                if archived is None:
+                    raise AdminRefused(
+                        f"the lease on {self._store.blob_name(query_id)} was lost before the "
+                        "blob was archived (Redis' keys are removed): run the command again"
+                    )
             await self._retirement.drop(query_id, label)
             self._heard.pop(query_id, None)
         return AdminResult(

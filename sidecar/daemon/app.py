@@ -53,14 +53,14 @@ from sidecar.daemon.shutdown import StopBudget
 from sidecar.daemon.store_watch import StoreWatch
 from sidecar.errors import BufferRefused, SidecarError
 from sidecar.eventhubs.checkpointer import EventHubsCheckpointer
-from sidecar.flush.blob_state import BlobStates
-from sidecar.flush.flusher import Flusher
+from sidecar.flush.owner import FlushOwner
 from sidecar.ingest.coalescer import WriteCoalescer
 from sidecar.ingest.handler import RequestHandler
 from sidecar.ingest.server import SocketServer
 from sidecar.kafka.lag import EVENTHUBS, LagTracker
 from sidecar.model import checkpoint as ckpt
 from sidecar.model.document import Writer
+from sidecar.sinks.loop import PositionSink
 from sidecar.store.blobs import BlobStore
 from sidecar.store.eventhubs import EventHubsBlobs
 from sidecar.store.sdk import loaded as loaded_sdk
@@ -86,24 +86,6 @@ class DurableHook(Protocol):
     why)`` (``rewind``: why a reset moved the query back on purpose)."""
 
     def __call__(self, checkpoint: ckpt.Checkpoint, rewind: str | None = None) -> None: ...
-
-
-class PositionSink(Protocol):
-    """Where Spark's durable positions are held for lag and autoscaling tools, beside the
-    checkpoint: Kafka consumer groups (``kafka.committer``), Event Hubs checkpoints
-    (``eventhubs.checkpointer``). Told of each durable checkpoint; a loop of its own; a final
-    commit at the stop."""
-
-    FINAL: str
-    NOT_DONE: str
-
-    def durable(self, checkpoint: ckpt.Checkpoint, *, rewind: str | None = None) -> None: ...
-    def forget(self, query_id: str) -> None: ...
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None: ...
-    async def stop_loop(self) -> None: ...
-    async def final_commit(self) -> None: ...
-    def behind(self) -> list[str]: ...
-    async def aclose(self) -> None: ...
 
 
 class Daemon:
@@ -142,23 +124,23 @@ class Daemon:
         self.store.on_failure = lambda call, reason: self.metrics.store_failures.labels(
             call, reason
         ).inc()
-        #: Each query's blob state (what the blob holds, its lease, acks, rows): the one owner.
-        self.blobs = BlobStates(
-            self.store, "", config.lease_duration_s, self.metrics, clock=lease_clock
-        )
-        self.leases = self.blobs.leases
-        self.retirement = Retirement(config.query_idle_s, release=self.blobs.release)
-        #: Checkpoint snapshots (``SIDECAR_SNAPSHOT_ROOT``), made once the store is open.
-        self.snapshots = self._snapshotter()
-        self.flusher = Flusher(
+        self.retirement = Retirement(config.query_idle_s, release=self._release)
+        #: The flush owner: each query's record (what its blob holds, its lease, the acks
+        #: waiting, the last row applied) and the flush loop, behind one door.
+        self.flush = FlushOwner(
             config,
             self.buffer,
-            self.blobs,
+            self.store,
             self.metrics,
             self.writer,
             on_durable=self._durable_hook(),
             track=self.retirement.track,
+            clock=lease_clock,
         )
+        #: Set once the blob store is open: the flush loop starts then.
+        self._store_open = anyio.Event()
+        #: Checkpoint snapshots (``SIDECAR_SNAPSHOT_ROOT``), made once the store is open.
+        self.snapshots = self._snapshotter()
         self._build_ingest()
         self._wire_retirement()
         self._build_admin()
@@ -221,9 +203,9 @@ class Daemon:
             SnapshotBlobs(self.store),
             config.namespace,
             self.metrics,
-            owns=self.blobs.owner_check,
-            taken=self.blobs.snapshot_taken,
-            marker=self.blobs.snapshot_marker,
+            owns=self.flush.owns,
+            taken=self.flush.snapshot_taken,
+            marker=self.flush.snapshot_marker,
             retain=config.snapshot_retain,
             abandoned_keep_s=config.snapshot_abandoned_keep_s,
             checkpoints=self._checkpoint_ids,
@@ -233,9 +215,9 @@ class Daemon:
         """What answers the Spark side: the write coalescer, the durability watch, the admin
         ops, the request handler over them, and the socket server."""
         config = self.config
-        # Blob ack mode: the rows each apply returns go to the blob state (no read per ack).
-        rows = self.blobs if config.ack_mode == "blob" else None
-        self.coalescer = WriteCoalescer(self.buffer, rows=rows)
+        # Through the flush owner: the floors it knows, and (blob ack mode) the rows each
+        # apply returns, kept for the flush an ack waits on (no Redis read per ack).
+        self.coalescer = WriteCoalescer(self.flush)
         self.durability = DurabilityWatch(
             self.buffer,
             self.metrics,
@@ -248,7 +230,7 @@ class Daemon:
             config,
             self.buffer,
             self.store,
-            self.blobs,
+            self.flush,
             self.retirement,
             self.metrics,
             self.writer,
@@ -259,12 +241,11 @@ class Daemon:
             self.buffer,
             self.metrics,
             observe=self._applied,
-            wait_durable=self.blobs.wait_durable if config.ack_mode == "blob" else None,
+            wait_durable=self.flush.ack if config.ack_mode == "blob" else None,
             blob_ack_timeout_s=config.blob_ack_timeout_s,
             lookup_blob=self._lookup_blob,
-            floors=self.blobs,
+            floors=self.flush,
             admin=self.admin_ops,
-            heard=self.admin_ops.heard if config.admin_ops else None,
         )
         self.server = SocketServer(config, self.handler, self.metrics)
 
@@ -272,8 +253,8 @@ class Daemon:
         """Every per-query structure in memory, for idle-query retirement (the lease is
         released first, by ``Retirement`` itself). A new per-query cache registers here."""
         r = self.retirement
-        r.busy.append(self.flusher.busy)
-        r.forget += [self.blobs.forget, self.durability.forget]
+        r.busy.append(self.flush.busy)
+        r.forget += [self.flush.forget, self.durability.forget]
         if self.snapshots is not None:
             r.forget.append(self.snapshots.forget)
         r.forget += [sink.forget for sink in self.sinks]
@@ -299,6 +280,10 @@ class Daemon:
         self.buffer.on_replicas = self.metrics.redis_replicas_acked.observe
         self.metrics.redis_up.set_function(lambda: 1.0 if self.buffer.available else 0.0)
         self.metrics.store_up.set_function(lambda: 1.0 if self.store.up else 0.0)
+
+    async def _release(self, query_id: str) -> bool:
+        """Retirement's first step: the query's lease released (a standby may take it)."""
+        return await self.flush.release(query_id)
 
     async def _checkpoint_ids(self) -> set[str]:
         """The queries of the namespace with a checkpoint blob (one listing)."""
@@ -345,7 +330,6 @@ class Daemon:
         self.metrics.build_info.info({"version": __version__, "event_loop": loop})
         # (a local file, off the loop all the same; refused: the CLI says why)
         self._lease_id = await anyio.to_thread.run_sync(ownership.claim, self.lease_file)
-        self.leases.use(self._lease_id.lease_id)
         log.info(
             "checkpoint-sidecar %s starting (instance %s, lease id %s %s %s, %s event loop): %r",
             __version__,
@@ -371,11 +355,13 @@ class Daemon:
                 await self.durability.start()  # AOF check (may refuse to start), marker
                 await tg.start(self.durability.run)
                 await tg.start(self.coalescer.run)
-                await tg.start(self.leases.run)
                 for sink in self.sinks:
                     await tg.start(sink.run)  # Kafka's builds its TLS context once
                 await tg.start(self.retirement.run)
-                await self.flusher.recover()  # before the gate opens: only a previous run's
+                # The leases kept, and what a previous run left pending noted, before the gate
+                # opens (only a previous run's is pending then); the flush loop waits for the
+                # store to open.
+                await tg.start(self.flush.run, self._lease_id.lease_id, self._store_open)
                 await self._restores()
                 self.handler.starting = None
                 # Start-up objects (modules, clients) never die: move them out of the
@@ -446,7 +432,7 @@ class Daemon:
                         tg.start_soon(self._doctor)
                     await anyio.sleep(delay)
             await tg.start(self.store_watch.run)
-            await tg.start(self.flusher.run)
+            self._store_open.set()
             if self.snapshots is not None:
                 await tg.start(self.snapshots.run)
             gc.freeze()  # the SDK's modules too (no collection here: acks are being served)
@@ -480,8 +466,12 @@ class Daemon:
         for check in checks:
             self.metrics.config_check.labels(check.name).set(1 if check.status == "ok" else 0)
 
-    def _applied(self, checkpoint: ckpt.Checkpoint) -> None:
-        """An update stored in Redis (ingest path: O(1) each)."""
+    def _applied(self, checkpoint: ckpt.Checkpoint, applied: bool) -> None:
+        """A progress handled, ``applied`` when stored in Redis (ingest path: O(1) each)."""
+        if self.config.admin_ops:  # an idle running query reports too: no reset meanwhile
+            self.admin_ops.heard(checkpoint.query_id)
+        if not applied:
+            return
         self.lag.observe(checkpoint)
         self.eventhubs_lag.observe(checkpoint)
         self.retirement.seen(checkpoint.query_id, checkpoint.label)
@@ -541,11 +531,11 @@ class Daemon:
             with budget.phase("final flush") as flush:
                 if self.snapshots is not None:
                     self.snapshots.stop()  # a snapshot under way is cut: pruned later
-                await self.flusher.stop_loop()
                 for sink in self.sinks:
-                    # Before the flush wakes it: the final commit alone opens what it needs.
+                    # Before the final flush tells it: the final commit alone opens what it
+                    # needs (a flush of the loop meanwhile is committed by it too).
                     await sink.stop_loop()
-                await self.flusher.final_flush()
+                await self.flush.final_flush()
             if flush.cancelled_caught:
                 await self._log_unflushed(budget.until("final flush"))
             if self.sinks:
@@ -566,13 +556,13 @@ class Daemon:
                             sink.NOT_DONE,
                         )
             with budget.phase("release") as release:
-                await self.leases.release_all()
+                await self.flush.release_all()
             if release.cancelled_caught:
                 log.warning(
                     "stop: releasing leases cut at %.1fs; lease(s) of %s left to expire by "
                     "themselves (a successor waits up to %ds to write those blobs)",
                     budget.until("release"),
-                    ", ".join(self.leases.held()),
+                    ", ".join(self.flush.health().held),
                     self.config.lease_duration_s,
                 )
 
@@ -616,12 +606,12 @@ class Daemon:
     async def _leases_ready(self) -> str | None:
         # A store that does not answer is not a reason (sidecar.daemon.store_watch): Redis
         # keeps buffering, and checkpoint_sidecar_store_up says it.
-        contested = self.leases.contested()
-        if contested:
-            holders = self.blobs.holders()
+        health = self.flush.health()
+        if health.contested:
+            holders = health.holders
             owners = ", ".join(
                 f"{label} (last written by {holders[label]})" if label in holders else label
-                for label in contested
+                for label in health.contested
             )
             return (
                 "lease held by another daemon (updates are buffered in Redis, nothing is "
@@ -630,7 +620,7 @@ class Daemon:
         return None
 
     async def _blobs_ready(self) -> str | None:
-        refused = self.blobs.refused()
+        refused = self.flush.health().refused
         if not refused:
             return None
         which = ", ".join(f"{label} ({reset})" for label, reset in sorted(refused.items()))

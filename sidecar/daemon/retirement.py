@@ -46,8 +46,8 @@ class Retirement:
     """Last-seen bookkeeping per query id and the loop that retires idle queries.
 
     ``busy``: predicates by query id, any true keeps the query; ``forget``: hooks by query id
-    (``sidecar.flush.blob_state`` registers here too); ``forget_label``: hooks by label, run once
-    no live query carries it. Append to them before :meth:`run` starts.
+    (the flush owner, ``sidecar.flush.owner``, registers here too); ``forget_label``: hooks
+    by label, run once no live query carries it. Append to them before :meth:`run` starts.
     """
 
     def __init__(

@@ -1,15 +1,11 @@
-"""Each query's blob state, owned in one place: the I/O shell around ``sidecar.flush.core``,
-and the one door into it.
+"""Each query's blob state, owned in one place: the I/O shell around ``sidecar.flush.core``.
 
-Who asks and who tells (nothing else keeps a copy, nothing else calls the core)::
+Who asks and tells it (nothing else keeps a copy, nothing else calls the core)::
 
-    ingest (handler) ── known / load / recheck ──▶ the floor: no update older than the blob
-                     ── wait_durable ───────────▶ blob-mode acks (durable, or not_owner)
-    ingest (coalescer) ─ applied / void ────────▶ the rows applies return (blob ack mode)
-    flusher ─────────── held / plan / read / write / skipped / failed / ... ─▶ ┐
-    admin ops ───────── exclusive / held / stored / begin_write / reset ───▶ ├ BlobStates
-    retirement ──────── release (the lease), forget (everything else) ─────▶ ┘   │
-                                                                       FlushCore + leases
+    FlushOwner (the daemon's door, ``owner``) ─ floor / acks / rows / admin / retire ─▶ ┐
+    flusher ─── held / plan / read / write / skipped / failed / ... ─────────────────▶ ├ BlobStates
+                                                                                         │
+                                                                    FlushCore + leases ◀┘
 
 The decisions are the core's; this module performs the reads and writes they need (the blob,
 the namespace's listing, the lease through ``sidecar.flush.lease_manager``), holds each
@@ -42,7 +38,6 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import anyio
@@ -61,6 +56,7 @@ from sidecar.errors import (
 from sidecar.flush.core import Ack, FlushCore, Plan, Seen
 from sidecar.flush.lease import Held, LeaseState, Ownership
 from sidecar.flush.lease_manager import LeaseManager, LeaseStore
+from sidecar.flush.shell import QueryShell
 from sidecar.model.document import CheckpointDocument, SnapshotRef, Stored
 from sidecar.telemetry.metrics import Metrics
 
@@ -91,18 +87,6 @@ class Durability(enum.Enum):
 
 #: A waiting ack's future.
 Waiter = asyncio.Future[Durability]
-
-
-@dataclass(slots=True)
-class QueryLocks:
-    """A query's locks, kept on its record (``sidecar.flush.core.QueryState.locks``)."""
-
-    #: Held by each flush and by each admin op (never both at once).
-    flush: anyio.Lock = field(default_factory=anyio.Lock)
-    #: One floor read at a time; concurrent updates share it.
-    floor: anyio.Lock = field(default_factory=anyio.Lock)
-    #: The lease's (``sidecar.flush.lease_manager``).
-    lease: anyio.Lock = field(default_factory=anyio.Lock)
 
 
 class BlobStore(LeaseStore, Protocol):
@@ -138,10 +122,10 @@ class BlobStates:
         self._store = store
         self._metrics = metrics
         self._clock = clock
-        self._core: FlushCore[Waiter, QueryLocks] = FlushCore(
+        self._core: FlushCore[Waiter, QueryShell] = FlushCore(
             backoff or Backoff(RETRY_BASE_S, RETRY_CAP_S, clock=clock, jitter=jitter),
             clock=clock,
-            locks=QueryLocks,
+            shell=QueryShell,
         )
         self.leases = LeaseManager(
             store,
@@ -160,8 +144,6 @@ class BlobStates:
         self._with_blob: set[str] | None = None
         self._listed_at = 0.0
         self._listing = anyio.Lock()
-        #: The writer shown for each query whose lease another daemon holds (metric series).
-        self._elsewhere: dict[str, tuple[str, str]] = {}
         metrics.resets_unrecorded.set_function(lambda: len(self.refused()))
 
     def __len__(self) -> int:
@@ -210,7 +192,7 @@ class BlobStates:
 
     async def _read_floor(self, query_id: str, *, again: bool) -> int:
         # Only a query the listing says has a blob gets here: it has a record from now.
-        async with self._core.record(query_id).locks.floor:
+        async with self._core.record(query_id).shell.floor:
             floor = self._core.floor(query_id)
             if floor is not None and not again:
                 return floor  # read by whoever held the lock before us
@@ -484,13 +466,15 @@ class BlobStates:
         return held
 
     def _owned(self, query_id: str) -> None:
-        gone = self._elsewhere.pop(query_id, None)
-        if gone is not None:
-            self._metrics.lease_elsewhere.remove(*gone)
+        q = self._core.get(query_id)
+        if q is not None and q.shell.elsewhere is not None:
+            self._metrics.lease_elsewhere.remove(*q.shell.elsewhere)
+            q.shell.elsewhere = None
 
     async def _learn_holder(self, query_id: str, label: str) -> None:
         """Who last wrote the blob, read once per query while another holds its lease."""
-        if query_id in self._elsewhere:
+        q = self._core.record(query_id)
+        if q.shell.elsewhere is not None:
             return
         since = self._core.stamp
         try:
@@ -502,7 +486,9 @@ class BlobStates:
         holder = _writer_of(stored.document)
         for waiter in self._core.held_elsewhere(query_id, holder):
             _settle(waiter, Durability.NOT_OWNER)
-        self._elsewhere[query_id] = (label, holder)
+        if self._core.get(query_id) is not q:
+            return  # retired while the blob was read
+        q.shell.elsewhere = (label, holder)
         self._metrics.lease_elsewhere.labels(label, holder).set(1)
         log.warning(
             "query=%s: another daemon holds the lease on its blob (last written by %s at batch "
@@ -515,7 +501,7 @@ class BlobStates:
     def holders(self) -> dict[str, str]:
         """By query label, who last wrote the blob of each query whose lease another daemon
         holds (for ``/readyz``)."""
-        return dict(self._elsewhere.values())
+        return dict(q.shell.elsewhere for q in self._core if q.shell.elsewhere is not None)
 
     def plan(self, query_id: str, batch_id: int) -> Plan:
         """What to do with a due row of ``batch_id`` (read the blob first, skip, write)."""
@@ -673,7 +659,7 @@ class BlobStates:
     @asynccontextmanager
     async def flushing(self, query_id: str) -> AsyncIterator[None]:
         """Hold the query for a flush: no admin op of it runs meanwhile."""
-        async with self._core.record(query_id).locks.flush:
+        async with self._core.record(query_id).shell.flush:
             yield
 
     # --- admin ops -------------------------------------------------------------------------
@@ -683,7 +669,7 @@ class BlobStates:
         """Hold the query for an admin op: no flush of it runs inside, and none of a Redis
         row read before it ends runs after (a row read while the op was under way, before it
         wrote Redis, is as stale as one read before it began)."""
-        async with self._core.record(query_id).locks.flush:
+        async with self._core.record(query_id).shell.flush:
             self._core.admin_op(query_id)
             try:
                 yield
@@ -734,8 +720,8 @@ class BlobStates:
         had_blob = q is not None and (q.lease.term > 0 or q.floor not in (None, NO_BLOB))
         if had_blob and self._with_blob is not None:
             self._with_blob.add(query_id)
+        self._owned(query_id)  # its series too
         self._core.forget(query_id)
-        self._owned(query_id)
 
 
 def _writer_of(doc: CheckpointDocument | None) -> str:

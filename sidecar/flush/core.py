@@ -92,7 +92,8 @@ from sidecar.model.document import CheckpointDocument, SnapshotRef, Stored, foll
 
 #: A waiting ack's handle: whatever the shell settles when its batch is durable.
 W = TypeVar("W")
-#: The shell's per-query locks (kept on the query's record, dropped with it).
+#: What the shell keeps of each query (its locks and flags, ``sidecar.flush.shell``): on the
+#: query's record, dropped with it.
 L = TypeVar("L")
 
 
@@ -308,7 +309,8 @@ class QueryState(Generic[W, L]):
     """Everything this daemon keeps of one query's blob. Only :class:`FlushCore` changes it."""
 
     query_id: str
-    locks: L
+    #: The shell's part (``sidecar.flush.shell.QueryShell``): the core never reads it.
+    shell: L
     lease: QueryLease
     #: Stamp of the query's last admin op (at creation: the last one anywhere): Redis rows
     #: read before it are void.
@@ -420,13 +422,13 @@ class FlushCore(Generic[W, L]):
         backoff: Backoff,
         *,
         clock: Callable[[], float],
-        locks: Callable[[], L],
+        shell: Callable[[], L],
     ) -> None:
         """``backoff``: the delays of failed flushes (its schedule; the count is per query
-        here); ``clock``: monotonic seconds; ``locks``: makes a new query's shell locks."""
+        here); ``clock``: monotonic seconds; ``shell``: makes a new query's shell part."""
         self._backoff = backoff
         self._clock = clock
-        self._make_locks = locks
+        self._make_shell = shell
         self._queries: dict[str, QueryState[W, L]] = {}
         self._stamp = 0
         #: Stamp of the last admin op or retirement, of any query.
@@ -455,7 +457,7 @@ class FlushCore(Generic[W, L]):
         if q is None:
             q = self._queries[query_id] = QueryState(
                 query_id,
-                self._make_locks(),
+                self._make_shell(),
                 QueryLease(query_id, label or query_id),
                 self._last_op,
                 self._last_op,

@@ -22,7 +22,7 @@ as the written snapshot covered.
 At start the first tick flushes whatever a previous run left pending (crash recovery); at
 stop :meth:`final_flush` flushes everything owned, whatever the thresholds.
 
-In blob ack mode each apply hands its rows over (:meth:`Flusher.applied`, the ingest side's
+In blob ack mode each apply hands its rows over (``FlushOwner.applying``, the ingest side's
 ``RowSink``): the flush an ack waits for takes the row from there and reads nothing from
 Redis, one round trip less per ack; a row is kept per query until a flush takes it, the
 latest replacing the earlier.

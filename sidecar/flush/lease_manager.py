@@ -35,6 +35,7 @@ from sidecar.flush.lease import (
     QueryLease,
     renew_delay,
 )
+from sidecar.flush.shell import QueryShell
 from sidecar.telemetry.metrics import Metrics
 
 log = logging.getLogger("sidecar.flush.lease")
@@ -54,9 +55,9 @@ class LeaseStore(Protocol):
     async def release_lease(self, query_id: str, lease_id: str) -> None: ...
 
 
-#: A query's record; its ``locks.lease`` (``sidecar.flush.blob_state.QueryLocks``)
-#: serialises this module's calls on the query's lease.
-Record = QueryState[Any, Any]
+#: A query's record; its ``shell.lease`` serialises this module's calls on the query's lease,
+#: its ``shell.renewing`` says one is under way in the loop.
+Record = QueryState[Any, QueryShell]
 
 
 class LeaseManager:
@@ -65,7 +66,7 @@ class LeaseManager:
     def __init__(
         self,
         store: LeaseStore,
-        core: FlushCore[Any, Any],
+        core: FlushCore[Any, QueryShell],
         lease_id: str,
         duration_s: int,
         metrics: Metrics,
@@ -90,8 +91,6 @@ class LeaseManager:
         #: sleeps until then (an idle daemon does not wake four times a second).
         self._first = anyio.Event()
         self._terms = itertools.count(1)
-        #: Queries with a renewal or a re-acquisition under way in the loop (one at a time).
-        self._busy: set[str] = set()
         #: The loop's checks so far (tests and debugging wait on it, not on a fixed time).
         self.ticks = 0
         # The cap keeps a standby's takeover within about a third of a lease duration after
@@ -147,7 +146,7 @@ class LeaseManager:
         while True:
             q = self._core.record(query_id, label)
             self._first.set()
-            async with q.locks.lease:
+            async with q.shell.lease:
                 if self._core.get(query_id) is q:
                     lease = await self._ensure_held(q)
                     return None if lease is None else Held(query_id, lease.term)
@@ -233,13 +232,13 @@ class LeaseManager:
         now = self._clock()
         for q in self._core:
             lease = q.lease
-            if q.query_id in self._busy:
+            if q.shell.renewing:
                 continue
             if lease.state is LeaseState.HELD and now >= lease.renew_at:
-                self._busy.add(q.query_id)
+                q.shell.renewing = True
                 tg.start_soon(self._renew, q)
             elif lease.state is LeaseState.LOST and now >= lease.retry_at:
-                self._busy.add(q.query_id)
+                q.shell.renewing = True
                 tg.start_soon(self._reacquire, q)
 
     def expire_lapsed(self) -> list[str]:
@@ -254,23 +253,23 @@ class LeaseManager:
             # Under the lease's lock, but never waiting for it: whoever holds it
             # (ensure_held, a release) decides the state itself, and the next check is soon.
             try:
-                q.locks.lease.acquire_nowait()
+                q.shell.lease.acquire_nowait()
             except anyio.WouldBlock:
                 continue
             try:
                 self._expire(lease)
                 lapsed.append(lease.label)
             finally:
-                q.locks.lease.release()
+                q.shell.lease.release()
         return lapsed
 
     async def _reacquire(self, q: Record) -> None:
         try:
-            async with q.locks.lease:
+            async with q.shell.lease:
                 if self._core.get(q.query_id) is q:
                     await self._ensure_held(q)
         finally:
-            self._busy.discard(q.query_id)
+            q.shell.renewing = False
 
     async def _renew(self, q: Record) -> None:
         lease = q.lease
@@ -280,7 +279,7 @@ class LeaseManager:
                 reported = await self._store.renew_lease(q.query_id, self.lease_id)
             except LeaseLost as exc:
                 self._metrics.lease_renewals.labels("lost").inc()
-                async with q.locks.lease:
+                async with q.shell.lease:
                     if lease.state is LeaseState.HELD:
                         self._lose(lease, f"renewal refused: {exc}", contested=True)
                 return
@@ -296,14 +295,14 @@ class LeaseManager:
                 )
                 return
             self._metrics.lease_renewals.labels("ok").inc()
-            async with q.locks.lease:
+            async with q.shell.lease:
                 if lease.renewed(
                     started, self._duration_s, renew_delay(self.renew_every_s, self._jitter())
                 ):
                     # The blob changed under the lease (a store that went back, a restore)?
                     self._core.lease_version(q.query_id, reported)
         finally:
-            self._busy.discard(q.query_id)
+            q.shell.renewing = False
 
     async def release_all(self) -> None:
         """Release every held lease (shutdown), so a successor need not wait for expiry."""
@@ -320,21 +319,21 @@ class LeaseManager:
         q = self._core.get(query_id)
         if q is None:
             return True
-        if query_id in self._busy:
+        if q.shell.renewing:
             return False
-        self._busy.add(query_id)  # no renewal starts while it is being released
+        q.shell.renewing = True  # no renewal starts while it is being released
         try:
-            async with q.locks.lease:
+            async with q.shell.lease:
                 await self._release_locked(q, "query retired (idle)", metric=False)
                 # Dropped with its record next; if the query stays instead (seen again
                 # meanwhile), its next write acquires a new lease.
                 self._core.new_lease(query_id)
         finally:
-            self._busy.discard(query_id)
+            q.shell.renewing = False
         return True
 
     async def _release(self, q: Record) -> None:
-        async with q.locks.lease:
+        async with q.shell.lease:
             await self._release_locked(q)
 
     async def _release_locked(

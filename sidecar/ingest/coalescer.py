@@ -5,8 +5,9 @@ is awaited; a single task drains the bounded submission queue (at most ``max_bat
 call, ``max_queued`` waiting) and applies the whole batch with one script call. Under load
 that turns N round trips into one; at a low rate it adds nothing (the first update is sent at
 once). When the queue is full, submitters wait, their connections stop reading, and
-backpressure reaches the clients. In blob ack mode the rows the call returns go to the
-flusher (:class:`RowSink`): the flush each ack waits for then reads nothing from Redis.
+backpressure reaches the clients. The call goes through the :class:`Applier` (the flush
+owner, ``sidecar.flush.owner``): it fills in the floors it knows and, in blob ack mode, keeps
+the rows the call returns, so the flush each ack waits for reads nothing from Redis.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Protocol
 import anyio
 from anyio.abc import TaskStatus
 
-from sidecar.buffer.redis_buffer import Outcome, PendingQuery, RedisBuffer
+from sidecar.buffer.redis_buffer import Outcome
 from sidecar.errors import BufferUnavailable
 from sidecar.model.checkpoint import Checkpoint
 
@@ -33,18 +34,13 @@ PendingWrite = asyncio.Future[Outcome]
 _Submitted = tuple[Checkpoint, int | None, PendingWrite]
 
 
-class RowSink(Protocol):
-    """Who takes the rows of the updates applied (each query's blob state,
-    ``sidecar.flush.blob_state``, for the flusher)."""
+class Applier(Protocol):
+    """Where a batch of updates is applied: one Redis round trip (``RedisBuffer.apply``)
+    through the flush owner (``sidecar.flush.owner.FlushOwner.apply``)."""
 
-    def stamp(self) -> int:
-        """Taken before each call: rows read before an admin op of their query are void."""
-
-    def applied(self, rows: list[PendingQuery], since: int) -> None:
-        """The rows of one call (in the order applied), which began at stamp ``since``."""
-
-    def void(self, query_ids: list[str]) -> None:
-        """A call failed, maybe after it ran: rows kept of these queries may be stale."""
+    async def apply(self, checkpoints: list[Checkpoint], floors: list[int | None]) -> list[Outcome]:
+        """Each update's outcome, in order. A floor of None: the one the applier knows (the
+        batch the query's blob holds, or still unknown). Raises the buffer's errors."""
 
 
 class WriteCoalescer:
@@ -60,17 +56,8 @@ class WriteCoalescer:
     anyio's asyncio backend (asyncio's own loop or uvloop), so nothing is lost.
     """
 
-    def __init__(
-        self,
-        buffer: RedisBuffer,
-        *,
-        max_batch: int = 256,
-        max_queued: int = 4096,
-        rows: RowSink | None = None,
-    ) -> None:
-        """``rows``: given the rows of the updates applied (blob ack mode)."""
-        self._buffer = buffer
-        self._rows = rows
+    def __init__(self, applier: Applier, *, max_batch: int = 256, max_queued: int = 4096) -> None:
+        self._applier = applier
         self._max_batch = max_batch
         self._max_queued = max_queued
         self._queue: deque[_Submitted] = deque()
@@ -86,7 +73,8 @@ class WriteCoalescer:
 
     async def submit(self, checkpoint: Checkpoint, floor: int | None = None) -> PendingWrite:
         """Queue one update with its query's floor (``RedisBuffer.apply``: the blob's batch,
-        None when not known yet); await the returned future for its outcome.
+        as read by the caller; None: what the applier knows when it applies it); await the
+        returned future for its outcome.
 
         Raises:
             BufferUnavailable: the coalescer has stopped (the daemon is stopping).
@@ -124,34 +112,20 @@ class WriteCoalescer:
 
     async def _flush(self, batch: list[_Submitted]) -> None:
         checkpoints, floors = [c for c, _, _ in batch], [f for _, f, _ in batch]
-        applied = None
         try:
-            if self._rows is None:
-                results = await self._buffer.apply(checkpoints, floors)
-            else:
-                since = self._rows.stamp()
-                applied = await self._buffer.apply_rows(checkpoints, floors)
-                results = applied.outcomes
+            results = await self._applier.apply(checkpoints, floors)
         except Exception as exc:  # every submitter gets the error; none is left waiting
-            self._unknown(checkpoints)
             for _, _, slot in batch:
                 _fail(slot, exc)
             return
         except BaseException:  # cancelled mid-call (stopping): the outcome is unknown
-            self._unknown(checkpoints)
             gone = BufferUnavailable("the daemon stopped while storing this update; resend it")
             for _, _, slot in batch:
                 _fail(slot, gone)
             raise
-        if applied is not None and self._rows is not None:
-            self._rows.applied(applied.rows, since)  # before the acks wait on the flusher
         for (_, _, slot), outcome in zip(batch, results, strict=True):
             if not slot.done():  # a submitter cancelled meanwhile cancels its future
                 slot.set_result(outcome)
-
-    def _unknown(self, checkpoints: list[Checkpoint]) -> None:
-        if self._rows is not None:
-            self._rows.void([c.query_id for c in checkpoints])
 
 
 def _fail(slot: PendingWrite, exc: BaseException) -> None:

@@ -37,7 +37,6 @@ from typing import Any, Protocol
 
 import msgspec
 
-from sidecar.buffer.lua import NO_BLOB
 from sidecar.buffer.redis_buffer import Outcome, RedisBuffer
 from sidecar.errors import NotOwner, NotReplicated, SidecarError
 from sidecar.ingest.coalescer import PendingWrite, WriteCoalescer
@@ -93,18 +92,15 @@ AdminOp = Callable[[AdminRequest], Awaitable[dict[str, object]]]
 
 
 class Floors(Protocol):
-    """Each query's floor, the batch its blob holds (``sidecar.flush``: no update older is
-    stored; ``NO_BLOB``: the query has no blob)."""
+    """Each query's floor, the batch its blob holds (the flush owner, ``sidecar.flush.owner``:
+    no update older is stored; ``NO_BLOB``: the query has no blob)."""
 
-    def known(self, query_id: str) -> int | None:
-        """The floor when known, without I/O; None while it was not read."""
-
-    async def load(self, query_id: str) -> int:
-        """The floor, read from the blob unless known (raises the store's errors)."""
-
-    async def recheck(self, query_id: str, *, always: bool = False) -> int | None:
-        """The floor alone refused an update: the floor read from the blob again, or None
-        when it was read too recently and not ``always`` (raises the store's errors)."""
+    async def read_floor(
+        self, query_id: str, *, again: bool = False, always: bool = False
+    ) -> int | None:
+        """The floor, read from the blob unless known; ``again``: the floor alone refused an
+        update, read it again, or None when it was read too recently and not ``always``
+        (raises the store's errors)."""
 
 
 class RequestHandler:
@@ -116,18 +112,19 @@ class RequestHandler:
         buffer: RedisBuffer,
         metrics: Metrics,
         *,
-        observe: Callable[[ckpt.Checkpoint], None] | None = None,
+        observe: Callable[[ckpt.Checkpoint, bool], None] | None = None,
         wait_durable: WaitDurable | None = None,
         blob_ack_timeout_s: float = 30.0,
         lookup_blob: LookupBlob | None = None,
         floors: Floors | None = None,
         admin: AdminOp | None = None,
-        heard: Callable[[str], None] | None = None,
     ) -> None:
         """``wait_durable`` given: ``ack_mode=blob`` (acknowledge once in the blob).
         ``floors`` given: no update older than the query's blob is stored, and ``get``
-        answers with the blob when it is newer than Redis (``sidecar.flush.blob_state``). ``admin``:
-        performs ``reset`` / ``retire``; ``heard``: told the query id of every progress."""
+        answers with the blob when it is newer than Redis (``sidecar.flush.owner``). ``admin``:
+        performs ``reset`` / ``retire``; ``observe(checkpoint, applied)``: told of every
+        progress once handled (stored, or not: stale, no position, failed), before its ack
+        waits for the blob."""
         self._coalescer = coalescer
         self._buffer = buffer
         self._metrics = metrics
@@ -137,7 +134,6 @@ class RequestHandler:
         self._lookup_blob = lookup_blob
         self._floors = floors
         self._admin = admin
-        self._heard = heard
         # Label children bound once: .labels() costs more than the increment on this path.
         self._applied = metrics.updates.labels("applied")
         self._stale = metrics.updates.labels("stale")
@@ -163,13 +159,11 @@ class RequestHandler:
             self.last_update = time.time()
             if not self.listener_seen:
                 self._first_progress(event)
-            if self._heard is not None:
-                self._heard(event.checkpoint.query_id)
         match event:
             case Progress(id=rid, checkpoint=c) if not ckpt.has_position(c):
                 return Answer(rid, _now(self._no_position(rid, c, started)))
             case Progress(id=rid, checkpoint=c):
-                slot = await self._coalescer.submit(c, self._floor_of(c.query_id))
+                slot = await self._coalescer.submit(c)  # its floor: the flush owner's
                 # Blob mode: the wait for the blob starts now, beside the other requests.
                 at_once = self._wait_durable is not None
                 return Answer(rid, self._progress(rid, c, slot, started), at_once)
@@ -196,16 +190,13 @@ class RequestHandler:
             event.checkpoint.batch_id,
         )
 
-    def _floor_of(self, query_id: str) -> int | None:
-        if self._floors is None:
-            return NO_BLOB  # no floors kept: Redis' batch alone decides
-        return self._floors.known(query_id)
-
     def _no_position(self, rid: RequestId, c: ckpt.Checkpoint, started: float) -> bytes:
         # Nothing to resume from (sidecar.model.checkpoint's position rule): not stored, and
         # acknowledged at once, even in blob ack mode (no blob will ever hold it), so the
         # client neither resends it nor counts it as failed.
         self._no_offsets.inc()
+        if self._observe is not None:
+            self._observe(c, False)
         log.debug("update query=%s batch=%d has no end offsets; not stored", c.label, c.batch_id)
         self._metrics.ack_seconds.observe(time.perf_counter() - started)
         return encode_ok(rid, applied=False)
@@ -213,19 +204,20 @@ class RequestHandler:
     async def _progress(
         self, rid: RequestId, c: ckpt.Checkpoint, slot: PendingWrite, started: float
     ) -> bytes:
+        applied = False
         try:
             outcome = await slot
             if outcome is Outcome.NEEDS_FLOOR and self._floors is not None:
                 # Redis does not know the query: read its blob's batch first (once per query).
-                floor = await self._floors.load(c.query_id)
+                floor = await self._floors.read_floor(c.query_id)
                 outcome = await (await self._coalescer.submit(c, floor))
             if outcome is Outcome.BELOW_FLOOR and self._floors is not None:
                 # Redis would take it, the floor alone refused it: the blob may have been
                 # rewound elsewhere (a reset through another daemon). Read it again, rarely;
                 # always when an ack waits for the blob (it would be answered from the blob
                 # as last read, which may be higher than the blob now).
-                again = await self._floors.recheck(
-                    c.query_id, always=self._wait_durable is not None
+                again = await self._floors.read_floor(
+                    c.query_id, again=True, always=self._wait_durable is not None
                 )
                 if again is not None:
                     outcome = await (await self._coalescer.submit(c, again))
@@ -240,9 +232,10 @@ class RequestHandler:
             log.exception("storing update query=%s batch=%d failed", c.label, c.batch_id)
             self._rejected.inc()
             return self._error(rid, ErrorCode.INTERNAL, INTERNAL_MESSAGE)
+        finally:
+            if self._observe is not None:  # whatever the outcome: an idle query reports too
+                self._observe(c, applied)
         (self._applied if applied else self._stale).inc()
-        if applied and self._observe is not None:
-            self._observe(c)
         if not applied:
             log.debug("stale update query=%s batch=%d not applied", c.label, c.batch_id)
         if self._wait_durable is not None:  # ack_mode=blob: wait until the blob has it
@@ -288,10 +281,10 @@ class RequestHandler:
         if self._floors is None:
             return False
         try:
-            floor = await self._floors.load(query_id)
+            floor = await self._floors.read_floor(query_id)
         except SidecarError:
             return False  # the store cannot say now: Redis' answer is the best there is
-        return floor > ckpt.decode(raw, query_id=query_id).batch_id
+        return floor is not None and floor > ckpt.decode(raw, query_id=query_id).batch_id
 
     async def _admin_op(self, event: AdminRequest) -> bytes:
         if self._admin is None:

@@ -86,7 +86,7 @@ async def test_a_daemon_started_on_an_emptied_redis_reads_the_floor_from_the_blo
             )
             stored = await redis_batch(config, QID)
             newer = await c.progress(kafka_progress(QID, 12))
-        assert daemon.blobs.known(QID) in (10, 12)  # read from the blob, then raised
+        assert await daemon.flush.read_floor(QID) in (10, 12)  # read from the blob, then raised
     assert [(r.ok, r.applied) for r in replies] == [(True, False)] * 3
     assert stored is None  # none of them reached Redis
     assert newer.applied is True

@@ -105,19 +105,21 @@ async def test_a_lease_whose_renewal_hangs_is_lost_when_its_validity_ends_and_co
             async with await SidecarClient.connect(config.socket_path) as c:
                 assert (await c.progress(kafka_progress(QID, 1))).applied
             with anyio.fail_after(10):
-                await daemon.blobs.wait_durable(QID, 1, None)
-            assert daemon.leases.state(QID) is LeaseState.HELD
+                await daemon.flush.ack(QID, 1, None)
+            assert daemon.flush.leases.state(QID) is LeaseState.HELD
             acquired = clock.now  # the lease was acquired at this (frozen) time
             valid_until = acquired + config.lease_duration_s - EXPIRY_MARGIN_S
             assert (await readyz(daemon))[0] == 200
 
             proxy.stall()
             # the latest a (jittered) renewal is due ...
-            clock.now = acquired + daemon.leases.renew_every_s * (1 + RENEW_JITTER)
+            clock.now = acquired + daemon.flush.leases.renew_every_s * (1 + RENEW_JITTER)
             await eventually(lambda: proxy.held >= 1)  # ... and hangs in the proxy
             clock.now = valid_until - 0.1
-            ticks = daemon.leases.ticks
-            await eventually(lambda: daemon.leases.ticks >= ticks + 2)  # the loop looked: valid
+            ticks = daemon.flush.leases.ticks
+            await eventually(
+                lambda: daemon.flush.leases.ticks >= ticks + 2
+            )  # the loop looked: valid
             assert sample(daemon, HELD, query=LABEL) == 1
             assert (await readyz(daemon))[0] == 200
 
@@ -130,10 +132,10 @@ async def test_a_lease_whose_renewal_hangs_is_lost_when_its_validity_ends_and_co
             # LOST by its own timer: the renewal neither failed nor was refused yet.
             assert sample(daemon, RENEWALS, result="error") == 0
             assert sample(daemon, RENEWALS, result="lost") == 0
-            ticks = daemon.leases.ticks  # the store still does not answer: still not owned
-            await eventually(lambda: daemon.leases.ticks >= ticks + 2)
-            assert daemon.leases.state(QID) is not LeaseState.HELD
-            assert daemon.leases.contested() == []  # nobody else holds it
+            ticks = daemon.flush.leases.ticks  # the store still does not answer: still not owned
+            await eventually(lambda: daemon.flush.leases.ticks >= ticks + 2)
+            assert daemon.flush.leases.state(QID) is not LeaseState.HELD
+            assert daemon.flush.leases.contested() == []  # nobody else holds it
 
             proxy.resume()
             clock.now += 60  # any retry backoff has elapsed
@@ -143,7 +145,7 @@ async def test_a_lease_whose_renewal_hangs_is_lost_when_its_validity_ends_and_co
             async with await SidecarClient.connect(config.socket_path) as c:
                 assert (await c.progress(kafka_progress(QID, 2))).applied
             with anyio.fail_after(10):
-                await daemon.blobs.wait_durable(QID, 2, None)
+                await daemon.flush.ack(QID, 2, None)
         finally:
             proxy.resume()
             daemon.request_stop()

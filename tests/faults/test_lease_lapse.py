@@ -75,7 +75,7 @@ async def test_an_idle_query_whose_renewals_time_out_shows_not_owned_within_a_se
 
         monkeypatch.setattr(daemon.store, "renew_lease", renewal_times_out)
         monkeypatch.setattr(daemon.store, "acquire_lease", acquisition_times_out)
-        lease = daemon.leases._core.record("q-idle").lease
+        lease = daemon.flush.leases._core.record("q-idle").lease
         # valid_until is on the monotonic clock; lapse is due then, and shown within ~1 s.
         await anyio.sleep(max(0.0, lease.valid_until - anyio.current_time()))
         await eventually(
@@ -84,7 +84,7 @@ async def test_an_idle_query_whose_renewals_time_out_shows_not_owned_within_a_se
         )
         # Not owned, and nothing written under it; the pod stays ready: the store did not
         # answer, nobody else holds the lease, and Redis buffers meanwhile.
-        assert daemon.leases.contested() == []
+        assert daemon.flush.leases.contested() == []
         status, body = await anyio.to_thread.run_sync(scrape, daemon, "/readyz")
         assert (status, body) == (200, "ready\n")
         monkeypatch.undo()  # the store answers again: the next update re-acquires

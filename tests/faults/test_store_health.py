@@ -41,7 +41,7 @@ async def test_an_idle_daemon_shows_a_stalled_store_within_seconds_and_stays_rea
             async with await SidecarClient.connect(config.socket_path) as c:
                 assert (await c.progress(kafka_progress(QID, 1))).applied
             with anyio.fail_after(10):
-                await daemon.blobs.wait_durable(QID, 1, None)
+                await daemon.flush.ack(QID, 1, None)
             # The start-up config checks (doctor's storage probe) are done, and a call since
             # answered: from here on only the ping calls the store.
             await eventually(lambda: not math.isnan(sample(daemon, CHECK, check="storage_probe")))
@@ -61,7 +61,7 @@ async def test_an_idle_daemon_shows_a_stalled_store_within_seconds_and_stays_rea
             proxy.resume()
             await eventually(lambda: sample(daemon, STORE_UP) == 1, timeout_s=15)
             with anyio.fail_after(15):
-                await daemon.blobs.wait_durable(QID, 2, None)
+                await daemon.flush.ack(QID, 2, None)
         finally:
             proxy.resume()
             daemon.request_stop()

@@ -90,9 +90,11 @@ async def test_updates_accepted_before_the_store_opens_are_not_a_previous_runs(
         async with await SidecarClient.connect(config.socket_path) as c:
             for batch in range(1, 4):
                 assert (await c.progress(kafka_progress(QID, batch))).applied
-        assert not daemon.flusher._started
+        assert sample(daemon, "checkpoint_sidecar_flush_checks_total") == 0  # loop waits
         opened.set()
-        await eventually(lambda: daemon.flusher._started, timeout_s=10)
+        await eventually(
+            lambda: sample(daemon, "checkpoint_sidecar_flush_checks_total") > 0, timeout_s=10
+        )
         checks = sample(daemon, "checkpoint_sidecar_flush_checks_total")
         await eventually(
             lambda: sample(daemon, "checkpoint_sidecar_flush_checks_total") >= checks + 5

@@ -276,7 +276,7 @@ async def test_two_daemons_one_owner_then_takeover_without_regression(
         await tg.start(standby.run)
         async with await SidecarClient.connect(second.socket_path) as c:
             assert (await c.progress(kafka_progress(QID, 3))).applied
-        await eventually(lambda: standby.leases.not_owned() == ["orders-to-delta"])
+        await eventually(lambda: standby.flush.leases.not_owned() == ["orders-to-delta"])
         # the flush that found the lease elsewhere is counted once its lease check returned
         await eventually(lambda: sample(standby, FLUSHES, result="not_owned") >= 1)
         text = await metrics(standby)
@@ -318,7 +318,7 @@ async def test_broken_lease_goes_not_owned_then_recovers(
                 await BlobLeaseClient(blob, lease_id=intruder).acquire(lease_duration=15)
 
                 assert (await c.progress(kafka_progress(QID, 2))).applied
-                await eventually(lambda: daemon.leases.not_owned() == ["orders-to-delta"])
+                await eventually(lambda: daemon.flush.leases.not_owned() == ["orders-to-delta"])
                 # a later pass found the lease elsewhere and did not write either
                 await eventually(lambda: sample(daemon, FLUSHES, result="not_owned") >= 1)
                 assert await blob_batch(store) == 1  # nothing written without the lease
@@ -586,7 +586,7 @@ async def test_a_blob_restored_below_redis_under_the_daemons_lease_is_rewritten(
                 await wait_blob_batch(store, QID, 5)
             now = (await store.read_stored(QID)).version
             assert now is not None
-            lease_id = daemon.blobs.lease_id
+            lease_id = daemon.flush.leases.lease_id
             await restore_older(store, lease_id, msgspec.json.encode(older), now)
             assert await blob_batch(store) == 2
             doc = await wait_blob_batch(store, QID, 5, timeout_s=15)  # within a renewal

@@ -111,13 +111,13 @@ async def test_leases_are_renewed_in_the_background_past_their_duration(
     async with running_daemon(config, lease_clock=clock) as daemon:
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(rate_progress("q", 1))).applied
-        await eventually(lambda: daemon.leases.state("q") is LeaseState.HELD)
+        await eventually(lambda: daemon.flush.leases.state("q") is LeaseState.HELD)
         # Past the lease's duration (3 x 6.25 s > 15 s), a renewal delay at its jittered
         # longest each time: only renewals, each accepted by the store, keep it.
         for renewed in range(1, 4):
-            clock.now += daemon.leases.renew_every_s * (1 + RENEW_JITTER)
+            clock.now += daemon.flush.leases.renew_every_s * (1 + RENEW_JITTER)
             await eventually(lambda n=renewed: sample(daemon, RENEWALS, result="ok") >= n)  # type: ignore[misc]
-        assert daemon.leases.state("q") is LeaseState.HELD
+        assert daemon.flush.leases.state("q") is LeaseState.HELD
         assert await daemon.store.lease_state("q") == "leased"
         async with await SidecarClient.connect(config.socket_path) as c:
             assert (await c.progress(rate_progress("q", 2))).applied

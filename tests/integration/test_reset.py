@@ -159,7 +159,7 @@ async def test_a_former_owners_floor_follows_a_rewind_made_through_the_new_owner
     async with running_daemon(first_config) as first, blob_reader(first_config) as store:
         async with await SidecarClient.connect(first_config.socket_path) as c:
             await flushed(first, c, QID, range(10), NAME)
-        assert first.blobs.known(QID) == 9
+        assert await first.flush.read_floor(QID) == 9  # known: no read
         service = BlobServiceClient.from_connection_string(azurite.connection_string)
         async with service:
             blob = service.get_blob_client(first_config.container, store.blob_name(QID))
@@ -251,7 +251,7 @@ async def test_retire_through_the_daemon_keeps_or_archives_the_blob(
         assert kept.result is not None and "archived_to" not in kept.result
         assert await redis_state(config, QID) == (False, False, False, False)
         assert await blob_body(store, QID) == body  # kept as it was
-        assert QID not in daemon.retirement and daemon.leases.state(QID) is None
+        assert QID not in daemon.retirement and daemon.flush.leases.state(QID) is None
         assert await store.lease_state(QID) == "available"  # released
         assert sample(daemon, BATCH, query=NAME) != sample(daemon, BATCH, query=NAME)  # NaN: gone
 

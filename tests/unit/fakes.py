@@ -146,6 +146,9 @@ class FakeBlobStore:
         doc = decode_document(body, f"{query_id}.json", query_id) if body else None
         return Stored(self.versions[query_id], doc)
 
+    def blob_name(self, query_id: str) -> str:
+        return f"fake/{query_id}.json"
+
     async def query_ids(self) -> set[str]:
         self._call()
         return {q for q, body in self.bodies.items() if body}

@@ -293,3 +293,23 @@ async def test_a_lease_taken_by_another_daemon_is_refused_and_not_written_under(
     assert states.leases.contested() == ["q"]
     with pytest.raises(LeaseConflict):
         await store.acquire_lease(QID, "ours", 15)
+
+
+async def test_the_holder_shown_for_a_lease_held_elsewhere_goes_with_the_query() -> None:
+    # Shown while another daemon holds the lease (``/readyz``, the metric's series), kept on
+    # the query's record: retiring the query removes both, no map left to keep in step.
+    store = FakeBlobStore()
+    store.put(QID, 4)
+    await store.acquire_lease(QID, "twin", 15)
+    metrics = Metrics()
+    states = BlobStates(store, "", 15, metrics, clock=Clock(0.0))
+    states.leases.use("ours")
+    assert await states.held(QID, "q") is None
+    [(label, holder)] = states.holders().items()
+    assert label == "q" and holder != ""
+    series = "checkpoint_sidecar_lease_held_elsewhere"
+    assert metrics.registry.get_sample_value(series, {"query": "q", "writer": holder}) == 1
+    assert await states.release(QID)
+    states.forget(QID)
+    assert states.holders() == {}
+    assert metrics.registry.get_sample_value(series, {"query": "q", "writer": holder}) is None

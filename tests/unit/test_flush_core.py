@@ -144,7 +144,7 @@ def test_what_acks_count_follows_the_value() -> None:
 
 
 def test_a_snapshot_taken_is_named_next_and_never_brings_a_retired_query_back() -> None:
-    core: FlushCore[object, None] = FlushCore(Backoff(1, 2), clock=lambda: 0.0, locks=lambda: None)
+    core: FlushCore[object, None] = FlushCore(Backoff(1, 2), clock=lambda: 0.0, shell=lambda: None)
     core.record(Q)
     core.snapshot_taken(Q, SnapshotRef(5, "s5", "t1"))
     core.snapshot_taken(Q, SnapshotRef(6, "s6", "t1"))  # one at a time: the last is newest
@@ -186,7 +186,7 @@ def test_a_reset_to_another_timeline_drops_the_snapshot_the_next_flush_would_nam
 
 def held_core(term: int = 4) -> FlushCore[object, None]:
     """A core whose query Q has its lease HELD under ``term``."""
-    core: FlushCore[object, None] = FlushCore(Backoff(1, 2), clock=lambda: 0.0, locks=lambda: None)
+    core: FlushCore[object, None] = FlushCore(Backoff(1, 2), clock=lambda: 0.0, shell=lambda: None)
     core.record(Q).lease.acquired(term, 0.0, 60.0, 20.0)
     assert core.held_term(Q) == term
     return core
@@ -282,7 +282,7 @@ def test_a_renewal_reporting_another_version_makes_the_blob_unverified() -> None
 def test_an_idle_query_writes_its_document_again_to_name_its_newest_snapshot() -> None:
     clock = [100.0]
     core: FlushCore[object, None] = FlushCore(
-        Backoff(1, 2), clock=lambda: clock[0], locks=lambda: None
+        Backoff(1, 2), clock=lambda: clock[0], shell=lambda: None
     )
     core.record(Q).lease.acquired(4, 0.0, 60.0, 20.0)
     core.read(Q, marked(6, SnapshotRef(5, "s5", "t"), '"v6"'), core.stamp, term=4)

@@ -317,3 +317,29 @@ def test_the_docs_list_the_pure_modules_these_rules_check() -> None:
     listed = _named(text[start : text.index("Pure: no event loop", start)])
     assert listed == PURE_MODULES - {"errors", "backoff"}
 
+
+def test_the_flush_owner_is_held_through_a_door_of_at_most_fifteen_verbs() -> None:
+    """Other packages import of ``sidecar.flush`` only the door (``owner``) and the lease's
+    values (``lease``), and the classes they import expose 15 public methods between them: no
+    one else reaches a query's record, the lease table or the loop (docs/flush-owner.md)."""
+    imported: set[tuple[str, str]] = set()
+    for path in SIDECAR.rglob("*.py"):
+        if path.is_relative_to(SIDECAR / "flush"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sidecar.flush"):
+                imported.update((node.module or "", alias.name) for alias in node.names)
+    assert {module for module, _ in imported} <= {"sidecar.flush.owner", "sidecar.flush.lease"}
+    verbs: dict[str, list[str]] = {}
+    for module, name in sorted(imported):
+        tree = ast.parse((REPO / f"{module.replace('.', '/')}.py").read_text())
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                verbs[name] = [
+                    f.name
+                    for f in node.body
+                    if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and not f.name.startswith("_")
+                ]
+    assert "FlushOwner" in verbs, imported
+    assert sum(len(v) for v in verbs.values()) <= 15, verbs
