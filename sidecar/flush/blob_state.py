@@ -437,20 +437,21 @@ class BlobStates:
 
     async def audit(self, recorded: dict[str, tuple[int, str]]) -> list[str]:
         """Hold the store's listing against ``recorded``: Redis' flushed batch and the blob's
-        version that flush left, by query. A blob missing, or at another version than both
-        that flush and this daemon last saw (a store that went back or was restored, a blob
-        deleted), is unverified: read and compared with Redis at the next flush check, even
-        with nothing pending. Returns those queries.
+        version that flush left, by query. A blob missing, or at another version than that
+        flush left and not seen here at it holding that flush's batch or newer (a store that
+        went back or was restored, a blob deleted; a blob only read here, never compared with
+        Redis, proves nothing), is unverified: read and compared with Redis at the next flush
+        check, even with nothing pending. Returns those queries.
 
         Raises:
             SidecarError: the store cannot be listed now.
         """
         listed = await self._store.listed_versions()
         odd = []
-        for query_id, (_, version) in recorded.items():
+        for query_id, (flushed, version) in recorded.items():
             now = listed.get(query_id)
-            if now != version and self._core.seen_version(query_id) != now:
-                self._core.unverify(query_id)
+            if now != version and not self._core.seen_at(query_id, now, flushed):
+                self._core.listed(query_id, now)
                 odd.append(query_id)
         return odd
 

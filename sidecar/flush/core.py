@@ -717,14 +717,28 @@ class FlushCore(Generic[W, L]):
         q.unverified = True
 
     def unverify(self, query_id: str) -> None:
-        """The query's blob may not hold what Redis says (the store's listing disagrees): due,
-        read and compared with Redis at the next flush check."""
+        """The query's blob may not hold what Redis says: due, read and compared with Redis
+        at the next flush check."""
         self.record(query_id).unverified = True
 
-    def seen_version(self, query_id: str) -> str | None:
-        """The blob's version as seen here (None: not seen)."""
+    def listed(self, query_id: str, version: str | None) -> None:
+        """The store's listing shows the query's blob at ``version`` (None: absent), another
+        than its last flush left: what the blob was seen to hold is forgotten unless seen at
+        that very version (or being written), and it is unverified: read and compared with
+        Redis at the next flush check."""
+        q = self.record(query_id)
+        if isinstance(q.blob, Seen) and q.blob.stored.version != version:
+            self._evidence(q)  # a read begun before may hold the old version too
+            q.blob, q.behind = Unread(q.blob.batch), None
+        q.unverified = True
+
+    def seen_at(self, query_id: str, version: str | None, batch: int) -> bool:
+        """Whether the blob was seen here at ``version`` (None: seen absent) holding ``batch``
+        or a newer one. Not seen at all is never a match: a blob this daemon never read may
+        have gone since its last flush; nor is one seen below ``batch``."""
         q = self._queries.get(query_id)
-        return q.blob.stored.version if q is not None and isinstance(q.blob, Seen) else None
+        blob = q.blob if q is not None else None
+        return isinstance(blob, Seen) and blob.stored.version == version and blob.batch >= batch
 
     def unverified(self) -> list[str]:
         """The queries whose blob must be read and compared with Redis (:meth:`lease_version`)."""
@@ -779,6 +793,10 @@ class FlushCore(Generic[W, L]):
                 return Plan(Step.READ)  # an ack waits for a read made after it
             case Seen() if q.unverified and blob.read_under != self._held_term(q):
                 return Plan(Step.READ)  # compared with Redis first (lease_version, unverify)
+            case Seen() if q.unverified:
+                # Read under this term by another part (an ack's read) and not compared with
+                # Redis since: the row alone, then judged. A SKIP would leave it due for ever.
+                return Plan(Step.COMPARE, blob)
             case Seen() if batch <= blob.batch and not (
                 batch == blob.batch and self._marker_stale(q)
             ):

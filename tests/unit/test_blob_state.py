@@ -268,6 +268,11 @@ async def test_a_write_refused_as_another_writers_reads_the_blob_and_never_goes_
         await states.write(QID, held, base, doc, encode_document(doc))
     assert metrics.write_conflicts.labels("checkpoint")._value.get() == 1
     assert states.known(QID) == 8 and store.batch(QID) == 8
+    # Read under the lease by the conflict's handling, not by a flush: compared with Redis
+    # first (the row read again), then skipped.
+    plan = states.plan(QID, 5)
+    assert plan.step.value == "compare" and plan.base is not None and plan.base.batch == 8
+    states.flushed_in_redis(QID, 3, 0, states.stamp(), judge=True)
     plan = states.plan(QID, 5)
     assert plan.step.value == "skip" and plan.base is not None and plan.base.batch == 8
 
@@ -313,3 +318,20 @@ async def test_the_holder_shown_for_a_lease_held_elsewhere_goes_with_the_query()
     states.forget(QID)
     assert states.holders() == {}
     assert metrics.registry.get_sample_value(series, {"query": "q", "writer": holder}) is None
+
+
+async def test_the_audit_takes_a_blob_only_read_here_below_the_last_flush_for_unverified() -> None:
+    # Redis' last flush left batch 5 at another version; the store now lists the blob at the
+    # version this daemon read for a floor (batch 3): read, never compared with Redis, so it
+    # proves nothing: unverified. Seen here holding batch 5 or newer, it would be ours.
+    store = FakeBlobStore()
+    store.put(QID, 3)
+    states = states_of(store)
+    assert await states.load(QID) == 3
+    assert await states.audit({QID: (5, '"flushed-elsewhere"')}) == [QID]
+    assert states.unverified() == [QID] and states.known(QID) == 3
+    other = FakeBlobStore()
+    other.put(QID, 5)
+    states = states_of(other)
+    assert await states.load(QID) == 5
+    assert await states.audit({QID: (5, '"flushed-elsewhere"')}) == []

@@ -14,6 +14,7 @@ from sidecar.backoff import Backoff
 from sidecar.buffer.lua import NO_BLOB
 from sidecar.flush.core import (
     Abandoned,
+    Ack,
     Begin,
     Behind,
     Blob,
@@ -277,6 +278,33 @@ def test_a_renewal_reporting_another_version_makes_the_blob_unverified() -> None
     core.unverify(Q)  # the store's listing disagrees
     core.lapsed(Q)  # then the lease is lost: whoever holds it next judges
     assert core.unverified() == []
+
+
+def test_a_resend_confirmed_by_its_own_read_is_compared_once_then_no_longer_due() -> None:
+    # A resend of a batch the blob held: the shell's read answers it. The blob, read under
+    # the lease but not by a flush, is unverified: compared with Redis by one flush (the row
+    # alone), then not due any more. (It stayed due for ever: a flush every check.)
+    core = held_core()
+    core.read(Q, AT_3.stored, core.stamp, term=4)
+    core.redis_says(Q, 3, 0, core.stamp, recorded_reset="", judge=True)
+    waiter = object()
+    assert core.ack(Q, 3, waiter) is Ack.CONFIRM and core.due(Q)
+    assert core.read(Q, AT_3.stored, core.stamp, term=4)[1] == [waiter]  # answered
+    core.ack_gone(Q, waiter)
+    plan = core.plan(Q, 3)
+    assert plan.step is Step.COMPARE and plan.base == READ_3
+    core.redis_says(Q, 3, 0, core.stamp, recorded_reset="", judge=True)  # the flush's reread
+    assert not core.due(Q) and core.plan(Q, 3).step is Step.SKIP
+
+
+def test_a_listing_at_another_version_forgets_what_the_blob_was_seen_to_hold() -> None:
+    core = held_core()
+    core.read(Q, AT_3.stored, core.stamp, term=4)
+    core.redis_says(Q, 3, 0, core.stamp, recorded_reset="", judge=True)
+    core.listed(Q, '"v3"')  # at the version seen: kept, compared once
+    assert core.plan(Q, 3).step is Step.COMPARE
+    core.listed(Q, None)  # deleted since: read again, whatever the row
+    assert core.due(Q) and core.plan(Q, 3).step is Step.READ and core.floor(Q) is None
 
 
 def test_an_idle_query_writes_its_document_again_to_name_its_newest_snapshot() -> None:
