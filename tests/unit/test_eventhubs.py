@@ -425,12 +425,18 @@ async def test_a_rewind_is_not_undone_by_a_write_in_flight_before_it() -> None:
     assert blobs.numbers() == {f"{group}/0": 49}
 
 
-async def test_positions_another_writer_lowered_are_not_raised_again_by_the_same_batch() -> None:
-    blobs, metrics = MemoryBlobs(), Metrics()
-    writer = EventHubsCheckpointer(config(), metrics, blobs)
+async def written_at_batch_3() -> tuple[MemoryBlobs, EventHubsCheckpointer, str]:
+    """A checkpointer that wrote batch 3 of two partitions (39, 40); its blobs and group."""
+    blobs = MemoryBlobs()
+    writer = EventHubsCheckpointer(config(), Metrics(), blobs)
     group = f"{STORED_AS}/telemetry/spark-telemetry-to-delta/checkpoint"
     writer.durable(durable(QID, 3, partitions=2, per_partition=10))
     await writer.final_commit()
+    return blobs, writer, group
+
+
+async def test_positions_another_writer_lowered_are_not_raised_again_by_the_same_batch() -> None:
+    blobs, writer, group = await written_at_batch_3()
     # This daemon lost the query; its new owner reset it to batch 1 (lowered both) while a
     # write of this one's batch 5 was failing: retried, it lists again and finds them lower.
     blobs.fail = StoreUnavailable("store down", reason="503 ServerBusy")
@@ -451,11 +457,7 @@ async def test_positions_another_writer_lowered_are_not_raised_again_by_the_same
 async def test_a_batch_told_again_does_not_raise_what_another_writer_lowered_since() -> None:
     # Written at batch 3; a twin then reset the query and lowered both partitions. This
     # daemon, not knowing yet, flushes from memory and tells batch 3 again: nothing newer.
-    blobs, metrics = MemoryBlobs(), Metrics()
-    writer = EventHubsCheckpointer(config(), metrics, blobs)
-    group = f"{STORED_AS}/telemetry/spark-telemetry-to-delta/checkpoint"
-    writer.durable(durable(QID, 3, partitions=2, per_partition=10))
-    await writer.final_commit()
+    blobs, writer, group = await written_at_batch_3()
     assert blobs.numbers() == {f"{group}/0": 39, f"{group}/1": 40}
     for p in (0, 1):
         blobs.put("checkpoints", f"{group}/{p}", {"sequencenumber": "9", "offset": ""})
