@@ -25,7 +25,11 @@ eval "set -- ${PYTEST_ARGS:-}"
 # The 3.5 pass has only Spark tests: two workers there are two JVMs (--dist load).
 # The slowest tests, printed at the end of the main pass: where the suite's time goes.
 workers=${TEST_WORKERS:-2}
-.venv/bin/python -m pytest -n "$workers" --dist loadgroup --durations=25 "$@" || exit $?
+# One seed for the property tests and the simulation's 150 examples (TEST_HYPOTHESIS_SEED):
+# the suite answers the same way every run; searching belongs to the deep pass below and to
+# `make simulate` (a random draw once hit a case already kept as OPEN, failing a CI run).
+.venv/bin/python -m pytest -n "$workers" --dist loadgroup --durations=25 \
+    --hypothesis-seed="${TEST_HYPOTHESIS_SEED:-220}" "$@" || exit $?
 
 deep_pid="" deep_log=""
 if [ $# -eq 0 ] && [ "${DEEP_EXAMPLES:-1500}" -gt 0 ]; then
