@@ -1498,6 +1498,23 @@ OPEN: dict[str, list[Step]] = {
         lambda s: s.update(back=2, blob_ack=False, query="q1"),
         lambda s: s.get(query="q1"),
     ],
+    # A twin on its own Redis reset q1 again and again while ours retired the query between
+    # its updates: ours wrote batch 3 over one of the twin's resets. The "twins both write"
+    # class (its known limit: a reset this Redis never recorded is told only below Redis'
+    # flushed batch; a retired query has no flushed batch here). Found by make simulate at
+    # 5,000 examples (cut to 10 steps); fails the same on the code before the session.
+    "a twin's reset written over by ours after the query was retired here": [
+        lambda s: s.twin_resets(back=1, query="q1"),
+        lambda s: s.twin_starts(),
+        lambda s: s.twin_resets(back=1, query="q1"),
+        lambda s: s.update(back=0, blob_ack=False, query="q2"),
+        lambda s: s.update(back=0, blob_ack=False, query="q1"),
+        lambda s: s.update(back=0, blob_ack=True, query="q1"),
+        lambda s: s.twin_resets(back=1, query="q1"),
+        lambda s: s.retire(query="q1"),
+        lambda s: s.update(back=0, blob_ack=False, query="q1"),
+        lambda s: s.twin_resets(back=1, query="q1"),
+    ],
 }
 
 
