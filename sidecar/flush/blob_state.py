@@ -54,7 +54,7 @@ from sidecar.errors import (
     VersionConflict,
 )
 from sidecar.flush.core import Ack, FlushCore, Plan, Seen
-from sidecar.flush.lease import Held, LeaseState, Ownership
+from sidecar.flush.lease import Held, Ownership
 from sidecar.flush.lease_manager import LeaseManager, LeaseStore
 from sidecar.flush.shell import QueryShell
 from sidecar.model.document import CheckpointDocument, SnapshotRef, Stored
@@ -703,9 +703,6 @@ class BlobStates:
     def not_sent(self, query_id: str) -> None:
         """An admin op's write was refused before it ran (nothing written)."""
         self._core.abandoned(query_id)
-
-    def lease_state(self, query_id: str) -> LeaseState | None:
-        return self.leases.state(query_id)
 
     # --- retirement --------------------------------------------------------------------------
 

@@ -275,7 +275,7 @@ def test_a_renewal_reporting_another_version_makes_the_blob_unverified() -> None
     core.read(Q, AT_3.stored, core.stamp, term=4)
     core.redis_says(Q, 3, 0, core.stamp, recorded_reset="", judge=True)  # compared: nothing behind
     assert core.unverified() == [] and core.behind(Q) is None
-    core.unverify(Q)  # the store's listing disagrees
+    core.unverify(Q)  # an ack's confirming read failed: read at the next check
     core.lapsed(Q)  # then the lease is lost: whoever holds it next judges
     assert core.unverified() == []
 
