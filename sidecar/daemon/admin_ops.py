@@ -9,8 +9,6 @@ no daemon is running, so both paths write the same bytes.
 from __future__ import annotations
 
 import logging
-import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -74,17 +72,20 @@ class DaemonAdmin:
         self._metrics = metrics
         self._writer = writer
         self._on_rewind = on_rewind
-        #: When each query's last progress arrived (monotonic), oldest first; only those of
-        #: the last quiet time are kept.
-        self._heard: OrderedDict[str, float] = OrderedDict()
+        #: When each query's last progress arrived is kept on its entry in the daemon's
+        #: record (``sidecar.daemon.queries``), which retirement keeps while it is recent.
+        self._queries = retirement.queries
 
-    def heard(self, query_id: str) -> None:
+    def heard(self, query_id: str, label: str) -> None:
         """A progress of the query arrived (stored or not: an idle query still reports)."""
-        now = time.monotonic()
-        self._heard[query_id] = now
-        self._heard.move_to_end(query_id)
-        while self._heard and next(iter(self._heard.values())) < now - self._config.admin_quiet_s:
-            self._heard.popitem(last=False)
+        q, _ = self._queries.entry(query_id, label)
+        q.heard_at = self._queries.clock()
+
+    def heard_lately(self, query_id: str) -> bool:
+        """Whether a progress of the query arrived within the quiet time (retirement keeps
+        such a query: a reset or retire must still be refused)."""
+        q = self._queries.get(query_id)
+        return q is not None and self._queries.clock() - q.heard_at < self._config.admin_quiet_s
 
     async def __call__(self, request: AdminRequest) -> dict[str, Any]:
         op = "reset" if isinstance(request, Reset) else "retire"
@@ -105,9 +106,9 @@ class DaemonAdmin:
         return msgspec.to_builtins(result)  # type: ignore[no-any-return]
 
     def _check_heard(self, query_id: str, label: str, force: bool) -> None:
-        at = self._heard.get(query_id)
-        if not force and at is not None and time.monotonic() - at < self._config.admin_quiet_s:
-            since = time.monotonic() - at
+        q = self._queries.get(query_id)
+        if not force and q is not None and self.heard_lately(query_id):
+            since = self._queries.clock() - q.heard_at
             raise running(label, query_id, since, self._config, "this daemon received a progress")
 
     async def _reset(self, request: Reset) -> AdminResult:
@@ -215,7 +216,6 @@ class DaemonAdmin:
                         "blob was archived (Redis' keys are removed): run the command again"
                     )
             await self._retirement.drop(query_id, label)
-            self._heard.pop(query_id, None)
         return AdminResult(
             "retire",
             query_id,

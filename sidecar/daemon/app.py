@@ -48,6 +48,7 @@ from sidecar.daemon import ownership
 from sidecar.daemon.admin_ops import DaemonAdmin, export_restores
 from sidecar.daemon.durability import DurabilityWatch
 from sidecar.daemon.http import AdminServer
+from sidecar.daemon.queries import Queries
 from sidecar.daemon.retirement import Retirement
 from sidecar.daemon.shutdown import StopBudget
 from sidecar.daemon.store_watch import StoreWatch
@@ -124,7 +125,12 @@ class Daemon:
         self.store.on_failure = lambda call, reason: self.metrics.store_failures.labels(
             call, reason
         ).inc()
-        self.retirement = Retirement(config.query_idle_s, release=self._release)
+        #: The daemon's record of each live query (the flush owner keeps its own behind its
+        #: door): retirement removes an entry in one step.
+        self.queries = Queries()
+        self.retirement = Retirement(
+            config.query_idle_s, queries=self.queries, release=self._release
+        )
         #: The flush owner: each query's record (what its blob holds, its lease, the acks
         #: waiting, the last row applied) and the flush loop, behind one door.
         self.flush = FlushOwner(
@@ -209,6 +215,7 @@ class Daemon:
             retain=config.snapshot_retain,
             abandoned_keep_s=config.snapshot_abandoned_keep_s,
             checkpoints=self._checkpoint_ids,
+            queries=self.queries,
         )
 
     def _build_ingest(self) -> None:
@@ -224,6 +231,7 @@ class Daemon:
             token=self.run_id,
             require_aof=config.redis_require_aof,
             blob_batch=self._blob_batch,
+            queries=self.queries,
         )
         # Admin ops (reset, retire), refused by the server unless SIDECAR_ADMIN_OPS is set.
         self.admin_ops = DaemonAdmin(
@@ -250,13 +258,14 @@ class Daemon:
         self.server = SocketServer(config, self.handler, self.metrics)
 
     def _wire_retirement(self) -> None:
-        """Every per-query structure in memory, for idle-query retirement (the lease is
-        released first, by ``Retirement`` itself). A new per-query cache registers here."""
+        """What outside the daemon's record (``self.queries``, which retirement removes
+        from itself) keeps of a query, for idle-query retirement (the lease is released first,
+        by ``Retirement`` itself): the flush owner's record and the sinks' groups."""
         r = self.retirement
         r.busy.append(self.flush.busy)
-        r.forget += [self.flush.forget, self.durability.forget]
-        if self.snapshots is not None:
-            r.forget.append(self.snapshots.forget)
+        if self.config.admin_ops:  # a reset must still be refused: its heard time is kept
+            r.busy.append(self.admin_ops.heard_lately)
+        r.forget.append(self.flush.forget)
         r.forget += [sink.forget for sink in self.sinks]
         r.forget_label += [self.lag.forget, self.eventhubs_lag.forget, self.metrics.forget_query]
 
@@ -469,7 +478,7 @@ class Daemon:
     def _applied(self, checkpoint: ckpt.Checkpoint, applied: bool) -> None:
         """A progress handled, ``applied`` when stored in Redis (ingest path: O(1) each)."""
         if self.config.admin_ops:  # an idle running query reports too: no reset meanwhile
-            self.admin_ops.heard(checkpoint.query_id)
+            self.admin_ops.heard(checkpoint.query_id, checkpoint.label)
         if not applied:
             return
         self.lag.observe(checkpoint)

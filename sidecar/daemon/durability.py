@@ -12,8 +12,9 @@ cannot prevent that, but it must not be silent about it:
   namespace). When the marker has vanished or changed (checked every second), Redis lost the
   namespace's data while the daemon ran:
   ``checkpoint_sidecar_redis_resets_total`` counts it, and an ERROR names each query whose
-  last acknowledged batch (remembered here, O(1) per ack) is above what Redis and the blob
-  hold now — the size of the loss, so an operator knows what to replay.
+  last acknowledged batch (kept on its entry in ``sidecar.daemon.queries``, O(1) per ack) is
+  above what Redis and the blob hold now — the size of the loss, so an operator knows what
+  to replay.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from sidecar.buffer.redis_buffer import RedisBuffer
+from sidecar.daemon.queries import Queries
 from sidecar.errors import ConfigError, CorruptRecord, SidecarError
 from sidecar.telemetry.metrics import Metrics
 
@@ -45,7 +47,10 @@ class DurabilityWatch:
         token: str,
         require_aof: bool,
         blob_batch: BlobBatch,
+        queries: Queries,
     ) -> None:
+        """``queries``: the daemon's record of live queries, where each one's last
+        acknowledged batch is kept (``sidecar.daemon.queries``)."""
         self._buffer = buffer
         self._metrics = metrics
         self._token = token
@@ -55,22 +60,17 @@ class DurabilityWatch:
         self._claims = 0
         self._require_aof = require_aof
         self._blob_batch = blob_batch
-        #: Last acknowledged batch per query id, with the query's label for the log.
-        self._acked: dict[str, tuple[int, str]] = {}
+        self._queries = queries
         self._down = False
         #: Completed passes (for tests and debugging).
         self.checks = 0
 
     def acked(self, query_id: str, label: str, batch_id: int) -> None:
-        """An update was acknowledged to a client (called on the ingest path: O(1))."""
-        known = self._acked.get(query_id)
-        if known is None or batch_id > known[0]:
-            self._acked[query_id] = (batch_id, label)
-
-    def forget(self, query_id: str) -> None:
-        """A retired query (``sidecar.daemon.retirement``): nothing pending, so Redis or the blob
-        holds its last acknowledged batch; a later loss is found by its next ack."""
-        self._acked.pop(query_id, None)
+        """An update was acknowledged to a client (called on the ingest path: O(1)). A retired
+        query's entry is gone with it: nothing was pending, so Redis or the blob held its last
+        acknowledged batch; a later loss is found by its next ack."""
+        q, _ = self._queries.entry(query_id, label)
+        q.acked = max(q.acked, batch_id)
 
     async def start(self) -> None:
         """Check persistence and write the marker (Redis must answer).
@@ -131,7 +131,10 @@ class DurabilityWatch:
 
     async def _report_loss(self) -> None:
         lost: list[str] = []
-        for query_id, (acked, label) in list(self._acked.items()):
+        for query_id, q in self._queries:
+            acked, label = q.acked, q.label
+            if acked < 0:
+                continue
             try:
                 stored = await self._buffer.stored_batch(query_id)
             except CorruptRecord:

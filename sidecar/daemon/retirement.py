@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 import anyio
 from anyio.abc import TaskStatus
+
+from sidecar.daemon.queries import Queries
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ Release = Callable[[str], Awaitable[bool]]
 
 
 class Retirement:
-    """Last-seen bookkeeping per query id and the loop that retires idle queries.
+    """Retires idle queries from the daemon's record of them (``queries``, created here when
+    not given).
 
     ``busy``: predicates by query id, any true keeps the query; ``forget``: hooks by query id
     (the flush owner, ``sidecar.flush.owner``, registers here too); ``forget_label``: hooks
@@ -54,16 +56,13 @@ class Retirement:
         self,
         idle_s: float,
         *,
+        queries: Queries | None = None,
         release: Release | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.idle_s = idle_s
+        self.queries = queries if queries is not None else Queries(clock)
         self._release = release
-        self._clock = clock
-        #: Query id -> (last seen, label), least recently seen first.
-        self._seen: OrderedDict[str, tuple[float, str]] = OrderedDict()
-        #: Live query ids per label (labels are shared by the ids of one query name).
-        self._labels: dict[str, int] = {}
         self.busy: list[Callable[[str], bool]] = []
         self.forget: list[Callable[[str], None]] = []
         self.forget_label: list[Callable[[str], None]] = []
@@ -74,26 +73,22 @@ class Retirement:
 
     def __len__(self) -> int:
         """Live queries: seen or tracked, not retired."""
-        return len(self._seen)
+        return len(self.queries)
 
     def __contains__(self, query_id: object) -> bool:
-        return query_id in self._seen
+        return query_id in self.queries
 
     def seen(self, query_id: str, label: str) -> None:
         """An update of the query was received (called on the ingest path: O(1))."""
-        known = self._seen.get(query_id)
-        self._seen[query_id] = (self._clock(), label)
-        self._seen.move_to_end(query_id)
-        if known is None:
-            self._labels[label] = self._labels.get(label, 0) + 1
-        elif known[1] != label:  # renamed (a restart with the same checkpoint directory)
-            self._labels[label] = self._labels.get(label, 0) + 1
-            self._drop_label(known[1])
+        q, renamed_from = self.queries.entry(query_id, label)
+        q.seen_at = self.queries.clock()
+        if renamed_from is not None:
+            self._drop_label(renamed_from)
 
     def track(self, query_id: str, label: str) -> None:
         """The query holds state here without an update seen (e.g. recovered at start, or
         another daemon's update): track it from now on, but do not refresh it."""
-        if query_id not in self._seen:
+        if query_id not in self.queries:
             self.seen(query_id, label)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -111,13 +106,12 @@ class Retirement:
 
     async def retire_idle(self) -> list[str]:
         """One pass: retire every idle query nothing is busy with; their labels."""
-        deadline = self._clock() - self.idle_s
-        due = []
-        for query_id, (at, _) in self._seen.items():  # least recently seen first
-            if at > deadline:
-                break
-            if not self._busy(query_id):
-                due.append(query_id)
+        deadline = self.queries.clock() - self.idle_s
+        due = [
+            query_id
+            for query_id, q in self.queries
+            if q.seen_at <= deadline and not self._busy(query_id)
+        ]
         retired = [label for query_id in due if (label := await self._retire(query_id))]
         self.passes += 1
         return retired
@@ -128,28 +122,30 @@ class Retirement:
         idle query. Its lease is released even when a renewal is under way (retried)."""
         while self._release is not None and not await self._release(query_id):  # noqa: ASYNC110
             await anyio.sleep(0.05)  # a renewal in flight: it ends within one store call
-        entry = self._seen.pop(query_id, None)
+        entry = self.queries.remove(query_id)
         for forget in self.forget:
             self._call(forget, query_id, label)
         if entry is not None:
-            self._drop_label(entry[1])
+            self._drop_label(entry.label)
         log.info("retired query=%s (id %s) by request; lease released", label, query_id)
 
     def _busy(self, query_id: str) -> bool:
         return any(busy(query_id) for busy in self.busy)
 
     async def _retire(self, query_id: str) -> str | None:
-        entry = self._seen.get(query_id)
+        entry = self.queries.get(query_id)
         if entry is None:
             return None
+        at = entry.seen_at
         if self._release is not None and not await self._release(query_id):
             return None
         # The release awaited the store: the query may have come back meanwhile. Then it
         # stays; its lease is acquired again at its next write.
-        if self._seen.get(query_id) is not entry or self._busy(query_id):
-            log.debug("query=%s active again while being retired; kept", entry[1])
+        if self.queries.get(query_id) is not entry or entry.seen_at != at or self._busy(query_id):
+            log.debug("query=%s active again while being retired; kept", entry.label)
             return None
-        at, label = self._seen.pop(query_id)
+        self.queries.remove(query_id)
+        label = entry.label
         for forget in self.forget:
             self._call(forget, query_id, label)
         gone = self._drop_label(label)
@@ -159,18 +155,15 @@ class Retirement:
             "its Redis record and blob stay",
             label,
             query_id,
-            self._clock() - at,
+            self.queries.clock() - at,
             ", metric series removed" if gone else "",
         )
         return label
 
     def _drop_label(self, label: str) -> bool:
         """One live id fewer carries ``label``; True when it was the last (hooks run)."""
-        left = self._labels.get(label, 0) - 1
-        if left > 0:
-            self._labels[label] = left
+        if self.queries.carries(label):
             return False
-        self._labels.pop(label, None)
         for forget in self.forget_label:
             self._call(forget, label, label)
         return True

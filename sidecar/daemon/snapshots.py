@@ -33,11 +33,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from sidecar.daemon.queries import LiveQuery, Queries, SnapshotPart
 from sidecar.errors import SidecarError
 from sidecar.flush.lease import Ownership
 from sidecar.model.checkpoint import Checkpoint
@@ -79,39 +79,6 @@ RECLAIM_EVERY_S = 3600.0
 REPORTED_MAX = 64
 
 
-@dataclass
-class _Query:
-    """What the loop keeps of one query."""
-
-    label: str
-    #: The run (Spark's run id) whose progress set ``wanted``, and how many rewinds were
-    #: followed (a snapshot begun before one does not move ``done``).
-    run_id: str | None = None
-    rewinds: int = 0
-    #: Its checkpoint location under the root (None: not found there: not snapshotted, and
-    #: no lag shown — its checkpoint is elsewhere).
-    location: str | None = None
-    #: The newest batch Spark committed (from its progress), and when each not yet in a
-    #: snapshot was reported (for the lag in seconds; at most :data:`REPORTED_MAX`, the
-    #: oldest always kept).
-    wanted: int = -1
-    reported: dict[int, float] = field(default_factory=dict)
-    #: The newest snapshot's batch (-1: none yet).
-    done: int = -1
-    in_flight: bool = False
-    #: Its checkpoint was not under the root at the last look (nothing to wait for: no lag
-    #: kept), and whether that was said (once).
-    elsewhere: bool = False
-    told: bool = False
-    retry_at: float = 0.0
-    #: The last off-timeline refusal said (said again only when it changes).
-    off_said: str | None = None
-    pruned_at: float = float("-inf")
-    contents: Contents | None = None
-    #: The lease term ``contents`` was loaded under.
-    contents_term: int = -1
-
-
 class Snapshotter:
     """Snapshots of the queries this daemon owns (``SIDECAR_SNAPSHOT_ROOT``)."""
 
@@ -128,7 +95,7 @@ class Snapshotter:
         retain: int,
         abandoned_keep_s: float = 7 * 86400.0,
         checkpoints: Callable[[], Awaitable[set[str]]] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        queries: Queries | None = None,
     ) -> None:
         """``owns(query id, label)``: None when this daemon does not hold the query's lease,
         else a check that it still does (right before the index is written), with its term:
@@ -139,7 +106,9 @@ class Snapshotter:
         and whether that is known; ``retain``: snapshots kept of the current timeline;
         ``abandoned_keep_s``: how long one of an abandoned timeline is kept, and the snapshots
         of a query gone; ``checkpoints()``: the ids of the queries with a checkpoint blob (None:
-        gone queries are not looked for)."""
+        gone queries are not looked for); ``queries``: the daemon's record of live queries,
+        where each one's part is kept (``sidecar.daemon.queries``; its own when not given),
+        and whose clock times retries and lags."""
         self._source = source
         self._blobs = blobs
         self._namespace = namespace
@@ -150,9 +119,8 @@ class Snapshotter:
         self._retain = retain
         self._abandoned_keep_s = abandoned_keep_s
         self._checkpoints = checkpoints
-        self._clock = clock
-        self._queries: dict[str, _Query] = {}
-        self._locations: dict[str, str] = {}
+        self._queries = queries if queries is not None else Queries()
+        self._clock = self._queries.clock
         self._listed_at = float("-inf")
         self._wake = anyio.Event()
         self._limiter = anyio.CapacityLimiter(IN_FLIGHT)
@@ -164,9 +132,10 @@ class Snapshotter:
 
     def committed(self, checkpoint: Checkpoint) -> None:
         """Spark committed ``checkpoint``'s batch (its progress arrived): snapshot it soon."""
-        q = self._queries.get(checkpoint.query_id)
+        entry, _ = self._queries.entry(checkpoint.query_id, checkpoint.label)
+        q = entry.snapshot
         if q is None:
-            q = self._queries[checkpoint.query_id] = _Query(checkpoint.label)
+            q = entry.snapshot = SnapshotPart()
         if checkpoint.run_id != q.run_id:
             q.run_id = checkpoint.run_id
             if checkpoint.batch_id <= q.wanted:
@@ -182,22 +151,17 @@ class Snapshotter:
                 if len(q.reported) > REPORTED_MAX:  # failing for long: keep the oldest
                     del q.reported[sorted(q.reported)[1]]
             if q.location is not None:
-                self._metrics.snapshot_lag_batches.labels(q.label).set(q.wanted - q.done)
+                self._metrics.snapshot_lag_batches.labels(entry.label).set(q.wanted - q.done)
             # Woken only for a snapshot it can start now: not for a query whose checkpoint is
             # elsewhere (looked for again by the tick), nor one in flight (its end wakes it).
             # Every progress of every query woke it before: a pass per update.
             if not q.elsewhere and not q.in_flight:
                 self._wake.set()
 
-    def forget(self, query_id: str) -> None:
-        """A retired query: nothing kept of it (a snapshot in flight finds it gone)."""
-        q = self._queries.pop(query_id, None)
-        if q is not None:
-            self._metrics.forget_snapshot_series(q.label)
-
     def lag_seconds(self, query_id: str) -> float:
         """How long the oldest batch Spark committed and no snapshot holds has waited."""
-        q = self._queries.get(query_id)
+        entry = self._queries.get(query_id)
+        q = entry.snapshot if entry is not None else None
         if q is None or not q.reported:
             return 0.0
         return max(0.0, self._clock() - min(q.reported.values()))
@@ -228,38 +192,45 @@ class Snapshotter:
 
     def _start_due(self, tg: TaskGroup) -> None:
         now = self._clock()
-        for query_id, q in self._queries.items():
-            if q.wanted > q.done and not q.in_flight and now >= q.retry_at:
+        for query_id, entry in self._queries:
+            q = entry.snapshot
+            if q is not None and q.wanted > q.done and not q.in_flight and now >= q.retry_at:
                 q.in_flight = True
-                tg.start_soon(self._snapshot, query_id, q)
+                tg.start_soon(self._snapshot, query_id, entry, q)
 
     def _show_lag(self) -> None:
-        for query_id, q in self._queries.items():
-            if q.location is not None:
-                self._metrics.snapshot_lag_seconds.labels(q.label).set(self.lag_seconds(query_id))
+        for query_id, entry in self._queries:
+            if entry.snapshot is not None and entry.snapshot.location is not None:
+                lag = self.lag_seconds(query_id)
+                self._metrics.snapshot_lag_seconds.labels(entry.label).set(lag)
 
-    async def _location(self, query_id: str) -> str | None:
-        """The query's checkpoint location under the root (listed again, at most every
-        :data:`RELIST_S`, for a query not found)."""
-        location = self._locations.get(query_id)
-        if location is None and self._clock() - self._listed_at >= RELIST_S:
+    async def _location(self, q: SnapshotPart) -> str | None:
+        """The query's checkpoint location under the root. The root is listed for a query
+        not looked for yet, and again at most every :data:`RELIST_S` for one not found; each
+        listing fills in the location of every live query it finds."""
+        if q.location is None and (not q.looked or self._clock() - self._listed_at >= RELIST_S):
             self._listed_at = self._clock()
             found: list[Location] = await self._source.locations()
-            self._locations = {loc.query_id: loc.path for loc in found}
-            location = self._locations.get(query_id)
-        return location
+            paths = {loc.query_id: loc.path for loc in found}
+            for query_id, entry in self._queries:
+                part = entry.snapshot
+                if part is not None and query_id in paths:
+                    part.location, part.looked = paths[query_id], True
+                elif part is not None:
+                    part.looked = True
+        return q.location
 
-    async def _snapshot(self, query_id: str, q: _Query) -> None:
+    async def _snapshot(self, query_id: str, entry: LiveQuery, q: SnapshotPart) -> None:
         batch, rewinds = q.wanted, q.rewinds
         started = time.perf_counter()
         result = "error"
         try:
             async with self._limiter:
-                still_owner = await self._owns(query_id, q.label)
+                still_owner = await self._owns(query_id, entry.label)
                 if still_owner is None:
                     result = "not_owner"
                     return
-                location = await self._location(query_id)
+                location = await self._location(q)
                 if location is None:
                     # Its checkpoint is not under the root: nothing to snapshot (said once).
                     result = "no_location"
@@ -270,7 +241,7 @@ class Snapshotter:
                         log.info(
                             "snapshot query=%s: no checkpoint location of this query under %s "
                             "(its checkpointLocation is elsewhere): not snapshotted",
-                            q.label,
+                            entry.label,
                             self._source,
                         )
                     q.retry_at = self._clock() + RELIST_S
@@ -298,7 +269,7 @@ class Snapshotter:
                     lineage=lambda batch, shas: self._lineage(query_id, q, batch, shas),
                     hints=_hints(q.contents, batch, marker),
                 )
-                self._done(query_id, q, upload.index, rewinds)
+                self._done(query_id, entry, q, upload.index, rewinds)
                 m = self._metrics
                 m.snapshot_bytes.labels("content").inc(upload.uploaded_bytes)
                 m.snapshot_bytes.labels("index").inc(upload.index_bytes)
@@ -308,7 +279,7 @@ class Snapshotter:
                 result = "ok"
                 if self._clock() - q.pruned_at >= PRUNE_EVERY_S and still_owner():
                     q.pruned_at = self._clock()
-                    await self._prune(query_id, q, still_owner)
+                    await self._prune(query_id, entry, q, still_owner)
         except Exception as exc:  # a snapshot's failure never stops the offsets' path
             reason = failure_reason(exc)
             if reason == "not_owner":
@@ -319,7 +290,7 @@ class Snapshotter:
             else:
                 self._metrics.snapshot_failures.labels(reason).inc()
             if reason == "other":  # a bug: its traceback
-                log.exception("snapshot query=%s batch=%d failed unexpectedly", q.label, batch)
+                log.exception("snapshot query=%s batch=%d failed unexpectedly", entry.label, batch)
             else:
                 quiet = reason in ("file_changed", "cut_not_committed", "not_owner")
                 if reason == lineage.OFF_TIMELINE:  # said once per query and timeline
@@ -328,7 +299,7 @@ class Snapshotter:
                 log.log(
                     logging.INFO if quiet else logging.WARNING,
                     "snapshot query=%s batch=%d not taken (%s): %s",
-                    q.label,
+                    entry.label,
                     batch,
                     reason,
                     exc,
@@ -344,7 +315,7 @@ class Snapshotter:
                 q.retry_at = self._clock() + RETRY_S
 
     def _lineage(
-        self, query_id: str, q: _Query, batch: int, shas: Mapping[str, bytes]
+        self, query_id: str, q: SnapshotPart, batch: int, shas: Mapping[str, bytes]
     ) -> tuple[str | None, str]:
         """A new snapshot's parent and timeline (``sidecar.snapshot.lineage``), against the
         document's marker as known now.
@@ -361,7 +332,9 @@ class Snapshotter:
         parent = lineage.parent_of(batch, shas, q.contents.indexes())
         return (parent.id if parent is not None else None), lineage.place(parent, marker)
 
-    def _done(self, query_id: str, q: _Query, index: SnapshotIndex, rewinds: int) -> None:
+    def _done(
+        self, query_id: str, entry: LiveQuery, q: SnapshotPart, index: SnapshotIndex, rewinds: int
+    ) -> None:
         batch = index.batch
         q.off_said = None
         if rewinds != q.rewinds:  # of the timeline before a rewind: neither done nor named
@@ -369,15 +342,19 @@ class Snapshotter:
         q.done = max(q.done, batch)
         for reported in [b for b in q.reported if b <= q.done]:
             del q.reported[reported]
-        self._metrics.snapshot_lag_batches.labels(q.label).set(max(0, q.wanted - q.done))
-        self._metrics.snapshot_batch.labels(q.label).set(q.done)
+        self._metrics.snapshot_lag_batches.labels(entry.label).set(max(0, q.wanted - q.done))
+        self._metrics.snapshot_batch.labels(entry.label).set(q.done)
         self._taken(query_id, SnapshotRef(batch, index.id, index.timeline))
 
     async def _reclaim(self, checkpoints: Callable[[], Awaitable[set[str]]]) -> None:
         """Now and then, the snapshots of queries gone (``sidecar.snapshot.reclaim``)."""
         await anyio.sleep(RECLAIM_FIRST_S)
         while True:
-            busy = [query_id for query_id, q in self._queries.items() if q.location is not None]
+            busy = [
+                query_id
+                for query_id, entry in self._queries
+                if entry.snapshot is not None and entry.snapshot.location is not None
+            ]
             try:
                 await reclaim(
                     self._blobs,
@@ -393,7 +370,9 @@ class Snapshotter:
                 log.exception("snapshots of gone queries: the pass failed unexpectedly")
             await anyio.sleep(RECLAIM_EVERY_S)
 
-    async def _prune(self, query_id: str, q: _Query, owner: Ownership) -> None:
+    async def _prune(
+        self, query_id: str, entry: LiveQuery, q: SnapshotPart, owner: Ownership
+    ) -> None:
         """Retention and the sweep, never beside an upload of the same query (the caller is
         that query's one snapshot in flight), only by the owner."""
         known, marker = self._marker(query_id)
@@ -412,21 +391,21 @@ class Snapshotter:
                 abandoned_s=self._abandoned_keep_s,
             )
         except SidecarError as exc:
-            log.warning("snapshot query=%s: prune failed (tried again later): %s", q.label, exc)
+            log.warning("snapshot query=%s: prune failed (tried again later): %s", entry.label, exc)
             return
-        log.debug("snapshot query=%s: pruned %r", q.label, pruned)
+        log.debug("snapshot query=%s: pruned %r", entry.label, pruned)
         broken = pruned.plan.broken  # deleted by this pass unless the document names it
-        self._metrics.snapshots_broken.labels(q.label).set(len(broken))
-        self._metrics.snapshots_checked.labels(q.label).set(time.time())
+        self._metrics.snapshots_broken.labels(entry.label).set(len(broken))
+        self._metrics.snapshots_checked.labels(entry.label).set(time.time())
         if broken:
             log.error(
                 "snapshot query=%s: %d snapshot(s) could not be restored (a pack they name is "
                 "gone; deleted unless the checkpoint names it): %s; run 'checkpoint-sidecar "
                 "snapshots %s --check', and look for who deletes blobs in the container",
-                q.label,
+                entry.label,
                 len(broken),
                 ", ".join(n.rsplit("/", 1)[-1] for n in broken),
-                q.label,
+                entry.label,
             )
 
 

@@ -301,8 +301,8 @@ class BlobStates:
         it); None otherwise."""
         return self._core.take_row(query_id)
 
-    def prune_rows(self, pending: set[str], now_ms: int) -> None:
-        self._core.prune_rows(pending, now_ms)
+    def checked(self, pending: set[str], now_ms: int) -> None:
+        self._core.checked(pending, now_ms)
 
     # --- what the flusher asks and tells ---------------------------------------------------
 
@@ -339,9 +339,10 @@ class BlobStates:
         self._core.recovering(query_ids)
 
     def busy(self, query_id: str) -> bool:
-        """An ack waits on the query, or it is in a flush pass: not to be retired now."""
+        """Updates pending in Redis at the last check, an ack waits on the query, or it is in
+        a flush pass: not to be retired now."""
         q = self._core.get(query_id)
-        return q is not None and (q.acks_wait or self._core.in_flight(query_id))
+        return q is not None and (q.pending or q.acks_wait or self._core.in_flight(query_id))
 
     def in_flight(self, query_id: str) -> bool:
         return self._core.in_flight(query_id)

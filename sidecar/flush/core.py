@@ -335,6 +335,9 @@ class QueryState(Generic[W, L]):
     row: tuple[PendingQuery, int] | None = None
     #: Left pending by a previous run: due whatever the thresholds until flushed.
     recovering: bool = False
+    #: Updates pending (or an unreadable count) in Redis at the last flush check: not to be
+    #: retired.
+    pending: bool = False
     #: The last document written had its history thinned (logged once until it fits).
     thinned: bool = False
     #: When ingest last read the blob again after a refusal by the floor alone.
@@ -775,11 +778,13 @@ class FlushCore(Generic[W, L]):
         row, q.row = q.row, None
         return row if q.acks_wait else None
 
-    def prune_rows(self, pending: set[str], now_ms: int) -> None:
-        """Drop the rows of queries no longer pending in a check at Redis time ``now_ms``
-        (flushed since they were applied)."""
+    def checked(self, pending: set[str], now_ms: int) -> None:
+        """A flush check at Redis time ``now_ms`` found ``pending`` (with updates pending or
+        an unreadable count): each record says whether it is, and the rows of those no longer
+        pending are dropped (flushed since they were applied)."""
         for q in self._queries.values():
-            if q.row is not None and q.row[0].snapshot_ms < now_ms and q.query_id not in pending:
+            q.pending = q.query_id in pending
+            if q.row is not None and q.row[0].snapshot_ms < now_ms and not q.pending:
                 q.row = None
 
     # --- one flush ----------------------------------------------------------------------------

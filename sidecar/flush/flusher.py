@@ -124,8 +124,6 @@ class Flusher:
         self._quarantined = Quarantine(metrics)
         #: Whether the first snapshot (recovery: what a previous run left pending) was read.
         self._recovered = False
-        #: Queries with updates pending (or an unreadable record) at the last snapshot read.
-        self._pending: set[str] = set()
         self._loop = anyio.CancelScope()
         self._loop_done = anyio.Event()
         self._started = False
@@ -136,9 +134,7 @@ class Flusher:
         """True while the query must not be retired: updates pending in Redis at the last
         pass, an acknowledgement waiting on its blob, a flush in progress, or a quarantined
         record."""
-        return (
-            query_id in self._pending or query_id in self._quarantined or self._blobs.busy(query_id)
-        )
+        return query_id in self._quarantined or self._blobs.busy(query_id)
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -255,8 +251,7 @@ class Flusher:
         for query_id in self._quarantined.in_redis():
             if query_id not in pending:
                 self._quarantined.readable(query_id, "redis")  # flushed or deleted meanwhile
-        self._pending = pending
-        self._blobs.prune_rows(pending, now_ms)  # flushed since they were applied
+        self._blobs.checked(pending, now_ms)  # on each record; rows flushed since dropped
         if not self._recovered:
             self._recovering(pending)
         due: list[tuple[float, str]] = []

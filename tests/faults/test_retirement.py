@@ -110,6 +110,29 @@ async def test_an_idle_query_is_retired_and_comes_back_under_a_new_lease(
         assert lease_logs[-1] == f"lease query={name} ACQUIRING -> HELD: acquired for 15s"
 
 
+async def test_with_admin_ops_a_query_still_reporting_is_kept_until_quiet_then_retired(
+    make_config: ConfigFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An idle running query reports its last batch again (not applied). Admin ops refuse a
+    # reset of a query heard within their quiet time, and that time lives on the query's
+    # entry in the daemon's record: retirement keeps the entry while it is recent.
+    caplog.set_level(logging.INFO, "sidecar")
+    config = make_config(query_idle_s=1, count_threshold=1, admin_ops=True, admin_quiet_s=3)
+    name = "orders-to-delta"
+    async with running_daemon(config) as daemon:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            assert (await c.progress(kafka_progress(QID, 1, name=name))).applied
+            await wait_blob_batch(daemon.store, QID, 1, timeout_s=10)
+            for _ in range(8):  # 4 s of reports of the same batch: heard, never applied
+                assert not (await c.progress(kafka_progress(QID, 1, name=name))).applied
+                await anyio.sleep(0.5)
+                assert QID in daemon.retirement and not retired(caplog, name, QID)
+        entry = daemon.queries.get(QID)
+        assert entry is not None and entry.heard_at > entry.seen_at  # heard after applied
+        await eventually(lambda: retired(caplog, name, QID), timeout_s=10)
+        assert QID not in daemon.queries and daemon.retirement.retired == 1
+
+
 async def test_a_query_with_updates_pending_is_kept_while_another_daemon_holds_its_lease(
     make_config: ConfigFactory, caplog: pytest.LogCaptureFixture
 ) -> None:

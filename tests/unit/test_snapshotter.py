@@ -13,7 +13,9 @@ import msgspec
 import pytest
 
 from sidecar.daemon import snapshots
+from sidecar.daemon.queries import Queries, SnapshotPart
 from sidecar.daemon.snapshots import REPORTED_MAX, Snapshotter
+from sidecar.snapshot.source import Location
 from sidecar.telemetry.metrics import Metrics
 from tests.helpers import checkpoint_of, eventually
 
@@ -41,8 +43,15 @@ def snapshotter(clock: Clock) -> Snapshotter:
         taken=lambda query_id, ref: None,
         marker=lambda query_id: (True, None),
         retain=3,
-        clock=clock,
+        queries=Queries(clock),
     )
+
+
+def part(s: Snapshotter, query_id: str) -> SnapshotPart:
+    """The snapshot loop's part of the query's entry in the daemon's record."""
+    entry = s._queries.get(query_id)
+    assert entry is not None and entry.snapshot is not None
+    return entry.snapshot
 
 
 async def test_the_lag_is_the_oldest_batch_no_snapshot_holds() -> None:
@@ -55,7 +64,7 @@ async def test_the_lag_is_the_oldest_batch_no_snapshot_holds() -> None:
     s.committed(checkpoint_of(QUERY, 2))  # older: nothing changes
     clock.now += 2
     assert s.lag_seconds(QUERY) == 7.0
-    q = s._queries[QUERY]
+    q = part(s, QUERY)
     assert (q.wanted, sorted(q.reported)) == (4, [3, 4])
 
 
@@ -65,7 +74,7 @@ async def test_while_snapshots_fail_the_times_kept_are_bounded_and_the_oldest_st
     for batch in range(10 * REPORTED_MAX):
         s.committed(checkpoint_of(QUERY, batch))
         clock.now += 1
-    q = s._queries[QUERY]
+    q = part(s, QUERY)
     assert len(q.reported) == REPORTED_MAX
     assert min(q.reported) == 0 and max(q.reported) == 10 * REPORTED_MAX - 1
     assert s.lag_seconds(QUERY) == 10 * REPORTED_MAX
@@ -75,11 +84,11 @@ async def test_a_query_whose_checkpoint_is_elsewhere_keeps_no_times() -> None:
     clock = Clock()
     s = snapshotter(clock)
     s.committed(checkpoint_of(QUERY, 0))
-    s._queries[QUERY].elsewhere = True  # as a snapshot finds it: not under the root
-    s._queries[QUERY].reported.clear()
+    part(s, QUERY).elsewhere = True  # as a snapshot finds it: not under the root
+    part(s, QUERY).reported.clear()
     for batch in range(1, 500):
         s.committed(checkpoint_of(QUERY, batch))
-    q = s._queries[QUERY]
+    q = part(s, QUERY)
     assert q.reported == {} and q.wanted == 499  # still wanted: found later, snapshotted
     assert s.lag_seconds(QUERY) == 0.0
     assert snapshots.REPORTED_MAX < 500
@@ -94,7 +103,7 @@ async def test_progress_wakes_the_loop_only_for_a_snapshot_it_can_start(
     s = snapshotter(Clock())
     other = "5ea90000-0000-4000-8000-000000000002"
     s.committed(checkpoint_of(other, 0))
-    s._queries[other].elsewhere = True  # as a snapshot finds it: not under the root
+    part(s, other).elsewhere = True  # as a snapshot finds it: not under the root
     async with anyio.create_task_group() as tg:
         await tg.start(s.run)
         await eventually(lambda: s.passes == 1)  # the pass its first progress asked for
@@ -102,12 +111,12 @@ async def test_progress_wakes_the_loop_only_for_a_snapshot_it_can_start(
             s.committed(checkpoint_of(other, batch))
             await anyio.lowlevel.checkpoint()
         assert s.passes == 1  # never one per progress
-        s._queries[other].in_flight = True  # a snapshot under way: its end wakes the loop
-        s._queries[other].elsewhere = False
+        part(s, other).in_flight = True  # a snapshot under way: its end wakes the loop
+        part(s, other).elsewhere = False
         s.committed(checkpoint_of(other, 101))
         await anyio.sleep(0.05)
         assert s.passes == 1
-        s._queries[other].in_flight = False
+        part(s, other).in_flight = False
         passes = s.passes
         s.committed(checkpoint_of(QUERY, 0))  # one it can start: at once
         await eventually(lambda: s.passes > passes)
@@ -119,7 +128,7 @@ async def test_a_rewound_run_is_followed_at_once_and_a_restart_is_not_a_rewind()
     s = snapshotter(clock)
     for batch in range(95, 101):
         s.committed(checkpoint_of(QUERY, batch))
-    q = s._queries[QUERY]
+    q = part(s, QUERY)
     q.done = 100  # snapshotted up to 100
     # A restart on an intact volume: a new run, later batches: nothing forgotten.
     restarted = msgspec.structs.replace(checkpoint_of(QUERY, 101), run_id="run-2")
@@ -133,3 +142,41 @@ async def test_a_rewound_run_is_followed_at_once_and_a_restart_is_not_a_rewind()
     assert sorted(q.reported) == [51]
     s.committed(msgspec.structs.replace(checkpoint_of(QUERY, 52), run_id="run-3"))
     assert (q.wanted, q.rewinds) == (52, 1)
+
+
+class ListedRoot:
+    """A checkpoint root as its listings show it: the locations there now, and how many
+    listings were asked for."""
+
+    def __init__(self) -> None:
+        self.found: list[Location] = []
+        self.listings = 0
+
+    async def locations(self) -> list[Location]:
+        self.listings += 1
+        return list(self.found)
+
+
+async def test_a_new_query_lists_the_root_at_once_and_one_not_found_waits_for_the_relist() -> None:
+    clock, root = Clock(), ListedRoot()
+    s = snapshotter(clock)
+    s._source = cast(Any, root)
+    other = "5ea90000-0000-4000-8000-000000000002"
+    root.found = [Location("a", QUERY)]
+    s.committed(checkpoint_of(QUERY, 1))
+    assert await s._location(part(s, QUERY)) == "a" and root.listings == 1
+    # A query whose directory appeared since that listing: listed again at once, not after
+    # RELIST_S (each listing fills in every live query's location).
+    root.found = [Location("a", QUERY), Location("b", other)]
+    s.committed(checkpoint_of(other, 1))
+    assert await s._location(part(s, other)) == "b" and root.listings == 2
+    assert await s._location(part(s, QUERY)) == "a" and root.listings == 2  # known: no listing
+    # One looked for and not found waits RELIST_S for the next listing.
+    third = "5ea90000-0000-4000-8000-000000000003"
+    s.committed(checkpoint_of(third, 1))
+    assert await s._location(part(s, third)) is None and root.listings == 3
+    root.found.append(Location("c", third))
+    clock.now += snapshots.RELIST_S - 1
+    assert await s._location(part(s, third)) is None and root.listings == 3
+    clock.now += 1
+    assert await s._location(part(s, third)) == "c" and root.listings == 4

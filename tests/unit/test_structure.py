@@ -343,3 +343,35 @@ def test_the_flush_owner_is_held_through_a_door_of_at_most_fifteen_verbs() -> No
                 ]
     assert "FlushOwner" in verbs, imported
     assert sum(len(v) for v in verbs.values()) <= 15, verbs
+
+
+#: The maps keyed by query id that ``sidecar/flush`` and ``sidecar/daemon`` may keep on their
+#: objects: the two records (the flush owner's and the daemon's) and, each with its reason in
+#: docs/flush-owner.md, the store listing's cache and the quarantine.
+QUERY_MAPS = {
+    ("flush/core.py", "_queries"),  # the flush owner's record
+    ("daemon/queries.py", "_live"),  # the daemon's record
+    ("flush/blob_state.py", "_with_blob"),  # a cache of the store's listing
+    ("flush/quarantine.py", "_records"),  # records unreadable, perhaps of no known name
+}
+
+
+def test_per_query_facts_live_on_the_two_records_not_in_maps_of_their_own() -> None:
+    """An attribute annotated as a map or set keyed by ``str`` (a query id, in practice) in
+    ``flush/`` or ``daemon/`` is one of :data:`QUERY_MAPS`: a new per-query fact goes on a
+    record, so retiring a query stays one removal for each (docs/flush-owner.md)."""
+    found: set[tuple[str, str]] = set()
+    for package in ("flush", "daemon"):
+        for path in (SIDECAR / package).glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (
+                    isinstance(node, ast.AnnAssign)
+                    and isinstance(node.target, ast.Attribute)
+                    and isinstance(node.target.value, ast.Name)
+                    and node.target.value.id == "self"
+                ):
+                    continue
+                kind = ast.unparse(node.annotation)
+                if kind.split("[")[0] in ("dict", "set", "OrderedDict") and "[str" in kind:
+                    found.add((f"{package}/{path.name}", node.target.attr))
+    assert found == QUERY_MAPS
