@@ -78,7 +78,7 @@ class DaemonAdmin:
 
     def heard(self, query_id: str, label: str) -> None:
         """A progress of the query arrived (stored or not: an idle query still reports)."""
-        q, _ = self._queries.entry(query_id, label)
+        q = self._queries.entry(query_id, label)
         q.heard_at = self._queries.clock()
 
     def heard_lately(self, query_id: str) -> bool:

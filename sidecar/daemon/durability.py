@@ -69,7 +69,7 @@ class DurabilityWatch:
         """An update was acknowledged to a client (called on the ingest path: O(1)). A retired
         query's entry is gone with it: nothing was pending, so Redis or the blob held its last
         acknowledged batch; a later loss is found by its next ack."""
-        q, _ = self._queries.entry(query_id, label)
+        q = self._queries.entry(query_id, label)
         q.acked = max(q.acked, batch_id)
 
     async def start(self) -> None:

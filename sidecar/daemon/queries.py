@@ -98,17 +98,13 @@ class Queries:
     def get(self, query_id: str) -> LiveQuery | None:
         return self._live.get(query_id)
 
-    def entry(self, query_id: str, label: str) -> tuple[LiveQuery, str | None]:
-        """The query's entry, created (seen now) when new; renamed to ``label`` when it was
-        named otherwise. Also the label it no longer carries (a rename), else None."""
+    def entry(self, query_id: str, label: str) -> LiveQuery:
+        """The query's entry, created (seen now, named ``label``) when new. A rename is
+        retirement's to make (``Retirement.seen``): it drops the old name's series."""
         q = self._live.get(query_id)
         if q is None:
             q = self._live[query_id] = LiveQuery(label, self.clock())
-            return q, None
-        if q.label != label:  # renamed (a restart with the same checkpoint directory)
-            old, q.label = q.label, label
-            return q, old
-        return q, None
+        return q
 
     def remove(self, query_id: str) -> LiveQuery | None:
         """Retirement's one removal."""

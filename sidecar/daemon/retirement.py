@@ -80,9 +80,10 @@ class Retirement:
 
     def seen(self, query_id: str, label: str) -> None:
         """An update of the query was received (called on the ingest path: O(1))."""
-        q, renamed_from = self.queries.entry(query_id, label)
+        q = self.queries.entry(query_id, label)
         q.seen_at = self.queries.clock()
-        if renamed_from is not None:
+        if q.label != label:  # renamed (a restart with the same checkpoint directory)
+            renamed_from, q.label = q.label, label
             self._drop_label(renamed_from)
 
     def track(self, query_id: str, label: str) -> None:

@@ -132,7 +132,7 @@ class Snapshotter:
 
     def committed(self, checkpoint: Checkpoint) -> None:
         """Spark committed ``checkpoint``'s batch (its progress arrived): snapshot it soon."""
-        entry, _ = self._queries.entry(checkpoint.query_id, checkpoint.label)
+        entry = self._queries.entry(checkpoint.query_id, checkpoint.label)
         q = entry.snapshot
         if q is None:
             q = entry.snapshot = SnapshotPart()
