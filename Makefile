@@ -77,6 +77,7 @@ bench: setup
 	$(PY) bench/fleet.py
 	$(PY) bench/footprint.py
 	$(PY) bench/snapshots.py
+	$(PY) bench/cut_listing.py
 	$(PY) bench/cpu_placement.py
 
 ## The container image checkpoint-sidecar:<version>: docker when its daemon answers, else

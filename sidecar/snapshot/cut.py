@@ -88,6 +88,10 @@ from sidecar.model.spark_dir import SparkCheckpointError, SparkOffsets
 
 #: Reads one file of the listing, whole. Raises ``FileNotFoundError`` when the file is gone.
 Reader = Callable[[str], bytes]
+#: The size and stamp of one file of a listing of names, asked only of the files a cut keeps
+#: or reads (on a network volume each is a round trip). Raises ``FileNotFoundError`` when the
+#: file is gone.
+Stat = Callable[[str], "ListedFile"]
 
 CutReason = Literal["not_committed", "missing_file", "unreadable", "unsupported"]
 #: Every reason a cut is refused, as metrics label it.
@@ -236,9 +240,25 @@ def cut_of(
             unreadable, or the layout is not supported (see :data:`CUT_REASONS`).
         ValueError: ``batch`` is negative.
     """
+    files = {f.path: f for f in listing}
+    return cut_of_names(files, read, files.__getitem__, batch, hints)
+
+
+def cut_of_names(
+    paths: Iterable[str], read: Reader, stat: Stat, batch: int, hints: Hints | None = None
+) -> Cut:
+    """:func:`cut_of` from a listing of names alone: ``stat`` is asked only of the files the
+    cut keeps or reads, each once, a file read stat-ed before it is read (its stamp then
+    describes what the cut parsed, or a later version, which the copy's check refuses).
+
+    Raises:
+        CutError: as :func:`cut_of`; also ``missing_file`` when a file kept went away
+            between the listing and its stat.
+        ValueError: ``batch`` is negative.
+    """
     if batch < 0:
         raise ValueError(f"batch must be >= 0, got {batch}")
-    return _Cutter(listing, read, batch, hints or {}).cut()
+    return _Cutter(paths, read, stat, batch, hints or {}).cut()
 
 
 def is_noise(name: str) -> bool:
@@ -288,12 +308,15 @@ class _Cutter:
     """One cut being taken: the listing as a tree, what is kept, what is understood."""
 
     def __init__(
-        self, listing: Iterable[ListedFile], read: Reader, batch: int, hints: Hints
+        self, paths: Iterable[str], read: Reader, stat: Stat, batch: int, hints: Hints
     ) -> None:
         self.hints = hints
         self.hinted = False
-        self.files = {f.path: f for f in listing}
+        self.files = dict.fromkeys(paths)  # path -> None (membership, in listing order)
         self.read_file = read
+        self.stat_file = stat
+        #: The files stat-ed so far, each once.
+        self.stats: dict[str, ListedFile] = {}
         self.batch = batch
         self.version = batch + 1
         self.names: dict[str, list[str]] = defaultdict(list)  # dir -> file names in it
@@ -313,7 +336,22 @@ class _Cutter:
 
     # -- reading --------------------------------------------------------------------------
 
+    def listed(self, path: str) -> ListedFile:
+        """``path``'s size and stamp (stat-ed once, when first needed)."""
+        found = self.stats.get(path)
+        if found is None:
+            try:
+                found = self.stats[path] = self.stat_file(path)
+            except FileNotFoundError as exc:
+                raise CutError(
+                    f"{path} went away while the cut of batch {self.batch} was taken (Spark "
+                    "deleted or replaced it): take the cut again, or a newer batch's",
+                    reason="missing_file",
+                ) from exc
+        return found
+
     def read(self, path: str) -> bytes:
+        self.listed(path)  # its stamp first: the copy then checks what the cut parsed
         try:
             return self.read_file(path)
         except FileNotFoundError as exc:
@@ -360,7 +398,7 @@ class _Cutter:
         ids = self.commit_state_ids(self.batch)
         stores = self.state(offsets, ids)
         files = tuple(
-            CutFile(path, self.files[path].size, role, self.files[path].stamp)
+            CutFile(path, (listed := self.listed(path)).size, role, listed.stamp)
             for path, role in sorted(self.kept.items())
         )
         ignored = tuple(
@@ -746,7 +784,10 @@ class _Cutter:
             if not name or "/" in name:
                 raise _Unusable(f"{path} names a file {name!r}: the zip is damaged", "unreadable")
             needed = f"{directory}/{sub}/{name}"
-            listed = self.files.get(needed)
+            try:
+                listed = self.listed(needed) if needed in self.files else None
+            except CutError:
+                listed = None  # gone since the listing
             if listed is None or listed.size != entry.size_bytes:
                 found = "is not in the listing" if listed is None else f"has {listed.size} bytes"
                 raise _Unusable(

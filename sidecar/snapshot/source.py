@@ -8,9 +8,13 @@ questions, and nothing above it touches the files another way:
   when the query first starts). Found by a walk of bounded depth that does not descend into
   a location once found, nor into ``state/``, ``_spark_metadata/`` or hidden directories.
 - :meth:`~CheckpointSource.cut`: the cut of one batch of a location
-  (:func:`~sidecar.snapshot.cut.cut_of`): every file listed (relative ``/``-separated path,
-  size, and a stamp of this version of the file, :class:`ListedFile`), then the few files it
-  parses read. A directory's own files are listed before its subdirectories are walked:
+  (:func:`~sidecar.snapshot.cut.cut_of_names`): every file listed by name (relative
+  ``/``-separated path; a directory entry says what it is, so no ``stat`` per file), then the
+  few files it parses read, and only the files it keeps or reads stat-ed (size, and a stamp of
+  this version of the file, :class:`ListedFile`): on a network volume (NFS, Azure Files) each
+  stat is a round trip, and a checkpoint holds ten times the files a cut keeps (Spark's
+  retained batches, every state version). A directory's own files are listed before its
+  subdirectories are walked:
   RocksDB uploads a snapshot's SST files before its ``.zip``, so a ``.zip`` in the listing
   finds its SSTs listed after it (unless Spark deleted them since). A local volume's cut runs
   in a worker process at a lower priority (:data:`CUT_NICE`): listing thousands of files and
@@ -71,7 +75,7 @@ from sidecar.config import Config
 from sidecar.errors import SidecarError
 from sidecar.model.spark_dir import SparkCheckpointError, parse_query_metadata
 from sidecar.snapshot import crc
-from sidecar.snapshot.cut import Cut, Hints, ListedFile, cut_of
+from sidecar.snapshot.cut import Cut, Hints, ListedFile, cut_of_names
 from sidecar.snapshot.packer import Packed, PackJob, SmallFile, pack_files
 from sidecar.snapshot.stored import Created, CreateJob, create_answered
 
@@ -401,7 +405,13 @@ def cut_here(top: str, job: tuple[int, Hints | None]) -> Cut:
     directory = Path(top)
     batch, hints = job
     return _in_this_worker(
-        lambda: cut_of(listing_of(directory), partial(read_small, directory), batch, hints)
+        lambda: cut_of_names(
+            names_of(directory),
+            partial(read_small, directory),
+            partial(stat_of, directory),
+            batch,
+            hints,
+        )
     )
 
 
@@ -436,9 +446,12 @@ def read_hashed(top: Path, file: ListedFile) -> SmallFile:
     )
 
 
-def listing_of(top: Path) -> list[ListedFile]:
-    """Every regular file under the directory ``top``, a directory's own files before its
-    subdirectories' (blocking: the cut's worker calls it).
+def names_of(top: Path) -> list[str]:
+    """Every regular file under the directory ``top``, as relative paths, a directory's own
+    files before its subdirectories' (blocking: the cut's worker calls it). No ``stat`` per
+    file: what a directory entry is comes with it (``d_type``: local file systems, NFS,
+    Azure Files), so a listing costs one call per directory; the cut stats only the files
+    it keeps or reads (:func:`stat_of`).
 
     Raises:
         SourceError: ``top`` is not a directory.
@@ -448,7 +461,7 @@ def listing_of(top: Path) -> list[ListedFile]:
             f"{top} is not a directory: the checkpoint location is gone or not mounted",
             reason="unreadable",
         )
-    out: list[ListedFile] = []
+    out: list[str] = []
     pending: list[tuple[Path, str]] = [(top, "")]
     while pending:
         directory, rel = pending.pop()
@@ -462,15 +475,26 @@ def listing_of(top: Path) -> list[ListedFile]:
         for entry in listed:
             path = f"{rel}/{entry.name}" if rel else entry.name
             try:
-                st = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
+                if entry.is_file(follow_symlinks=False):
+                    out.append(path)
+                elif entry.is_dir(follow_symlinks=False):
+                    subdirs.append((Path(entry.path), path))
+            except FileNotFoundError:  # where the type needs a stat: gone meanwhile
                 continue
-            if stat.S_ISREG(st.st_mode):
-                out.append(ListedFile(path, st.st_size, _stamp(st)))
-            elif stat.S_ISDIR(st.st_mode):
-                subdirs.append((Path(entry.path), path))
         pending.extend(sorted(subdirs, reverse=True))
     return out
+
+
+def stat_of(top: Path, path: str) -> ListedFile:
+    """The file ``path`` (relative) under ``top`` with its size and stamp (blocking).
+
+    Raises:
+        FileNotFoundError: it is gone, or no longer a regular file.
+    """
+    st = os.stat(top / _relative(path), follow_symlinks=False)
+    if not stat.S_ISREG(st.st_mode):
+        raise FileNotFoundError(f"{path} is no longer a regular file")
+    return ListedFile(path, st.st_size, _stamp(st))
 
 
 def read_small(top: Path, path: str) -> bytes:

@@ -6,12 +6,15 @@ on the event loop fails them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import google_crc32c
@@ -27,7 +30,6 @@ from sidecar.snapshot.source import (
     Location,
     SourceError,
     configured_source,
-    listing_of,
     read_hashed,
     read_small,
 )
@@ -58,6 +60,11 @@ def checkpoint(path: Path, query_id: str, batches: int = 3) -> None:
 
 def files_of(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def listing_of(top: Path) -> list[ListedFile]:
+    """Every file under ``top`` with its size and stamp (names, then a stat each)."""
+    return [source_module.stat_of(top, path) for path in source_module.names_of(top)]
 
 
 def stamp_of(path: Path) -> str:
@@ -103,15 +110,66 @@ def test_a_listing_has_every_file_and_a_directorys_files_before_its_subdirectori
     checkpoint(tmp_path, QUERY_A)
     write(tmp_path / "state" / "0" / "0" / "3.zip")
     write(tmp_path / "state" / "0" / "0" / "SSTs" / "000008-u.sst", b"s" * 7)
-    listing = listing_of(tmp_path)
-    paths = [f.path for f in listing]
+    paths = source_module.names_of(tmp_path)
+    listing = [source_module.stat_of(tmp_path, path) for path in paths]
     assert sorted(paths) == files_of(tmp_path)
     assert paths.index("state/0/0/3.zip") < paths.index("state/0/0/SSTs/000008-u.sst")
     sst = next(f for f in listing if f.path.endswith(".sst"))
     assert (sst.size, sst.stamp) == (7, stamp_of(tmp_path / sst.path))
     with pytest.raises(SourceError) as caught:
-        listing_of(tmp_path / "no" / "such" / "location")
+        source_module.names_of(tmp_path / "no" / "such" / "location")
     assert caught.value.reason == "unreadable"
+
+
+def test_a_listing_of_names_stats_nothing_and_keeps_regular_files_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a network volume every stat is a round trip: the names come with their type from
+    # the directory itself; a cut stats only what it keeps (stat_of).
+    checkpoint(tmp_path, QUERY_A)
+    write(tmp_path / "state" / "0" / "0" / "1.delta", b"d" * 3)
+    (tmp_path / "state" / "0" / "0" / "link.delta").symlink_to(tmp_path / "metadata")
+    os.mkfifo(tmp_path / "state" / "0" / "pipe")
+
+    real_stat, real_scandir, stated = os.stat, os.scandir, []
+
+    def counted(path: object, *args: object, **kwargs: Any) -> os.stat_result:
+        stated.append(str(path))
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    class Entry:  # a directory entry whose own stat is counted too
+        def __init__(self, entry: os.DirEntry[str]) -> None:
+            self.name, self.path, self._entry = entry.name, entry.path, entry
+
+        def is_file(self, *, follow_symlinks: bool = True) -> bool:
+            return self._entry.is_file(follow_symlinks=follow_symlinks)
+
+        def is_dir(self, *, follow_symlinks: bool = True) -> bool:
+            return self._entry.is_dir(follow_symlinks=follow_symlinks)
+
+        def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+            stated.append(self.path)
+            return self._entry.stat(follow_symlinks=follow_symlinks)
+
+    @contextlib.contextmanager
+    def scandir(path: Path) -> Iterator[list[Entry]]:
+        with real_scandir(path) as entries:
+            yield [Entry(e) for e in entries]
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "stat", counted)
+        m.setattr(os, "lstat", counted)
+        m.setattr(os, "scandir", scandir)
+        names = source_module.names_of(tmp_path)
+    assert stated == [str(tmp_path)]  # the location itself (is it a directory?), no file
+    regular = [f for f in files_of(tmp_path) if not (tmp_path / f).is_symlink()]
+    assert sorted(names) == regular  # neither the link nor the pipe
+    assert "state/0/0/link.delta" not in names and "state/0/pipe" not in names
+    delta = source_module.stat_of(tmp_path, "state/0/0/1.delta")
+    assert (delta.size, delta.stamp) == (3, stamp_of(tmp_path / "state/0/0/1.delta"))
+    for gone in ("state/0/0/9.delta", "state/0/0/link.delta", "state/0/pipe"):
+        with pytest.raises(FileNotFoundError):
+            source_module.stat_of(tmp_path, gone)
 
 
 def test_small_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

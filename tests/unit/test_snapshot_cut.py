@@ -25,6 +25,7 @@ from sidecar.snapshot.cut import (
     ListedFile,
     Role,
     cut_of,
+    cut_of_names,
     v2_ids,
 )
 
@@ -710,3 +711,48 @@ def test_the_cut_holds_the_load_path_of_n_plus_1_and_nothing_later(
         number = int(name.split(".")[0].split("-")[0])
         limit = v if f.path.startswith("state/") else batch
         assert number <= limit, f"{f.path} is of a later batch than {batch}"
+
+
+# -- a listing of names: only what the cut keeps or reads is stat-ed --------------------------
+
+
+def test_a_cut_from_names_stats_only_the_files_it_keeps_or_reads_each_once() -> None:
+    # 20 retained batches, 8 partitions with 20 state versions each and a snapshot at 16:
+    # the cut of batch 18 keeps snapshot 16 and deltas 17-19 of each partition, and the
+    # logs; a listing that stats every file pays for all the deltas and checksums too.
+    ck = Checkpoint()
+    query(ck, 20)
+    for p in range(8):
+        hdfs_store(ck, f"state/0/{p}", 20, snapshots=(8, 16))
+    stated: list[str] = []
+
+    def stat(path: str) -> ListedFile:
+        stated.append(path)
+        return ListedFile(path, len(ck.files[path]), f"stamp-{path}")
+
+    cut = cut_of_names(list(ck.files), ck.read, stat, 18)
+    read = set(ck.reads)
+    assert cut == ck.cut(18)  # the very cut a listing with every stat gives
+    assert len(stated) == len(set(stated))  # each once
+    assert set(stated) == set(paths(cut)) | read
+    assert read <= set(stated)
+    # 3 x 19 logs (offsets, commits, the source's entries) + metadata + 8 x 4 state files,
+    # of 418 listed
+    assert len(stated) == 90 and len(ck.files) == 418
+
+
+def test_a_file_gone_between_the_listing_of_names_and_its_stat_is_missing() -> None:
+    ck = Checkpoint()
+    query(ck, 4)
+    hdfs_store(ck, "state/0/0", 4)
+    names = list(ck.files)
+    ck.remove("state/0/0/2.delta")  # Spark's maintenance, after the listing
+
+    def stat(path: str) -> ListedFile:
+        if path not in ck.files:
+            raise FileNotFoundError(path)
+        return ListedFile(path, len(ck.files[path]), "")
+
+    with pytest.raises(CutError) as caught:
+        cut_of_names(names, ck.read, stat, 2)
+    assert caught.value.reason == "missing_file" and "state/0/0/2.delta" in str(caught.value)
