@@ -343,11 +343,7 @@ class _Cutter:
             try:
                 found = self.stats[path] = self.stat_file(path)
             except FileNotFoundError as exc:
-                raise CutError(
-                    f"{path} went away while the cut of batch {self.batch} was taken (Spark "
-                    "deleted or replaced it): take the cut again, or a newer batch's",
-                    reason="missing_file",
-                ) from exc
+                raise self.gone(path) from exc
         return found
 
     def read(self, path: str) -> bytes:
@@ -355,11 +351,14 @@ class _Cutter:
         try:
             return self.read_file(path)
         except FileNotFoundError as exc:
-            raise CutError(
-                f"{path} went away while the cut of batch {self.batch} was taken (Spark "
-                "deleted or replaced it): take the cut again, or a newer batch's",
-                reason="missing_file",
-            ) from exc
+            raise self.gone(path) from exc
+
+    def gone(self, path: str) -> CutError:
+        return CutError(
+            f"{path} went away while the cut of batch {self.batch} was taken (Spark deleted "
+            "or replaced it): take the cut again, or a newer batch's",
+            reason="missing_file",
+        )
 
     def keep(self, path: str, role: Role) -> None:
         self.kept[path] = role
