@@ -17,12 +17,14 @@ jar: setup
 test: setup
 	@bash scripts/test.sh
 
-## The flush simulation (tests/unit/test_flush_simulation.py) far deeper than `make test` runs
-## it: SIMULATION_EXAMPLES examples (default 5000; `make test` runs 150).
+## The flush simulations far deeper than `make test` runs them: SIMULATION_EXAMPLES examples
+## (default 5000; `make test` runs 150 of the daemon's, tests/unit/test_flush_simulation.py,
+## and 300 of the core's, tests/unit/test_flush_core_simulation.py, which here also shows its
+## search finding the defects put back that it can).
 SIMULATION_EXAMPLES ?= 5000
 simulate: setup
 	SIMULATION_EXAMPLES=$(SIMULATION_EXAMPLES) $(PY) -m pytest -p no:cacheprovider --timeout 0 \
-	    tests/unit/test_flush_simulation.py $(PYTEST_ARGS)
+	    tests/unit/test_flush_simulation.py tests/unit/test_flush_core_simulation.py $(PYTEST_ARGS)
 
 ## The snapshot nemesis (tests/faults/snapshot_nemesis.py) longer than `make test` runs it (6
 ## rounds): rounds of seed SNAPSHOT_SOAK_SEED for SNAPSHOT_SOAK_S seconds (default 600, ~11 min

@@ -28,7 +28,9 @@ Every other move raises :class:`IllegalMove`: a write from :class:`Unread` (no v
 name), a second write while one is in flight, an answer with no write in flight.
 
 Invariants (``tests/unit/test_flush_simulation.py`` drives this module and the real flusher
-through random interleavings and checks them after every step):
+through random interleavings and checks them after every step;
+``tests/unit/test_flush_core_simulation.py`` drives this module alone against a model of the
+store, Redis and another writer, with defects put back as mutants):
 
 1. **Never backwards.** A write is planned only for a batch newer than what the blob is seen to
    hold, and only from :class:`Seen`: it names the blob's version (``If-Match``), so a blob
@@ -582,9 +584,12 @@ class FlushCore(Generic[W, L]):
             return Ack.NOT_OWNER
         if q.blob.durable >= batch:
             # Held already, as far as known here: answered by a read made after it (a resend,
-            # rare; new batches wait for their write).
+            # rare; new batches wait for their write). A read begun before is no evidence
+            # for it (the store may have lost the batch since): the stamp moves on, so such a
+            # read is not kept when it ends.
             q.confirming.append((batch, waiter))
             q.unverified = True  # due at the next check, read there too if the shell's is not
+            self._evidence(q)
             return Ack.CONFIRM
         q.acks.append((batch, waiter))
         if q.flight is not Flight.IDLE:
