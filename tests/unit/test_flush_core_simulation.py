@@ -469,6 +469,14 @@ class ConfirmedByAnEarlierRead(FlushCore[Waiter, None]):
         return answer
 
 
+#: Batch 2 flushed, and a read of it begun (it ends in a later step).
+A_READ_OF_BATCH_2_IN_FLIGHT: list[Move] = [
+    lambda s: s.the_lease_creates_the_blob(),
+    *[lambda s: s.apply()] * 3,
+    lambda s: s.flush(unsure=False),
+    lambda s: s.read_begins(),
+]
+
 MUTANTS: dict[str, tuple[type[FlushCore[Waiter, None]], str, list[Move]]] = {
     # Another writer wrote the blob while ours still thought its lease held; ours read it;
     # the store then lost that write: the resend's ack must wait for a new read.
@@ -492,10 +500,7 @@ MUTANTS: dict[str, tuple[type[FlushCore[Waiter, None]], str, list[Move]]] = {
         ReadKeptAfterNewerNews,
         "ack of 2 answered (a read)",
         [
-            lambda s: s.the_lease_creates_the_blob(),
-            *[lambda s: s.apply()] * 3,
-            lambda s: s.flush(unsure=False),
-            lambda s: s.read_begins(),
+            *A_READ_OF_BATCH_2_IN_FLIGHT,
             lambda s: s.another_takes_over(back=1),
             lambda s: s.ours_learns_the_lease_is_lost(refused=False),
             lambda s: s.ack(back=0),
@@ -524,10 +529,7 @@ MUTANTS: dict[str, tuple[type[FlushCore[Waiter, None]], str, list[Move]]] = {
         ConfirmedByAnEarlierRead,
         "ack of 2 answered (a read)",
         [
-            lambda s: s.the_lease_creates_the_blob(),
-            *[lambda s: s.apply()] * 3,
-            lambda s: s.flush(unsure=False),
-            lambda s: s.read_begins(),
+            *A_READ_OF_BATCH_2_IN_FLIGHT,
             lambda s: s.the_store_loses_writes(back=1),
             lambda s: s.ack(back=0),
             lambda s: s.read_ends(),
