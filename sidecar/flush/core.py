@@ -322,11 +322,17 @@ class QueryState(Generic[W, L]):
     evidence: int
     label: str = ""
     blob: Blob = Unread()
-    #: Acks waiting for a batch to be durable: (batch id, handle); and those whose batch the
-    #: blob held as last known here, which only a read or a write made after them answers
-    #: (memory may be stale: a twin on its own Redis may have reset the blob lower).
-    acks: list[tuple[int, W]] = field(default_factory=list)
-    confirming: list[tuple[int, W]] = field(default_factory=list)
+    #: Acks waiting for a batch to be durable: (batch id, handle, the stamp they were made
+    #: at); and those whose batch the blob held as last known here, which only a read or a
+    #: write begun after them answers (memory may be stale: a twin on its own Redis may have
+    #: reset the blob lower, or the store lost the batch since).
+    acks: list[tuple[int, W, int]] = field(default_factory=list)
+    confirming: list[tuple[int, W, int]] = field(default_factory=list)
+    #: The stamp the evidence of what ``blob`` holds began at (a read's start, a write's
+    #: begin, a creation): it answers only acks made at or before it.
+    seen_since: int = 0
+    #: The stamp the write in flight began at.
+    write_began: int = 0
 
     @property
     def acks_wait(self) -> bool:
@@ -497,13 +503,20 @@ class FlushCore(Generic[W, L]):
     def _durable(self, q: QueryState[W, L]) -> list[W]:
         """The acks what the blob holds answers (they stop waiting): only by what was read or
         written (``Seen``, or the base of a write in flight), never by a batch remembered or
-        said by Redis (``Unread``: a twin on its own Redis may have reset the blob lower)."""
+        said by Redis (``Unread``: a twin on its own Redis may have reset the blob lower);
+        and only acks made before that evidence began. One made after, whose batch it holds,
+        waits for a read begun after it (the store may have lost the batch meanwhile)."""
         blob = q.blob.base if isinstance(q.blob, Writing) else q.blob
         batch = blob.batch if isinstance(blob, Seen) else NO_BLOB
-        answered = [w for b, w in q.acks if b <= batch]
-        if answered:
-            q.acks = [(b, w) for b, w in q.acks if b > batch]
-        return answered
+        held = [a for a in q.acks if a[0] <= batch]
+        if not held:
+            return []
+        q.acks = [a for a in q.acks if a[0] > batch]
+        late = [a for a in held if a[2] > q.seen_since]
+        if late:
+            q.confirming.extend(late)
+            q.unverified = True  # read at the next check, if the shell does not first
+        return [w for _, w, made in held if made <= q.seen_since]
 
     def _held_term(self, q: QueryState[W, L]) -> int | None:
         return q.lease.term if q.lease.state is LeaseState.HELD else None
@@ -513,8 +526,12 @@ class FlushCore(Generic[W, L]):
         q = self._queries.get(query_id)
         return self._held_term(q) if q is not None else None
 
-    def _advance(self, q: QueryState[W, L], event: BlobEvent) -> list[W]:
+    def _advance(self, q: QueryState[W, L], event: BlobEvent, began: int | None = None) -> list[W]:
+        """``event`` applied to what the blob holds; ``began``: the stamp the evidence began
+        at (a read, a write, a creation); the acks answered."""
         before, q.blob = q.blob, advance(q.blob, event)
+        if began is not None and isinstance(q.blob, Seen):
+            q.seen_since = began if q.blob != before else max(q.seen_since, began)
         if isinstance(event, Read | Wrote) and isinstance(q.blob, Seen) and q.confirming:
             # News of the blob, kept (not a read during a write: its base is memory): it answers
             q.acks.extend(q.confirming)
@@ -555,7 +572,7 @@ class FlushCore(Generic[W, L]):
         elif q.evidence > since:
             return (q.floor if q.floor is not None else batch), []
         held = term if term is not None and self._held_term(q) == term else None
-        answered = self._advance(q, Read(stored, held))
+        answered = self._advance(q, Read(stored, held), since)
         if not isinstance(q.blob, Writing):
             self._evidence(q)
         return (q.floor if q.floor is not None else batch), answered
@@ -582,16 +599,17 @@ class FlushCore(Generic[W, L]):
         q = self.record(query_id)
         if q.lease.held_elsewhere():
             return Ack.NOT_OWNER
+        # Its own stamp: a read or a write begun before it is no evidence for it (the store
+        # may lose the batch between that read and this ack).
+        self._stamp += 1
+        made = self._stamp
         if q.blob.durable >= batch:
-            # Held already, as far as known here: answered by a read made after it (a resend,
-            # rare; new batches wait for their write). A read begun before is no evidence
-            # for it (the store may have lost the batch since): the stamp moves on, so such a
-            # read is not kept when it ends.
-            q.confirming.append((batch, waiter))
+            # Held already, as far as known here: answered by a read begun after it (a
+            # resend, rare; new batches wait for their write).
+            q.confirming.append((batch, waiter, made))
             q.unverified = True  # due at the next check, read there too if the shell's is not
-            self._evidence(q)
             return Ack.CONFIRM
-        q.acks.append((batch, waiter))
+        q.acks.append((batch, waiter, made))
         if q.flight is not Flight.IDLE:
             q.flight = Flight.DEFERRED
             return Ack.WAIT
@@ -601,8 +619,8 @@ class FlushCore(Generic[W, L]):
         """An ack stopped waiting (answered, or its time ran out)."""
         q = self._queries.get(query_id)
         if q is not None:
-            q.acks = [(b, w) for b, w in q.acks if w is not waiter]
-            q.confirming = [(b, w) for b, w in q.confirming if w is not waiter]
+            q.acks = [a for a in q.acks if a[1] is not waiter]
+            q.confirming = [a for a in q.confirming if a[1] is not waiter]
 
     def held_elsewhere(self, query_id: str, holder: str | None) -> list[W]:
         """Another daemon holds the query's lease (``holder``: who last wrote the blob, when
@@ -612,7 +630,7 @@ class FlushCore(Generic[W, L]):
             return []
         if holder is not None:
             q.holder = holder
-        waiting = [w for _, w in q.acks + q.confirming]
+        waiting = [w for _, w, _ in q.acks + q.confirming]
         q.acks, q.confirming = [], []
         return waiting
 
@@ -830,6 +848,7 @@ class FlushCore(Generic[W, L]):
         if q.blob != base:
             return False
         q.blob = advance(q.blob, Begin())
+        q.write_began = self._stamp
         return True
 
     def wrote(self, query_id: str, stored: Stored) -> list[W]:
@@ -837,7 +856,7 @@ class FlushCore(Generic[W, L]):
         q = self.record(query_id)
         self._evidence(q)
         q.holder = None
-        return self._advance(q, Wrote(stored))
+        return self._advance(q, Wrote(stored), q.write_began)
 
     def refused(self, query_id: str) -> None:
         """The store refused the write: another writer changed the blob."""
@@ -871,7 +890,7 @@ class FlushCore(Generic[W, L]):
         """The lease's empty blob was created now (there was none)."""
         q = self.record(query_id)
         self._evidence(q)
-        self._advance(q, Created(version))
+        self._advance(q, Created(version), self._stamp)
 
     def marked(self, query_id: str) -> None:
         """Redis recorded the flush (its flushed batch is the blob's again): a Redis read that
