@@ -23,8 +23,8 @@ Four defects are kept as mutants of the core (:data:`MUTANTS`), each with the st
 expose it (typed, as Hypothesis prints them): each replay passes on the core and fails on its
 mutant, with the violation named. Three are defects the project had and fixed; the fourth
 this simulation found (an ack answered by a read begun before it, the store having lost the
-batch in between: fixed in ``FlushCore``, each ack with its own stamp). In ``make simulate`` the random
-search is also shown to find, by itself, the two it can within 2,000 examples
+batch in between: fixed in ``FlushCore``, each ack with its own stamp). In ``make simulate``
+the random search is also shown to find, by itself, the two it can within 2,000 examples
 (:data:`SEARCHED`); the other two need a read overtaken by other news and then an ack, in
 that order.
 """
