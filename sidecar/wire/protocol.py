@@ -318,7 +318,9 @@ def _diagnose(line: bytes, exc: Exception) -> BadRequest:
     except UnicodeDecodeError as err:
         return BadRequest(None, ErrorCode.BAD_JSON, f"not valid UTF-8: {err}")
     except msgspec.DecodeError as err:
-        return BadRequest(None, ErrorCode.BAD_JSON, f"not valid JSON: {err}")
+        # msgspec 0.23 reports bad UTF-8 in a string as a DecodeError (0.22: UnicodeDecodeError)
+        what = "UTF-8" if "UTF-8" in str(err) else "JSON"
+        return BadRequest(None, ErrorCode.BAD_JSON, f"not valid {what}: {err}")
     if not isinstance(obj, dict):
         return BadRequest(
             None,
