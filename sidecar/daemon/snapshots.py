@@ -161,7 +161,9 @@ class Snapshotter:
     def lag_seconds(self, query_id: str) -> float:
         """How long the oldest batch Spark committed and no snapshot holds has waited."""
         entry = self._queries.get(query_id)
-        q = entry.snapshot if entry is not None else None
+        return self._lag(entry.snapshot) if entry is not None else 0.0
+
+    def _lag(self, q: SnapshotPart | None) -> float:
         if q is None or not q.reported:
             return 0.0
         return max(0.0, self._clock() - min(q.reported.values()))
@@ -199,9 +201,9 @@ class Snapshotter:
                 tg.start_soon(self._snapshot, query_id, entry, q)
 
     def _show_lag(self) -> None:
-        for query_id, entry in self._queries:
+        for _, entry in self._queries:
             if entry.snapshot is not None and entry.snapshot.location is not None:
-                lag = self.lag_seconds(query_id)
+                lag = self._lag(entry.snapshot)
                 self._metrics.snapshot_lag_seconds.labels(entry.label).set(lag)
 
     async def _location(self, q: SnapshotPart) -> str | None:
