@@ -84,8 +84,12 @@ class DaemonAdmin:
     def heard_lately(self, query_id: str) -> bool:
         """Whether a progress of the query arrived within the quiet time (retirement keeps
         such a query: a reset or retire must still be refused)."""
+        return self._since_heard(query_id) < self._config.admin_quiet_s
+
+    def _since_heard(self, query_id: str) -> float:
+        """Seconds since the query's last progress arrived here (inf: none known)."""
         q = self._queries.get(query_id)
-        return q is not None and self._queries.clock() - q.heard_at < self._config.admin_quiet_s
+        return self._queries.clock() - q.heard_at if q is not None else float("inf")
 
     async def __call__(self, request: AdminRequest) -> dict[str, Any]:
         op = "reset" if isinstance(request, Reset) else "retire"
@@ -106,9 +110,8 @@ class DaemonAdmin:
         return msgspec.to_builtins(result)  # type: ignore[no-any-return]
 
     def _check_heard(self, query_id: str, label: str, force: bool) -> None:
-        q = self._queries.get(query_id)
-        if not force and q is not None and self.heard_lately(query_id):
-            since = self._queries.clock() - q.heard_at
+        since = self._since_heard(query_id)
+        if not force and since < self._config.admin_quiet_s:
             raise running(label, query_id, since, self._config, "this daemon received a progress")
 
     async def _reset(self, request: Reset) -> AdminResult:
