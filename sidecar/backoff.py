@@ -1,4 +1,5 @@
-"""One retry schedule for every loop: capped exponential backoff with jitter, per key. Pure.
+"""When loops wake: one retry schedule for every loop (capped exponential backoff with jitter,
+per key), and one grid for their periodic ticks. Pure.
 
 Used by the flusher (per query), the lease manager (per query blob), the Kafka committer (per
 group), the daemon's start-up waits and the Spark-side sender. Jitter (each delay drawn between
@@ -6,15 +7,36 @@ half and all of the nominal one) keeps many queries that failed together from re
 Whether to retry at all is the caller's decision, read from the error's ``retriable``
 attribute (``sidecar.errors``); this module only says *when* — and :class:`Retries`, how a
 background writer (Kafka commits, Event Hubs checkpoints) logs each failure.
+
+The periodic loops (the flush check, the durability check, the snapshot and sink passes, the
+lease checks, retirement) tick on one grid (:func:`next_tick`): ticks of every period fall on
+the same instants, so an idle daemon wakes once a second for all of them, not once per loop.
+An idle sidecar's CPU is its number of wakes (docs/benchmarks.md), not the work in them.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 import zlib
 from collections.abc import Callable, Hashable
+
+#: This process's place on the grid, in seconds: sidecars started on one node together (one
+#: monotonic clock) do not all tick at the same instant, at Redis or at the store.
+_PHASE_S = random.random()
+#: A tick fired a hair early (timer rounding) is still that tick, not a reason for another.
+_EARLY = 1e-6
+
+
+def next_tick(now: float, every_s: float, *, phase_s: float = _PHASE_S) -> float:
+    """The first instant after ``now`` (the loop's clock) on this process's grid of period
+    ``every_s``: ``phase_s + k * every_s``. Periods that divide each other share instants (a
+    0.25 s grid holds every 1 s tick), so loops that sleep until their next tick wake together.
+    The wait is at most ``every_s``; a loop woken early (an event) keeps to the grid."""
+    k = math.floor((now - phase_s) / every_s + _EARLY) + 1
+    return phase_s + k * every_s
 
 
 def spread(key: str) -> float:

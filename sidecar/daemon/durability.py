@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 from anyio.abc import TaskStatus
 
+from sidecar.backoff import next_tick
 from sidecar.buffer.redis_buffer import RedisBuffer
 from sidecar.daemon.queries import Queries
 from sidecar.errors import ConfigError, CorruptRecord, SidecarError
@@ -89,7 +90,7 @@ class DurabilityWatch:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
-            await anyio.sleep(CHECK_INTERVAL_S)
+            await anyio.sleep_until(next_tick(anyio.current_time(), CHECK_INTERVAL_S))
             try:
                 await self.check()
             except SidecarError as exc:

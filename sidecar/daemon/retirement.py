@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 from anyio.abc import TaskStatus
 
+from sidecar.backoff import next_tick
 from sidecar.daemon.queries import Queries
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,8 @@ class Retirement:
         with self._loop:
             task_status.started()
             while True:
-                await anyio.sleep(min(self.idle_s / 4, CHECK_EVERY_MAX_S))
+                every_s = min(self.idle_s / 4, CHECK_EVERY_MAX_S)
+                await anyio.sleep_until(next_tick(anyio.current_time(), every_s))
                 await self.retire_idle()
 
     def stop(self) -> None:

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from sidecar.backoff import next_tick
 from sidecar.daemon.queries import LiveQuery, Queries, SnapshotPart
 from sidecar.errors import SidecarError
 from sidecar.flush.lease import Ownership
@@ -180,7 +181,7 @@ class Snapshotter:
                 if self._checkpoints is not None:
                     tg.start_soon(self._reclaim, self._checkpoints)
                 while True:
-                    with anyio.move_on_after(TICK_S):
+                    with anyio.CancelScope(deadline=next_tick(anyio.current_time(), TICK_S)):
                         await self._wake.wait()
                     self._wake = anyio.Event()
                     self._start_due(tg)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import anyio
 from anyio.abc import TaskStatus
 
-from sidecar.backoff import spread
+from sidecar.backoff import next_tick, spread
 from sidecar.buffer.redis_buffer import PendingEntry, PendingQuery, RedisBuffer, Snapshot
 from sidecar.config import Config
 from sidecar.errors import (
@@ -153,7 +153,7 @@ class Flusher:
                         next_audit = anyio.current_time() + self._audit_every_s
                         tg.start_soon(self._audit)
                     if anyio.current_time() >= next_check:
-                        next_check = anyio.current_time() + self._config.flush_interval_s
+                        next_check = next_tick(anyio.current_time(), self._config.flush_interval_s)
                         found = await self._check() or []
                     else:
                         found = [q for q in self._blobs.waiting() if self._blobs.ready(q)]

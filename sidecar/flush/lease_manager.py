@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from sidecar.backoff import Backoff
+from sidecar.backoff import Backoff, next_tick
 from sidecar.errors import LeaseConflict, LeaseLost, SidecarError
 from sidecar.flush.core import FlushCore, QueryState
 from sidecar.flush.lease import (
@@ -223,7 +223,7 @@ class LeaseManager:
                     self._first = anyio.Event()
                     with anyio.move_on_after(self.renew_every_s):
                         await self._first.wait()
-                await anyio.sleep(CHECK_EVERY_S)
+                await anyio.sleep_until(next_tick(anyio.current_time(), CHECK_EVERY_S))
                 self._tick(tg)
                 self.ticks += 1
 

@@ -41,7 +41,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import anyio
 from anyio.abc import TaskStatus
 
-from sidecar.backoff import Retries
+from sidecar.backoff import Retries, next_tick
 from sidecar.model import positions
 from sidecar.model.checkpoint import Checkpoint
 from sidecar.sinks.report import Reporter
@@ -165,7 +165,7 @@ class SinkLoop(ABC, Generic[G]):
         try:
             with self._loop:
                 while True:
-                    with anyio.move_on_after(self._tick_s):
+                    with anyio.CancelScope(deadline=next_tick(anyio.current_time(), self._tick_s)):
                         await self._wake.wait()
                     self._wake = anyio.Event()
                     await self._retire()

@@ -1,10 +1,11 @@
-"""Unit tests of sidecar.backoff (pure): the one retry schedule every loop uses."""
+"""Unit tests of sidecar.backoff (pure): the one retry schedule every loop uses, and the grid
+their periodic ticks share."""
 
 from __future__ import annotations
 
 import pytest
 
-from sidecar.backoff import Backoff
+from sidecar.backoff import Backoff, next_tick
 
 
 class Clock:
@@ -51,3 +52,43 @@ def test_an_error_retrying_will_not_fix_waits_the_whole_cap_at_once() -> None:
 def test_a_schedule_that_cannot_work_is_refused(base: float, cap: float) -> None:
     with pytest.raises(ValueError, match="0 < base_s <= cap_s"):
         Backoff(base, cap)
+
+
+# --- the tick grid -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("now", [0.0, 0.1, 0.999, 1.0, 1.0004, 7.25, 123456.789])
+def test_a_tick_comes_within_one_period_and_never_at_once(now: float) -> None:
+    for every_s in (0.25, 1.0, 10.0):
+        tick = next_tick(now, every_s, phase_s=0.3)
+        assert now < tick <= now + every_s + 1e-9
+        assert (tick - 0.3) / every_s == pytest.approx(round((tick - 0.3) / every_s))
+
+
+def test_loops_of_periods_that_divide_each_other_wake_at_the_same_instants() -> None:
+    """A 1 s loop, a 0.25 s loop and a 10 s loop, each sleeping until its next tick from where
+    it woke: every 1 s tick is a 0.25 s tick, every 10 s tick a 1 s tick (one wake for all)."""
+
+    def ticks(every_s: float, until: float) -> set[float]:
+        now, out = 5.123, set()
+        while (now := next_tick(now, every_s, phase_s=0.42)) < until:
+            out.add(round(now, 6))
+        return out
+
+    quarter, second, ten = ticks(0.25, 60), ticks(1.0, 60), ticks(10.0, 60)
+    assert len(second) == 55 and second <= quarter  # 5.42, 6.42 … 59.42
+    assert len(ten) == 5 and ten <= second  # 10.42 … 50.42
+
+
+def test_a_tick_fired_a_hair_early_is_that_tick_not_a_reason_for_another() -> None:
+    """Timers may fire a rounding error before their instant: the next tick is a period on."""
+    tick = next_tick(3.7, 1.0, phase_s=0.5)
+    assert tick == pytest.approx(4.5)
+    assert next_tick(tick - 1e-9, 1.0, phase_s=0.5) == pytest.approx(5.5)
+
+
+def test_processes_take_their_own_place_on_the_grid() -> None:
+    """Sidecars on one node share a monotonic clock; each process's phase keeps them apart."""
+    a = next_tick(100.0, 1.0, phase_s=0.1)
+    b = next_tick(100.0, 1.0, phase_s=0.6)
+    assert a - 100.0 == pytest.approx(0.1) and b - 100.0 == pytest.approx(0.6)
