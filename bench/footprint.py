@@ -5,7 +5,9 @@ Starts redis-server and Azurite (``tests.services``), then:
 - ``--starts`` daemon processes one after another (own namespace each): the time from exec to
   the first ``GET /readyz`` 200 (polled every 5 ms), the RSS then, and the RSS once the blob
   store is open (the Azure SDK is imported after readiness: the ``blob store open`` line);
-- one daemon idle for ``--idle-s``: CPU in millicores (``/proc/<pid>/stat``) and RSS;
+- one daemon idle for ``--idle-s``: CPU in millicores (``/proc/<pid>/stat``), wakes a second
+  (its threads' voluntary context switches: what idle CPU is made of) and RSS; then the same
+  with checkpoint snapshots and Kafka commits on (a Tansu broker), each a loop of its own;
 - the same daemon at the realistic load for ``--load-s``: 10 queries, one micro-batch per second
   each, 8 Kafka-shaped partitions: CPU millicores and RSS;
 - the container image's size (``podman image inspect``), when it was built (``make image``).
@@ -18,6 +20,7 @@ Targets (issue #22): ready ≤ 150 ms, RSS at ready ≤ 65 MiB, idle ≤ 2 milli
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import time
@@ -33,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no
 from bench.common import BenchError, Report, bench_main, cpu_seconds, environment, rss_kib, services
 from sidecar import __version__
 from sidecar.ops.client import SidecarClient
-from tests.services import REPO_ROOT, DaemonProcess, free_port
+from tests.services import REPO_ROOT, DaemonProcess, KafkaBroker, free_port
 from tests.sparkshapes import kafka_progress
 
 TARGETS = {"ready_ms": 150, "rss_at_ready_mib": 65, "idle_millicores": 2, "image_mb": 160}
@@ -99,6 +102,50 @@ async def realistic_load(socket_path: str, seconds: float) -> int:
     return acked
 
 
+def wakes(pid: int) -> int:
+    """Voluntary context switches of all of a process's threads so far: each is a sleep ended,
+    a wake of the event loop (a timer, a reply) or of a pool thread."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread gone between the listing and the read
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+    return total
+
+
+def idle(proc: DaemonProcess, seconds: float) -> dict[str, float]:
+    """Millicores and wakes a second of a daemon left alone for ``seconds``."""
+    deadline = time.monotonic() + 30
+    while "blob store open" not in proc.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(3)  # the doctor's checks and the first renewals: not idle yet
+    cpu0, wakes0, t0 = cpu_seconds(proc.pid), wakes(proc.pid), time.monotonic()
+    time.sleep(seconds)
+    elapsed = time.monotonic() - t0
+    return {
+        "millicores": round((cpu_seconds(proc.pid) - cpu0) / elapsed * 1000, 2),
+        "wakes_per_s": round((wakes(proc.pid) - wakes0) / elapsed, 1),
+    }
+
+
+def idle_with_loops(env: dict[str, str], tmp: Path, code: Path | None, seconds: float) -> Report:
+    """:func:`idle` with snapshots (an empty root) and Kafka commits (a broker) on."""
+    with KafkaBroker() as broker:
+        (tmp / "snapshots").mkdir(exist_ok=True)
+        env = env | {
+            "SIDECAR_SNAPSHOT_ROOT": str(tmp / "snapshots"),
+            "SIDECAR_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        }
+        proc = DaemonProcess(env, tmp / "idle-loops.log")
+        proc.code = code
+        proc.start()
+        try:
+            return idle(proc, seconds)
+        finally:
+            proc.stop()
+
+
 def steady(
     env: dict[str, str], log: Path, code: Path | None, idle_s: float, load_s: float
 ) -> Report:
@@ -106,19 +153,14 @@ def steady(
     proc.code = code
     proc.start()
     try:
-        deadline = time.monotonic() + 30
-        while "blob store open" not in proc.log() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(3)  # the doctor's checks and the first renewals: not idle yet
-        cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
-        time.sleep(idle_s)
-        idle = (cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0) * 1000
+        quiet = idle(proc, idle_s)
         rss_idle = rss_kib(proc.pid) / 1024
         cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
         acked = anyio.run(realistic_load, proc.socket_path, load_s)
         load = (cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0) * 1000
         return {
-            "idle_millicores": round(idle, 2),
+            "idle_millicores": quiet["millicores"],
+            "idle_wakes_per_s": quiet["wakes_per_s"],
             "rss_idle_mib": round(rss_idle, 1),
             "load_millicores": round(load, 2),
             "rss_load_mib": round(rss_kib(proc.pid) / 1024, 1),
@@ -154,6 +196,9 @@ def run(args: argparse.Namespace) -> Report:
             settings(redis_server.url, conn, tmp), tmp / "steady.log", args.code, args.idle_s,
             args.load_s,
         )  # fmt: skip
+        with_loops = idle_with_loops(
+            settings(redis_server.url, conn, tmp), tmp, args.code, args.idle_s
+        )
     summary = {k: median(s[k] for s in starts) for k in starts[0]}
     return {
         "environment": environment(),
@@ -162,18 +207,22 @@ def run(args: argparse.Namespace) -> Report:
         "starts": starts,
         "median": summary,
         "steady": held,
+        "idle_with_snapshots_and_kafka": with_loops,
         "image_mb": image_mb(),
         "load": {"queries": QUERIES, "batches_per_s_each": 1, "partitions": PARTITIONS},
     }
 
 
 def show(report: Report) -> None:
-    m, s = report["median"], report["steady"]
+    m, s, w = report["median"], report["steady"], report["idle_with_snapshots_and_kafka"]
     rows: list[tuple[str, Any, Any]] = [
         ("exec → /readyz 200, ms (median)", m["ready_ms"], TARGETS["ready_ms"]),
         ("RSS at ready, MiB", m["rss_at_ready_mib"], TARGETS["rss_at_ready_mib"]),
         ("RSS with the store open, MiB", m["rss_store_open_mib"], None),
         ("idle, millicores", s["idle_millicores"], TARGETS["idle_millicores"]),
+        ("idle, wakes a second", s["idle_wakes_per_s"], None),
+        ("idle + snapshots + Kafka, millicores", w["millicores"], TARGETS["idle_millicores"]),
+        ("idle + snapshots + Kafka, wakes a second", w["wakes_per_s"], None),
         ("RSS idle, MiB", s["rss_idle_mib"], None),
         ("realistic load, millicores", s["load_millicores"], None),
         ("RSS at load, MiB", s["rss_load_mib"], None),
@@ -181,7 +230,7 @@ def show(report: Report) -> None:
     ]
     print(f"footprint ({report['code']}; {len(report['starts'])} starts)")
     for name, value, target in rows:
-        print(f"  {name:34} {value!s:>8}" + (f"   target ≤ {target}" if target else ""))
+        print(f"  {name:42} {value!s:>8}" + (f"   target ≤ {target}" if target else ""))
 
 
 def main() -> int:
