@@ -5,7 +5,8 @@ consistent cut of batch N — exactly what a restart from N reads, nothing of a 
 (``cut``, pure: given a listing and a reader of a few small files) — and where those files
 are read from: checkpoint locations found under a root, their listings, small reads, and
 streams checked against the listing so that a file Spark deletes or rewrites mid-copy fails
-that copy cleanly (``source``, the I/O edge, behind the ``CheckpointSource`` protocol).
+that copy cleanly (``source``, the I/O edge, behind the ``CheckpointSource`` protocol; it only
+reads), in one process at the lowest priority from where the packs are sent too (``worker``).
 
 And the store's side, restic's design: the format — contents in packs, an index per snapshot,
 their blob names (``index``, pure); one snapshot taken and uploaded, each content once, its

@@ -1,6 +1,6 @@
-"""A snapshot's small files, read and packed where they are read: what a source's worker
-process does for the uploader (``sidecar.snapshot.upload``), so that the daemon's event loop
-receives sums and places, not bytes, and sends no pack request.
+"""A snapshot's small files, read and packed where they are read: what the snapshot's worker
+process (``sidecar.snapshot.worker``) does for the uploader (``sidecar.snapshot.upload``), so
+that the daemon's event loop receives sums and places, not bytes, and sends no pack request.
 
 :func:`pack_files` reads each file of a :class:`PackJob` (checked against its listing, hashed),
 and appends each content that is neither :attr:`PackJob.known` nor placed earlier in the job to
@@ -37,6 +37,11 @@ class SmallFile(NamedTuple):
     data: bytes
 
 
+#: A blocking, picklable reader of one location's small files, whole with their sums and
+#: checked against their listing (``CheckpointSource.reader``): what a pack job reads with.
+Reader = Callable[[ListedFile], SmallFile]
+
+
 class PackJob(NamedTuple):
     """Small files of one location to read, and where their new contents go."""
 
@@ -71,7 +76,7 @@ class Packed(NamedTuple):
     error: SidecarError | None = None
 
 
-def pack_files(read: Callable[[ListedFile], SmallFile], job: PackJob) -> Packed:
+def pack_files(read: Reader, job: PackJob) -> Packed:
     """Do ``job`` (blocking), reading each file with ``read`` (see the module docstring).
     Its failures — ``FileChanged`` (a file is gone or not as listed), the store's errors after
     retries — are answered in :attr:`Packed.error`; anything else (a bug) raises."""

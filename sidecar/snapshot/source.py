@@ -17,19 +17,21 @@ questions, and nothing above it touches the files another way:
   subdirectories are walked:
   RocksDB uploads a snapshot's SST files before its ``.zip``, so a ``.zip`` in the listing
   finds its SSTs listed after it (unless Spark deleted them since). A local volume's cut runs
-  in a worker process at a lower priority (:data:`CUT_NICE`): listing thousands of files and
-  parsing the cut is the snapshot's main CPU cost, and in a thread of the daemon it would
-  hold the interpreter lock the acks need (measured: ``docs/benchmarks.md``).
+  in the snapshot's worker process (``sidecar.snapshot.worker``) at the lowest priority:
+  listing thousands of files and parsing the cut is the snapshot's main CPU cost, and in a
+  thread of the daemon it would hold the interpreter lock the acks need (measured:
+  ``docs/benchmarks.md``).
 - :meth:`~CheckpointSource.read_checked`: small files whole with their sums (SHA-256,
   CRC-32C), each checked against its listing as :meth:`~CheckpointSource.open` checks it,
   several in one call: the many small files a snapshot uploads cost the daemon one call per
   group, not a step per file (open, read, check, close, hash). A local volume reads and
   hashes them in the cut's worker process, so the daemon only receives their bytes.
-- :meth:`~CheckpointSource.pack`: small files read and hashed as :meth:`read_checked` does,
-  and their new contents sent in packs straight to the store
-  (:func:`~sidecar.snapshot.packer.pack_files`). A local volume does it in its worker
-  process: the daemon then receives sums and places, neither the bytes nor the store's
-  requests pass through its event loop.
+- :meth:`~CheckpointSource.reader` and :attr:`~CheckpointSource.worker`: where the packs
+  are made beside the reads. A local volume names its worker process and a picklable reader
+  of a location's files (checked and hashed as :meth:`read_checked` does); the uploader hands
+  both to :meth:`~sidecar.snapshot.worker.Worker.pack`, which sends the new contents in
+  packs from there: the daemon then receives sums and places, neither the bytes nor the
+  store's requests pass through its event loop. The source itself only reads.
 - :meth:`~CheckpointSource.open`: a file for streaming, checked against its listing: opened
   only if it still has the listed size and stamp, and checked again when its last byte was
   read — a file Spark deleted, rewrote or replaced meanwhile raises :class:`FileChanged`, so
@@ -44,7 +46,7 @@ questions, and nothing above it touches the files another way:
 ``metadata`` blob, ``cut`` a flat blob listing (path, size, the ETag as stamp) and
 :func:`~sidecar.snapshot.cut.cut_of` in a worker thread reading blobs through
 ``anyio.from_thread`` (the daemon's CPU is then a listing's, not a walk's), ``open``,
-``read_checked`` and ``pack`` ranged downloads with ``If-Match`` on the listed ETag (a
+``read_checked`` and ``reader`` ranged downloads with ``If-Match`` on the listed ETag (a
 rewritten blob answers 412: :class:`FileChanged`), and ``server_copy`` answers a
 :class:`ServerCopy` (the blob's URL and ETag) so the uploader copies it server-side (Put Block
 From URL with a source ``If-Match``) instead of streaming it. The cut, the uploader and the
@@ -59,15 +61,13 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import traceback
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Literal, Protocol, TypeVar
 
 import anyio
-import anyio.to_process
 import anyio.to_thread
 import msgspec
 
@@ -76,8 +76,8 @@ from sidecar.errors import SidecarError
 from sidecar.model.spark_dir import SparkCheckpointError, parse_query_metadata
 from sidecar.snapshot import crc
 from sidecar.snapshot.cut import Cut, Hints, ListedFile, cut_of_names
-from sidecar.snapshot.packer import Packed, PackJob, SmallFile, pack_files
-from sidecar.snapshot.stored import Created, CreateJob, create_answered
+from sidecar.snapshot.packer import Reader, SmallFile
+from sidecar.snapshot.worker import Worker, WorkerDied
 
 #: How deep under the root checkpoint locations are looked for (the root itself is depth 0):
 #: ``<root>/<app>/<query>`` is depth 2.
@@ -92,12 +92,6 @@ METADATA_MAX_BYTES = 4096
 SMALL_FILE_MAX_BYTES = 64 * 1024 * 1024
 #: Bytes read per chunk when a file is streamed: the copy's memory per file in flight.
 CHUNK_BYTES = 1024 * 1024
-#: The niceness the snapshot's worker process adds to its own: under a busy Spark driver, the
-#: daemon's acks and Spark's tasks come first, a snapshot's listing, reads and sends after
-#: them (+10 since the worker also sends the packs and the index; the backup lag has room:
-#: p99 0.24 s against a 10 s trigger in ``bench/snapshots.py``). Where the kernel allows it
-#: the worker also takes ``SCHED_IDLE`` (:func:`_lower_priority`).
-CUT_NICE = 10
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -188,27 +182,16 @@ class CheckpointSource(Protocol):
         """
         ...
 
-    async def pack(self, location: str, job: PackJob) -> Packed:
-        """``job``'s files of ``location`` read, checked and hashed as :meth:`read_checked`
-        does, and their new contents sent in packs to ``job.blobs``
-        (:func:`~sidecar.snapshot.packer.pack_files`): a file gone or not as listed
-        (``FileChanged``) and the store's errors after retries are answered in
-        :attr:`~sidecar.snapshot.packer.Packed.error`.
-
-        Raises:
-            SourceError: the worker doing it died (``worker``).
-        """
+    @property
+    def worker(self) -> Worker | None:
+        """The process this source reads in, from where a snapshot's packs and index are sent
+        too (its reads are there already); None: a source read from the daemon's process."""
         ...
 
-    async def create(self, job: CreateJob) -> Created:
-        """``job``'s blob created from the source's side, as a pack job's packs are (a local
-        volume: in its worker process, whose store client is made already, so the daemon's
-        event loop does not send it): the store's errors after retries are answered in
-        :attr:`~sidecar.snapshot.stored.Created.error`.
-
-        Raises:
-            SourceError: the worker doing it died (``worker``).
-        """
+    def reader(self, location: str) -> Reader:
+        """A blocking, picklable reader of ``location``'s files, each whole with its sums and
+        checked against its listing as :meth:`read_checked` does (``FileChanged``): for a
+        pack job in :attr:`worker` (``sidecar.snapshot.worker.Worker.pack``)."""
         ...
 
     def server_copy(self, location: str, file: ListedFile) -> ServerCopy | None:
@@ -241,14 +224,18 @@ class LocalSource:
     """
 
     def __init__(
-        self, root: Path, *, max_depth: int = MAX_LOCATION_DEPTH, chunk_bytes: int = CHUNK_BYTES
+        self,
+        root: Path,
+        *,
+        max_depth: int = MAX_LOCATION_DEPTH,
+        chunk_bytes: int = CHUNK_BYTES,
+        worker: Worker | None = None,
     ) -> None:
         self.root = root
         self.max_depth = max_depth
         self.chunk_bytes = chunk_bytes
-        #: One call at a time (a cut, a group of reads) in one worker process (made at the
-        #: first call, in the loop).
-        self._worker: anyio.CapacityLimiter | None = None
+        #: Its cuts and reads, one at a time, and the packs made from them.
+        self.worker = worker or Worker()
 
     def __str__(self) -> str:
         """The root's path: what the daemon's log lines name (``root %s``, ``under %s``)."""
@@ -318,27 +305,16 @@ class LocalSource:
     async def _in_worker_at(
         self, doing: str, location: str, job: Callable[[str, A], R], arg: A
     ) -> R:
-        """``job(directory, arg)`` in the worker process, on ``location``'s directory."""
-        top = self._dir(location)
-        return await self._in_worker(f"{doing} {top}", partial(job, str(top)), arg)
+        """``job(directory, arg)`` in the worker process, on ``location``'s directory.
 
-    async def _in_worker(self, doing: str, job: Callable[[A], R], arg: A) -> R:
-        """``job(arg)`` in the worker process (one call at a time); ``doing``: what, for its
-        error."""
-        if self._worker is None:
-            self._worker = anyio.CapacityLimiter(1)
+        Raises:
+            SourceError: the worker died before it answered (``worker``).
+        """
+        top = self._dir(location)
         try:
-            return await anyio.to_process.run_sync(job, arg, cancellable=True, limiter=self._worker)
-        except (anyio.BrokenWorkerProcess, ProcessLookupError) as exc:
-            # ProcessLookupError: anyio kills a worker that died while it started, and that
-            # kill finds it gone (anyio 4.16).
-            why = f"{exc!r}: {exc.__cause__!r}" if exc.__cause__ else repr(exc)
-            raise SourceError(
-                f"the worker process {doing} failed or died ({why}): this snapshot fails, the "
-                "next one starts a new worker; if it keeps dying, look for the kernel's OOM "
-                "killer in the pod's events",
-                reason="worker",
-            ) from exc
+            return await self.worker.run(f"{doing} {top}", partial(job, str(top), arg))
+        except WorkerDied as exc:
+            raise SourceError(str(exc), reason="worker") from exc
 
     @asynccontextmanager
     async def open(self, location: str, file: ListedFile) -> AsyncIterator[FileStream]:
@@ -353,65 +329,25 @@ class LocalSource:
     async def read_checked(self, location: str, files: Sequence[ListedFile]) -> list[SmallFile]:
         return await self._in_worker_at("reading", location, read_checked_here, list(files))
 
-    async def pack(self, location: str, job: PackJob) -> Packed:
-        return await self._in_worker_at("packing", location, pack_here, job)
-
-    async def create(self, job: CreateJob) -> Created:
-        return await self._in_worker(f"writing {job.name}", create_here, job)
+    def reader(self, location: str) -> Reader:
+        return partial(read_hashed, self._dir(location))
 
     def server_copy(self, location: str, file: ListedFile) -> ServerCopy | None:
         return None
 
 
-#: Whether this process lowered its priority: done once, in the cut's worker process.
-_niced = False
-
-
-def _lower_priority() -> None:
-    """This process (the worker, before it starts a thread) behind every other on its CPU.
-
-    Nice alone is not enough: Linux's scheduler (EEVDF) lets a running task finish its slice
-    (a few ms) before a task it woke takes the CPU, so each hop of an ack (client, daemon,
-    Redis) could wait a slice of the worker's. A ``SCHED_IDLE`` task is preempted at once by
-    any other task that wakes, and runs on what they leave (a small share when the CPU is
-    never idle: the backup lag pays, which the snapshot lag metric shows). Lowering a
-    policy needs no privilege; where it is refused (a seccomp profile) nice stays."""
-    os.nice(CUT_NICE)
-    if hasattr(os, "SCHED_IDLE"):  # Linux
-        with suppress(OSError):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
-def _in_this_worker(job: Callable[[], R]) -> R:
-    """``job()`` in :class:`LocalSource`'s worker process, which lowers its own priority
-    (:func:`_lower_priority`) at its first job. A failure other than the source's and the
-    cut's own errors arrives in the daemon with this process's traceback as a note."""
-    global _niced
-    if not _niced:
-        _niced = True
-        _lower_priority()
-    try:
-        return job()
-    except SidecarError:
-        raise
-    except Exception as exc:  # a bug: its traceback travels with it
-        exc.add_note("in the snapshot's worker process:\n" + traceback.format_exc())
-        raise
-
-
 def cut_here(top: str, job: tuple[int, Hints | None]) -> Cut:
     """The cut of a batch of the checkpoint directory ``top`` (``job``: the batch and the
-    hints), listed and cut in this process (:meth:`LocalSource.cut`'s worker)."""
+    hints), listed and cut in this process (:meth:`LocalSource.cut`'s worker: a picklable
+    job)."""
     directory = Path(top)
     batch, hints = job
-    return _in_this_worker(
-        lambda: cut_of_names(
-            names_of(directory),
-            partial(read_small, directory),
-            partial(stat_of, directory),
-            batch,
-            hints,
-        )
+    return cut_of_names(
+        names_of(directory),
+        partial(read_small, directory),
+        partial(stat_of, directory),
+        batch,
+        hints,
     )
 
 
@@ -419,18 +355,7 @@ def read_checked_here(top: str, files: list[ListedFile]) -> list[SmallFile]:
     """Each of ``files`` under ``top`` whole and hashed, checked against its listing, in this
     process (:meth:`LocalSource.read_checked`'s worker)."""
     directory = Path(top)
-    return _in_this_worker(lambda: [read_hashed(directory, f) for f in files])
-
-
-def pack_here(top: str, job: PackJob) -> Packed:
-    """``job`` done on the files under ``top``, in this process (:meth:`LocalSource.pack`'s
-    worker)."""
-    return _in_this_worker(lambda: pack_files(partial(read_hashed, Path(top)), job))
-
-
-def create_here(job: CreateJob) -> Created:
-    """``job`` done in this process (:meth:`LocalSource.create`'s worker)."""
-    return _in_this_worker(lambda: create_answered(job))
+    return [read_hashed(directory, f) for f in files]
 
 
 def read_hashed(top: Path, file: ListedFile) -> SmallFile:

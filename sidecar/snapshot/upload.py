@@ -14,11 +14,12 @@ file's content (SHA-256):
 New contents of files up to :data:`PACKED_FILE_MAX_BYTES` travel together: appended to a pack
 held in memory, which goes up (one Put Blob, or blocks and a Put Block List when larger than
 the store's block) once it reaches ``pack_target_bytes``, and at the end. **Where the store
-can be written from the source's side** (``SnapshotStore.target``: the daemon's store), the
-small files go in groups of up to ``max(READ_GROUP_BYTES, pack_target_bytes)`` to
-``source.pack``, which reads, hashes and packs them and sends the packs itself — a local
-volume in its worker process (``sidecar.snapshot.packer``), so the daemon's event loop gets
-sums and places, not bytes, and sends no pack request: CPU on that loop is what acks pay for
+can be written from the source's side** (``SnapshotStore.target``: the daemon's store; and
+the source reads in a process of its own, ``source.worker``: a local volume), the small files
+go in groups of up to ``max(READ_GROUP_BYTES, pack_target_bytes)`` to that worker
+(``Worker.pack``, ``sidecar.snapshot.packer``), which reads them with ``source.reader``,
+hashes and packs them and sends the packs itself, so the daemon's event loop gets sums and
+places, not bytes, and sends no pack request: CPU on that loop is what acks pay for
 (``docs/benchmarks.md``). A pack then holds the new contents of one group; the contents
 stored already are told to the job. Otherwise (a store wrapped in this process: the fault
 tests') they are read in groups of :data:`READ_GROUP_BYTES` by ``source.read_checked`` and
@@ -37,7 +38,7 @@ stored: a snapshot fails as a whole — a file changed mid-copy, a cut refused, 
 failing after retries — and leaves no index, only packs no index names, which prune deletes
 after the grace period (``sidecar.snapshot.retention``). ``contents`` learns the snapshot
 only once its index is written. The owner check comes right before it; where the packs went up
-from the source's side, the index follows them there (``source.create``, in the same worker
+from the source's side, the index follows them there (``Worker.create``, in the same worker
 process), so the loop encodes it and hands it over but does not send it — the write through
 the async SDK was half the loop's CPU per snapshot (``docs/benchmarks.md``). Between the check
 and the write there may be another query's job in that worker (at most one: two snapshots run
@@ -73,6 +74,7 @@ from sidecar.snapshot.lineage import OFF_TIMELINE, OffTimeline
 from sidecar.snapshot.packer import PackJob
 from sidecar.snapshot.source import CheckpointSource, FileChanged, SourceError
 from sidecar.snapshot.stored import SnapshotStore, chunks_of, create, first_error
+from sidecar.snapshot.worker import WorkerDied
 
 __all__ = ["Contents", "UploadError", "UploadResult", "failure_reason", "upload_snapshot"]
 
@@ -156,7 +158,7 @@ def failure_reason(exc: BaseException) -> str:
         return "file_changed"
     if isinstance(exc, CutError):
         return f"cut_{exc.reason}"
-    if isinstance(exc, SourceError):
+    if isinstance(exc, SourceError | WorkerDied):  # its files, or the process reading them
         return "source"
     if isinstance(exc, StoreUnavailable):
         return "store_unavailable"
@@ -314,10 +316,11 @@ class _Upload:
     async def small_files(self, files: list[CutFile]) -> None:
         """Packed where they are read when the store can be written from there (the source's
         worker process), else here."""
-        target = self.blobs.target()
-        if target is None:
+        target, worker = self.blobs.target(), self.source.worker
+        if target is None or worker is None:
             await self.small_files_here(files)
             return
+        read = self.source.reader(self.location)
         for group in _groups(files, max(READ_GROUP_BYTES, self.pack_target_bytes)):
             known = frozenset(self.contents.stored()).union(self.placed)
             job = PackJob(
@@ -330,7 +333,7 @@ class _Upload:
                 stored.ATTEMPTS,
             )
             async with self.limiter:
-                packed = await self.source.pack(self.location, job)
+                packed = await worker.pack(read, job)
             _tell(self.blobs, packed.sent, "write snapshot pack")
             if packed.error is not None:
                 raise packed.error
@@ -582,11 +585,11 @@ async def _write_index(
 ) -> str:
     """Write the index blob ``name``, create-only, from where the packs went up (the source's
     worker process when the store can be written from there, else here); its version."""
-    target = blobs.target()
-    if target is None:
+    target, worker = blobs.target(), source.worker
+    if target is None or worker is None:
         return await create(blobs, name, lambda: chunks_of(body, len(body)))
     # Sent by the worker that sent the packs: the loop only hands it the bytes.
-    created = await source.create(stored.CreateJob(target, name, body, stored.ATTEMPTS))
+    created = await worker.create(stored.CreateJob(target, name, body, stored.ATTEMPTS))
     _tell(blobs, created.sent, "write snapshot index")
     if created.error is not None:
         raise created.error

@@ -22,6 +22,7 @@ import pytest
 
 from sidecar.config import Config
 from sidecar.snapshot import source as source_module
+from sidecar.snapshot import worker as worker_module
 from sidecar.snapshot.cut import CutError, ListedFile, Role
 from sidecar.snapshot.packer import SmallFile
 from sidecar.snapshot.source import (
@@ -229,7 +230,7 @@ async def test_a_cut_runs_in_a_worker_process_at_a_lower_priority_and_its_errors
     assert cut.query_id == QUERY_A and "commits/2" in [f.path for f in cut.files]
     (worker,) = await anyio.to_thread.run_sync(cut_workers) - before
     own = os.getpriority(os.PRIO_PROCESS, 0)
-    assert os.getpriority(os.PRIO_PROCESS, worker) == min(19, own + source_module.CUT_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, worker) == min(19, own + worker_module.NICE)
     assert os.sched_getscheduler(worker) == os.SCHED_IDLE  # preempted by any task that wakes
 
     with pytest.raises(CutError) as caught:  # raised in the worker, arrives with its reason

@@ -24,6 +24,7 @@ from collections.abc import (
 )
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -40,7 +41,7 @@ from sidecar.snapshot import stored
 from sidecar.snapshot.contents import Contents
 from sidecar.snapshot.cut import ListedFile
 from sidecar.snapshot.index import FileEntry, SnapshotIndex, pack_name, parse_pack_name, prefix
-from sidecar.snapshot.packer import Packed, PackJob, SmallFile
+from sidecar.snapshot.packer import Packed, PackJob, Reader, SmallFile
 from sidecar.snapshot.prune import prune
 from sidecar.snapshot.restore import (
     RestoreError,
@@ -54,6 +55,7 @@ from sidecar.snapshot.retention import ListedLike, classify, marks_name
 from sidecar.snapshot.source import FileChanged, FileStream, LocalSource
 from sidecar.snapshot.stored import RemoteBlobs, SnapshotStore, chunks_of
 from sidecar.snapshot.upload import UploadResult, failure_reason, upload_snapshot
+from sidecar.snapshot.worker import Worker, WorkerDied
 from sidecar.store.blobs import BlobStore
 from sidecar.store.snapshots import BLOCK_BYTES, SnapshotBlobs
 from tests.faults.store_proxy import Fault, StoreFaultProxy
@@ -243,10 +245,11 @@ async def consistent(
 
 
 class Meddling(LocalSource):
-    """A source whose ``meddle(path, opened)`` runs before each open: Spark at work."""
+    """A source whose ``meddle(path, opened)`` runs before each open: Spark at work. Its
+    worker's pack jobs open files too: the meddling runs before each job's files."""
 
     def __init__(self, root: Path, meddle: Callable[[str, int], None]) -> None:
-        super().__init__(root)
+        super().__init__(root, worker=_MeddledWorker(self))
         self.meddle = meddle
         self.opened: dict[str, int] = {}
 
@@ -265,10 +268,16 @@ class Meddling(LocalSource):
             await self._opening(file)
         return await super().read_checked(location, files)
 
-    async def pack(self, location: str, job: PackJob) -> Packed:
+
+class _MeddledWorker(Worker):
+    def __init__(self, source: Meddling) -> None:
+        super().__init__()
+        self.source = source
+
+    async def pack(self, read: Reader, job: PackJob) -> Packed:
         for file in job.files:
-            await self._opening(file)
-        return await super().pack(location, job)
+            await self.source._opening(file)
+        return await super().pack(read, job)
 
 
 @pytest.fixture
@@ -740,6 +749,41 @@ async def test_restored_files_and_directories_are_on_disk_before_they_are_moved_
 
 
 # -- failures ------------------------------------------------------------------------------
+
+
+class _DyingWorker(Worker):
+    """A worker process the OOM killer takes at its first pack job."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.packs = 0
+
+    async def pack(self, read: Reader, job: PackJob) -> Packed:
+        self.packs += 1
+        if self.packs == 1:
+            await self.run("packing", partial(os._exit, 137))
+        return await super().pack(read, job)
+
+
+async def test_a_worker_dying_while_packing_fails_the_snapshot_as_its_source_the_next_succeeds(
+    blobs: SnapshotBlobs, namespace: str, tmp_path: Path
+) -> None:
+    """The packs go up from the worker process the source reads in; one that dies mid-job
+    fails that snapshot (no index, reason ``source``), and the next starts a new worker."""
+    ck = HdfsCheckpoint(tmp_path / "ck", partitions=4)
+    for _ in range(3):
+        ck.batch()
+    worker = _DyingWorker()
+    source = LocalSource(ck.root, worker=worker)
+    contents = Contents()
+    with pytest.raises(WorkerDied) as died:
+        await upload_snapshot(source, "", 2, blobs, namespace, QUERY_ID, contents)
+    assert failure_reason(died.value) == "source" and died.value.reason == "worker"
+    assert "next one starts a new worker" in str(died.value)
+    assert not [n for n in await blob_names(blobs, namespace) if "/index/" in n]
+    result = await upload_snapshot(source, "", 2, blobs, namespace, QUERY_ID, contents)
+    assert result.index.batch == 2 and worker.packs >= 2
+    await consistent(blobs, namespace)
 
 
 async def test_a_file_changed_mid_copy_fails_the_snapshot_cleanly_and_the_next_succeeds(
