@@ -286,6 +286,10 @@ class Flusher:
                 or self._due(e, age_s)
             ):
                 due.append((-age_s, query_id))
+        # An ack waits on a query Redis holds nothing of (retired here, then a resend below
+        # the floor, which Redis never took): no row will come, the blob read answers it.
+        known = {e.query_id for e in entries}
+        due += [(0.0, q) for q in waiting if q not in known and self._blobs.ready(q)]
         return [query_id for _, query_id in sorted(due)]
 
     def _due(self, q: PendingEntry | PendingQuery, age_s: float) -> bool:
@@ -322,17 +326,43 @@ class Flusher:
                     return failed + len(due) - i
                 started = set()
                 asked = {*self._blobs.unverified(), *self._blobs.waiting()}
+                rowless = set(ids) - {q.query_id for q, _ in rows}
                 async with anyio.create_task_group() as tg:
                     for q, since in rows:
                         self._note_row(q, since)
                         if self._row_due(q, asked, final=final):
                             started.add(q.query_id)
                             tg.start_soon(flush, q, since)
+                    for query_id in rowless.intersection(self._blobs.waiting()):
+                        started.add(query_id)
+                        tg.start_soon(self._confirm, query_id, unstarted is not None)
                     if unstarted is not None:  # read, and not due after all
                         for query_id in unstarted.intersection(ids) - started:
                             self._blobs.end(query_id)
                         unstarted.difference_update(ids)
         return failed
+
+    async def _confirm(self, query_id: str, ends_pass: bool) -> None:
+        """Acks wait on a query Redis has no row of (nothing to write): the blob read, which
+        answers those it holds the batch of; retried after a backoff when it cannot be
+        read. ``ends_pass``: the loop's pass, released here."""
+        try:
+            async with self._limiter, self._blobs.flushing(query_id):
+                try:
+                    await self._blobs.read(query_id)
+                except SidecarError as exc:
+                    delay = self._blobs.failed(query_id, retriable=exc.retriable)
+                    log.warning(
+                        "blob of query %s not read for the acks waiting on it (retry in %.1fs): %s",
+                        self._blobs.label(query_id) or query_id,
+                        delay,
+                        exc,
+                    )
+                else:
+                    self._blobs.flushed(query_id)
+        finally:
+            if ends_pass:
+                self._blobs.end(query_id)
 
     async def _read_rows(self, ids: list[str]) -> list[tuple[PendingQuery, int]] | None:
         """The rows of ``ids``, each with the stamp it was read at: an apply's row where one

@@ -127,6 +127,42 @@ async def test_a_woken_flush_leaves_updates_nobody_waits_for_to_the_thresholds(
     assert other is not None and other.batch_id == 4
 
 
+async def test_a_blob_mode_resend_after_a_retire_through_the_daemon_is_answered_by_a_read(
+    make_config: ConfigFactory,
+) -> None:
+    """An operator retired the query (its Redis record removed, the blob kept) while its
+    driver still runs: a resend of a batch the blob holds is below the floor, so Redis never
+    takes it and no flush of it comes; its ack is answered by a read of the blob, here the
+    floor's. (Where news came between that read and the ack, the flush reads the blob for
+    it: the flush simulation's case "a resend's ack after a retirement, late writes and a
+    store that lost one".)"""
+    config = make_config(
+        ack_mode="blob", admin_ops="true", admin_quiet_s="0", blob_ack_timeout_s=300, **NEVER
+    )
+    async with running_daemon(config), blob_reader(config) as store:
+        async with await SidecarClient.connect(config.socket_path) as c:
+            for batch in range(2):
+                with anyio.fail_after(30):
+                    assert (await c.progress(kafka_progress(QID, batch))).applied
+            retired = await c.request("retire", query_id=QID, reason="moved")
+            assert retired.ok, retired.error
+            assert await aioredis_keys(config) == []
+            with anyio.fail_after(30):
+                reply = await c.progress(kafka_progress(QID, 1))  # the listener's resend
+            assert (reply.ok, reply.applied) == (True, False)  # durable: the blob holds it
+        doc = await store.read(QID)
+    assert doc is not None and doc.batch_id == 1
+
+
+async def aioredis_keys(config: Config) -> list[bytes]:
+    """The namespace's Redis keys naming the query (its record, its history)."""
+    r = aioredis.Redis.from_url(config.redis_url)
+    try:
+        return [k async for k in r.scan_iter(f"{config.namespace}*{QID}*")]
+    finally:
+        await r.aclose()
+
+
 @pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
 async def test_the_daemon_runs_and_acks_on_the_event_loop_asked_for(
     daemon_env: dict[str, str], short_tmp: Path, procs: list[DaemonProcess], event_loop: str
