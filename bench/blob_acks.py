@@ -9,7 +9,10 @@ Starts redis-server and Azurite (``tests.services``), then alternates rounds of:
   its default: flush interval 1 s, thresholds 100 updates / 10 s), one connection, one
   request in flight;
 - ``daemon-64``: the same, 64 requests in flight on the one connection (a new request is sent
-  as each reply arrives).
+  as each reply arrives);
+- ``daemon-4x1``: four connections, one request in flight on each, each its own query (a
+  driver running four streaming queries), against ``direct-4``: four direct writers at once,
+  each its own query's blob under its own lease.
 
 Each update is a Spark-shaped Kafka progress (32 partitions, ~1.7 KB) with a strictly
 increasing batch id; only replies with ``ok=true`` count. Ack latency = send to parsed reply.
@@ -55,6 +58,8 @@ from tests.sparkshapes import kafka_progress
 CONTAINER = "bench-acks"
 PARTITIONS = 32
 WINDOW = 64
+#: Connections of the ``daemon-4x1`` scenario, and writers of its peer ``direct-4``.
+CONNECTIONS = 4
 Result = dict[str, Any]
 
 
@@ -74,8 +79,10 @@ def summary(name: str, latencies: list[float], seconds: float) -> Result:
     }
 
 
-async def direct(azurite: Azurite, seconds: float) -> Result:
-    namespace, query = f"direct-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())
+async def direct(azurite: Azurite, seconds: float, writers: int = 1) -> Result:
+    """``writers`` queries' blobs written at once from one store client, each under its own
+    lease, one write at a time each."""
+    namespace = f"direct-{uuid.uuid4().hex[:8]}"
     store = BlobStore(
         Config(
             namespace=namespace,
@@ -83,14 +90,14 @@ async def direct(azurite: Azurite, seconds: float) -> Result:
             azure_connection_string=azurite.connection_string,
         )
     )
-    lease = str(uuid.uuid4())
     latencies: list[float] = []
-    try:
-        await store.ensure_container()
+
+    async def write(query: str, start: float) -> None:
+        lease = str(uuid.uuid4())
         version = await store.create_if_absent(query)
         assert version is not None  # a new query: the blob was made here
         await store.acquire_lease(query, lease, 60)
-        batch, start = 0, time.perf_counter()
+        batch = 0
         while (now := time.perf_counter()) - start < seconds:
             body = msgspec.json.encode(kafka_progress(query, batch, partitions=PARTITIONS))
             version = await store.write(
@@ -98,11 +105,18 @@ async def direct(azurite: Azurite, seconds: float) -> Result:
             )
             latencies.append(time.perf_counter() - now)
             batch += 1
-        elapsed = time.perf_counter() - start
         await store.release_lease(query, lease)
+
+    try:
+        await store.ensure_container()
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(writers):
+                tg.start_soon(write, str(uuid.uuid4()), start)
+        elapsed = time.perf_counter() - start
     finally:
         await store.aclose()
-    return summary("direct", latencies, elapsed)
+    return summary("direct" if writers == 1 else f"direct-{writers}", latencies, elapsed)
 
 
 @contextmanager
@@ -145,39 +159,49 @@ def write_seconds(proc: DaemonProcess) -> tuple[float, float]:
     return found["count"], found["sum"]
 
 
-async def through_daemon(proc: DaemonProcess, window: int, seconds: float) -> Result:
-    """``window`` requests in flight on one connection for ``seconds``."""
+async def through_daemon(
+    proc: DaemonProcess, window: int, seconds: float, connections: int = 1
+) -> Result:
+    """``window`` requests in flight on each of ``connections`` connections (each its own
+    query) for ``seconds``."""
     writes_before = write_seconds(proc)
-    query = str(uuid.uuid4())
-    client = await SidecarClient.connect(proc.socket_path)
-    sent: dict[int, float] = {}
     latencies: list[float] = []
-    next_batch = 0
 
-    async def send_one() -> None:
-        nonlocal next_batch
-        rid = next_batch + 1
-        data = request(query, next_batch, rid)
-        sent[rid] = time.perf_counter()
-        next_batch += 1
-        await client.send_raw(data)
+    async def connection(start: float) -> None:
+        query = str(uuid.uuid4())
+        client = await SidecarClient.connect(proc.socket_path)
+        sent: dict[int, float] = {}
+        next_batch = 0
 
-    try:
-        start = time.perf_counter()
-        for _ in range(window):
-            await send_one()
-        while sent:
-            (reply,) = await client.receive(1)
-            if not reply.ok:
-                raise BenchError(f"not acknowledged: {reply}")
-            latencies.append(time.perf_counter() - sent.pop(int(str(reply.id))))
-            if time.perf_counter() - start < seconds:
+        async def send_one() -> None:
+            nonlocal next_batch
+            rid = next_batch + 1
+            data = request(query, next_batch, rid)
+            sent[rid] = time.perf_counter()
+            next_batch += 1
+            await client.send_raw(data)
+
+        try:
+            for _ in range(window):
                 await send_one()
-        elapsed = time.perf_counter() - start
-    finally:
-        await client.aclose()
+            while sent:
+                (reply,) = await client.receive(1)
+                if not reply.ok:
+                    raise BenchError(f"not acknowledged: {reply}")
+                latencies.append(time.perf_counter() - sent.pop(int(str(reply.id))))
+                if time.perf_counter() - start < seconds:
+                    await send_one()
+        finally:
+            await client.aclose()
+
+    start = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(connections):
+            tg.start_soon(connection, start)
+    elapsed = time.perf_counter() - start
     count, total = (a - b for a, b in zip(write_seconds(proc), writes_before, strict=True))
-    result = summary(f"daemon-{window}", latencies, elapsed)
+    name = f"daemon-{window}" if connections == 1 else f"daemon-{connections}x{window}"
+    result = summary(name, latencies, elapsed)
     result["blob_writes"] = count
     result["blob_write_mean_ms"] = round(total / count * 1000, 2) if count else None
     return result
@@ -188,11 +212,13 @@ async def measure(args: argparse.Namespace) -> Result:
     with ExitStack() as stack:
         tmp, redis, azurite = services(stack, "cps-acks-")
         for _ in range(args.rounds):
-            runs.setdefault("direct", []).append(await direct(azurite, args.seconds))
+            for writers in (1, CONNECTIONS):
+                result = await direct(azurite, args.seconds, writers)
+                runs.setdefault(result["scenario"], []).append(result)
             extra = dict(item.split("=", 1) for item in args.setting)
             with daemon(redis, azurite, tmp, args.event_loop, extra) as proc:
-                for window in (1, WINDOW):
-                    result = await through_daemon(proc, window, args.seconds)
+                for window, connections in ((1, 1), (WINDOW, 1), (1, CONNECTIONS)):
+                    result = await through_daemon(proc, window, args.seconds, connections)
                     runs.setdefault(result["scenario"], []).append(result)
     out: Result = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
@@ -216,6 +242,12 @@ async def measure(args: argparse.Namespace) -> Result:
         "daemon-1 per_s / direct": round(out["daemon-1"]["per_s"] / direct_s, 2),
         "daemon-1 p50 / direct write p50": round(out["daemon-1"]["p50_ms"] / direct_ms, 2),
         f"daemon-{WINDOW} per_s / direct": round(out[f"daemon-{WINDOW}"]["per_s"] / direct_s, 2),
+        f"daemon-{CONNECTIONS}x1 per_s / direct": round(
+            out[f"daemon-{CONNECTIONS}x1"]["per_s"] / direct_s, 2
+        ),
+        f"daemon-{CONNECTIONS}x1 per_s / direct-{CONNECTIONS}": round(
+            out[f"daemon-{CONNECTIONS}x1"]["per_s"] / out[f"direct-{CONNECTIONS}"]["per_s"], 2
+        ),
     }
     return out
 
