@@ -84,7 +84,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from sidecar.backoff import Backoff
 from sidecar.buffer.lua import NO_BLOB
@@ -306,6 +306,15 @@ class Flight(enum.Enum):
     DEFERRED = "deferred"
 
 
+class Waiting(NamedTuple, Generic[W]):
+    """An ack waiting for its batch in the blob."""
+
+    batch: int
+    waiter: W
+    #: The stamp it was made at: evidence begun before it does not answer it.
+    made: int
+
+
 @dataclass(slots=True, eq=False)
 class QueryState(Generic[W, L]):
     """Everything this daemon keeps of one query's blob. Only :class:`FlushCore` changes it."""
@@ -322,12 +331,12 @@ class QueryState(Generic[W, L]):
     evidence: int
     label: str = ""
     blob: Blob = Unread()
-    #: Acks waiting for a batch to be durable: (batch id, handle, the stamp they were made
-    #: at); and those whose batch the blob held as last known here, which only a read or a
-    #: write begun after them answers (memory may be stale: a twin on its own Redis may have
-    #: reset the blob lower, or the store lost the batch since).
-    acks: list[tuple[int, W, int]] = field(default_factory=list)
-    confirming: list[tuple[int, W, int]] = field(default_factory=list)
+    #: Acks waiting for a batch to be durable; and those whose batch the blob held as last
+    #: known here, which only a read or a write begun after them answers (memory may be
+    #: stale: a twin on its own Redis may have reset the blob lower, or the store lost the
+    #: batch since).
+    acks: list[Waiting[W]] = field(default_factory=list)
+    confirming: list[Waiting[W]] = field(default_factory=list)
     #: The stamp the evidence of what ``blob`` holds began at (a read's start, a write's
     #: begin, a creation): it answers only acks made at or before it.
     seen_since: int = 0
@@ -508,15 +517,15 @@ class FlushCore(Generic[W, L]):
         waits for a read begun after it (the store may have lost the batch meanwhile)."""
         blob = q.blob.base if isinstance(q.blob, Writing) else q.blob
         batch = blob.batch if isinstance(blob, Seen) else NO_BLOB
-        held = [a for a in q.acks if a[0] <= batch]
+        held = [a for a in q.acks if a.batch <= batch]
         if not held:
             return []
-        q.acks = [a for a in q.acks if a[0] > batch]
-        late = [a for a in held if a[2] > q.seen_since]
+        q.acks = [a for a in q.acks if a.batch > batch]
+        late = [a for a in held if a.made > q.seen_since]
         if late:
             q.confirming.extend(late)
             q.unverified = True  # read at the next check, if the shell does not first
-        return [w for _, w, made in held if made <= q.seen_since]
+        return [a.waiter for a in held if a.made <= q.seen_since]
 
     def _held_term(self, q: QueryState[W, L]) -> int | None:
         return q.lease.term if q.lease.state is LeaseState.HELD else None
@@ -606,10 +615,10 @@ class FlushCore(Generic[W, L]):
         if q.blob.durable >= batch:
             # Held already, as far as known here: answered by a read begun after it (a
             # resend, rare; new batches wait for their write).
-            q.confirming.append((batch, waiter, made))
+            q.confirming.append(Waiting(batch, waiter, made))
             q.unverified = True  # due at the next check, read there too if the shell's is not
             return Ack.CONFIRM
-        q.acks.append((batch, waiter, made))
+        q.acks.append(Waiting(batch, waiter, made))
         if q.flight is not Flight.IDLE:
             q.flight = Flight.DEFERRED
             return Ack.WAIT
@@ -619,8 +628,8 @@ class FlushCore(Generic[W, L]):
         """An ack stopped waiting (answered, or its time ran out)."""
         q = self._queries.get(query_id)
         if q is not None:
-            q.acks = [a for a in q.acks if a[1] is not waiter]
-            q.confirming = [a for a in q.confirming if a[1] is not waiter]
+            q.acks = [a for a in q.acks if a.waiter is not waiter]
+            q.confirming = [a for a in q.confirming if a.waiter is not waiter]
 
     def held_elsewhere(self, query_id: str, holder: str | None) -> list[W]:
         """Another daemon holds the query's lease (``holder``: who last wrote the blob, when
@@ -630,7 +639,7 @@ class FlushCore(Generic[W, L]):
             return []
         if holder is not None:
             q.holder = holder
-        waiting = [w for _, w, _ in q.acks + q.confirming]
+        waiting = [a.waiter for a in q.acks + q.confirming]
         q.acks, q.confirming = [], []
         return waiting
 

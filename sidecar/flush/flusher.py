@@ -325,7 +325,8 @@ class Flusher:
                 if rows is None:
                     return failed + len(due) - i
                 started = set()
-                asked = {*self._blobs.unverified(), *self._blobs.waiting()}
+                waiting = set(self._blobs.waiting())
+                asked = {*self._blobs.unverified(), *waiting}
                 rowless = set(ids) - {q.query_id for q, _ in rows}
                 async with anyio.create_task_group() as tg:
                     for q, since in rows:
@@ -333,7 +334,7 @@ class Flusher:
                         if self._row_due(q, asked, final=final):
                             started.add(q.query_id)
                             tg.start_soon(flush, q, since)
-                    for query_id in rowless.intersection(self._blobs.waiting()):
+                    for query_id in rowless & waiting:
                         started.add(query_id)
                         tg.start_soon(self._confirm, query_id, unstarted is not None)
                     if unstarted is not None:  # read, and not due after all

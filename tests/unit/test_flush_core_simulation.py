@@ -479,8 +479,8 @@ class ConfirmedByAnEarlierRead(FlushCore[Waiter, None]):
     def ack(self, query_id: str, batch: int, waiter: Waiter) -> Ack:
         answer = super().ack(query_id, batch, waiter)
         q = self.record(query_id)  # as if made before any evidence
-        q.acks = [(b, w, 0 if w is waiter else m) for b, w, m in q.acks]
-        q.confirming = [(b, w, 0 if w is waiter else m) for b, w, m in q.confirming]
+        q.acks = [a._replace(made=0) if a.waiter is waiter else a for a in q.acks]
+        q.confirming = [a._replace(made=0) if a.waiter is waiter else a for a in q.confirming]
         return answer
 
 
