@@ -73,7 +73,7 @@ def config(port: int, namespace: str) -> Config:
 async def open_blobs(port: int, namespace: str) -> tuple[BlobStore, SnapshotBlobs]:
     store = BlobStore(config(port, namespace), creates_container=True)
     await store.ensure_container()
-    return store, SnapshotBlobs(store)
+    return store, SnapshotBlobs(store.account)
 
 
 async def incremental(port: int, work: Path, partitions: int, batches: int) -> Report:

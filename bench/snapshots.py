@@ -671,7 +671,7 @@ async def stored_snapshots(port_cs: str, query_ids: list[str]) -> dict[str, Any]
         }
     )
     store = BlobStore(config)
-    blobs = SnapshotBlobs(store)
+    blobs = SnapshotBlobs(store.account)
     out: dict[str, Any] = {}
     try:
         for qid in query_ids:
@@ -718,7 +718,7 @@ async def restore_real(cs: str, port: int, index: Any, work: Path, rounds: int) 
         }
     )
     store = BlobStore(config)
-    blobs = SnapshotBlobs(store)
+    blobs = SnapshotBlobs(store.account)
     names = [pack_name(NAMESPACE, index.query_id, p) for p in index.packs]
     try:
         ours, sdk = await alternated(

@@ -206,7 +206,7 @@ class Daemon:
         assert source is not None
         return Snapshotter(
             source,
-            SnapshotBlobs(self.store),
+            SnapshotBlobs(self.store.account),
             config.namespace,
             self.metrics,
             owns=self.flush.owns,

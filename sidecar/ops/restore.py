@@ -246,7 +246,7 @@ async def snapshots(config: Config, query: str) -> Listed:
     store = BlobStore(config)
     try:
         query_id, name = await resolve(store, query)
-        blobs = SnapshotBlobs(store)
+        blobs = SnapshotBlobs(store.account)
         found = await list_snapshots(blobs, config.namespace, query_id)
         marker = await marker_of(store, query_id)
         gone = await read_gone(blobs, config.namespace, query_id)
@@ -286,7 +286,7 @@ async def check(
     try:
         query_id, name = await resolve(store, query)
         found = await check_snapshots(
-            SnapshotBlobs(store), config.namespace, query_id, read_data=read_data
+            SnapshotBlobs(store.account), config.namespace, query_id, read_data=read_data
         )
         return query_id, name, found
     finally:
@@ -313,7 +313,7 @@ async def restore_query(
     store = BlobStore(config)
     try:
         query_id, name = await resolve(store, query)
-        blobs = SnapshotBlobs(store)
+        blobs = SnapshotBlobs(store.account)
         index, marker = await _chosen(store, blobs, config.namespace, query_id, batch)
         sink = progress(name or query_id, index) if progress is not None else None
         started = time.perf_counter()
@@ -335,7 +335,7 @@ async def restore_all(
         SidecarError: the store cannot be listed (nothing was restored).
     """
     store = BlobStore(config)
-    blobs = SnapshotBlobs(store)
+    blobs = SnapshotBlobs(store.account)
     out: list[Restored] = []
     try:
         prefix = all_prefix(config.namespace)

@@ -14,7 +14,8 @@ from datetime import datetime
 import msgspec
 
 from sidecar.errors import VersionConflict
-from sidecar.store.blobs import BlobStore, quoted_etag
+from sidecar.store.account import StoreAccount
+from sidecar.store.blobs import quoted_etag
 from sidecar.store.remote import BlobTarget, block_id
 from sidecar.store.sdk import load as sdk
 
@@ -33,16 +34,18 @@ class ListedBlob(msgspec.Struct, frozen=True):
 
 
 class SnapshotBlobs:
-    """Reads and writes the snapshot blobs of one store (the daemon's, or a tool's)."""
+    """Reads and writes the snapshot blobs of one store account's container (the daemon's, or
+    a tool's): beside the checkpoint blobs (``sidecar.store.blobs``), sharing only the
+    account's edge (clients, time limits, health)."""
 
     def __init__(
         self,
-        store: BlobStore,
+        account: StoreAccount,
         *,
         block_bytes: int = BLOCK_BYTES,
         parent: SnapshotBlobs | None = None,
     ) -> None:
-        self._store = store
+        self._account = account
         self.block_bytes = block_bytes
         #: Requests sent, by kind (put, block, commit, list, read, delete): what a snapshot
         #: costs in storage transactions (metrics, benchmarks).
@@ -53,7 +56,7 @@ class SnapshotBlobs:
         """A view of the same store whose :attr:`requests` counts only the calls made through
         it (they count in this one's too): one snapshot's, one prune's, one restore's, while
         others share the store."""
-        return SnapshotBlobs(self._store, block_bytes=self.block_bytes, parent=self)
+        return SnapshotBlobs(self._account, block_bytes=self.block_bytes, parent=self)
 
     def _count(self, kind: str, n: int = 1) -> None:
         self.requests[kind] = self.requests.get(kind, 0) + n
@@ -63,9 +66,9 @@ class SnapshotBlobs:
     def target(self) -> BlobTarget:
         """Where another process writes blobs of this store (a snapshot's packs and index,
         from the worker that reads the files: ``sidecar.store.remote``)."""
-        config = self._store.account.config
+        config = self._account.config
         return BlobTarget(
-            self._store.container,
+            self._account.container,
             config.write_timeout_s,
             self.block_bytes,
             connection_string=config.azure_connection_string or None,
@@ -79,12 +82,12 @@ class SnapshotBlobs:
         calls that failed there, (call, reason), told to the store's failure count."""
         for kind, n in requests.items():
             self._count(kind, n)
-        if self._store.on_failure is not None:
+        if self._account.on_failure is not None:
             for what, reason in failures:
-                self._store.on_failure(what, reason)
+                self._account.on_failure(what, reason)
 
     def _client(self, name: str):  # type: ignore[no-untyped-def]  # the SDK's BlobClient
-        return self._store.account.container_client.get_blob_client(name)
+        return self._account.container_client.get_blob_client(name)
 
     async def put(self, name: str, chunks: AsyncIterable[bytes]) -> tuple[int, str]:
         """Write the blob ``name`` from ``chunks``, only if it does not exist; its size and
@@ -110,7 +113,7 @@ class SnapshotBlobs:
         # a plain StoreError.
         if not blocks:  # one request
             self._count("put")
-            async with self._store.account.call("write snapshot blob"):
+            async with self._account.call("write snapshot blob"):
                 try:
                     answer = await blob.upload_blob(bytes(buffer), overwrite=False)
                 except sdk().ResourceExistsError as exc:
@@ -119,7 +122,7 @@ class SnapshotBlobs:
         if buffer:
             await self._stage(blob, blocks, bytes(buffer))
         self._count("commit")
-        async with self._store.account.call("commit snapshot blob"):
+        async with self._account.call("commit snapshot blob"):
             try:
                 # IfMissing alone is If-None-Match: * (an etag beside it would reach aiohttp)
                 answer = await blob.commit_block_list(
@@ -132,7 +135,7 @@ class SnapshotBlobs:
     async def _stage(self, blob, blocks: list[str], data: bytes) -> None:  # type: ignore[no-untyped-def]
         block = block_id(len(blocks))
         self._count("block")
-        async with self._store.account.call("stage snapshot block"):
+        async with self._account.call("stage snapshot block"):
             await blob.stage_block(block, data)
         blocks.append(block)
 
@@ -143,7 +146,7 @@ class SnapshotBlobs:
             VersionConflict: it changed (or is gone) since.
         """
         self._count("put")
-        async with self._store.account.call("replace snapshot blob"):
+        async with self._account.call("replace snapshot blob"):
             try:
                 answer = await self._client(name).upload_blob(
                     body,
@@ -160,10 +163,10 @@ class SnapshotBlobs:
         version as the other calls give it (a listing's ETags come without their quotes)."""
         out: list[ListedBlob] = []
         async with (
-            self._store.account.call("list snapshot blobs"),
-            self._store.account.not_created_yet(),
+            self._account.call("list snapshot blobs"),
+            self._account.not_created_yet(),
         ):
-            pages = self._store.account.container_client.list_blobs(
+            pages = self._account.container_client.list_blobs(
                 name_starts_with=prefix
             ).by_page()
             async for page in pages:
@@ -182,7 +185,7 @@ class SnapshotBlobs:
     async def read(self, name: str) -> tuple[bytes, str] | None:
         """The blob's body and version; None when it does not exist."""
         self._count("read")
-        async with self._store.account.call("read snapshot blob"):
+        async with self._account.call("read snapshot blob"):
             try:
                 stream = await self._client(name).download_blob()
                 return await stream.readall(), str(stream.properties.etag)
@@ -197,7 +200,7 @@ class SnapshotBlobs:
             SidecarError: the store's errors; a missing blob is a ``StoreError`` naming it.
         """
         self._count("read")
-        async with self._store.account.call("read snapshot pack"):
+        async with self._account.call("read snapshot pack"):
             stream = await self._client(name).download_blob(offset=offset, length=length)
             # The response body as the SDK holds it: readall() would copy it into a BytesIO
             # (a copy and fresh pages per byte: ~0.15 CPU-s per GiB here, 4 MiB ranges).
@@ -217,7 +220,7 @@ class SnapshotBlobs:
             if version is None
             else {"etag": version, "match_condition": sdk().MatchConditions.IfNotModified}
         )
-        async with self._store.account.call("delete snapshot blob"):
+        async with self._account.call("delete snapshot blob"):
             try:
                 await self._client(name).delete_blob(**options)
             except sdk().ResourceNotFoundError:

@@ -183,7 +183,7 @@ class RestoreKill:
         try:
             await store.ensure_container()
             result = await upload_snapshot(
-                LocalSource(self.source), LOCATION, SNAPSHOT_BATCH, SnapshotBlobs(store),
+                LocalSource(self.source), LOCATION, SNAPSHOT_BATCH, SnapshotBlobs(store.account),
                 self.namespace, QUERY_ID, Contents(),
             )  # fmt: skip
             return result.index

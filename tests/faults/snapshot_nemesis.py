@@ -420,7 +420,7 @@ class SnapshotSoak:
         async def go() -> T:
             store = BlobStore(self.config)
             try:
-                return await work(store, SnapshotBlobs(store))
+                return await work(store, SnapshotBlobs(store.account))
             finally:
                 await store.aclose()
 

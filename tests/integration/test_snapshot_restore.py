@@ -441,7 +441,7 @@ async def upload_to_store(
     store = BlobStore(config, creates_container=True)
     await store.ensure_container()
     try:
-        blobs = SnapshotBlobs(store)
+        blobs = SnapshotBlobs(store.account)
         source = LocalSource(checkpoint)
         result = await upload_snapshot(source, "", batch, blobs, namespace, query_id, Contents())
     finally:
@@ -453,7 +453,7 @@ async def restore_from_store(config: Config, namespace: str, query_id: str, dest
     """The newest snapshot found and restored into ``dest``, as ``restore`` on a new pod does."""
     store = BlobStore(config)
     try:
-        blobs = SnapshotBlobs(store)
+        blobs = SnapshotBlobs(store.account)
         await restore(await find_snapshot(blobs, namespace, query_id), blobs, namespace, dest)
     finally:
         await store.aclose()

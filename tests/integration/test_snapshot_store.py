@@ -81,7 +81,7 @@ async def opened(
         store.on_failure = lambda call, reason: told.append((call, reason))
     await store.ensure_container()
     try:
-        yield SnapshotBlobs(store, block_bytes=block_bytes)
+        yield SnapshotBlobs(store.account, block_bytes=block_bytes)
     finally:
         await store.aclose()
 
