@@ -22,6 +22,7 @@ ready. Actions without data are :class:`Do` members, so that two of them never c
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Generic, NamedTuple, TypeVar
 
 from sidecar.buffer.rows import PendingQuery
@@ -221,17 +222,52 @@ class Listed(NamedTuple):
     version: str | None
 
 
-class LeaseReported(NamedTuple):
-    """The lease was acquired or renewed, the store reporting the blob at ``version``."""
+class LeaseAcquiring(NamedTuple):
+    """The lease, LOST, is tried again (its backoff elapsed, or at once)."""
 
     query_id: str
-    version: str | None
+    reason: str
+
+
+class LeaseAcquired(NamedTuple):
+    """The store granted the lease under a new ``term``, the call begun at ``started``,
+    reporting the blob at ``version`` (None: not reported)."""
+
+    query_id: str
+    term: int
+    started: float
+    duration_s: float
+    renew_in_s: float
+    version: str | None = None
+
+
+class LeaseRenewed(NamedTuple):
+    """A renewal begun at ``started`` succeeded, reporting the blob at ``version``."""
+
+    query_id: str
+    started: float
+    duration_s: float
+    renew_in_s: float
+    version: str | None = None
+
+
+class RenewFailed(NamedTuple):
+    """A renewal failed without being refused: try again at ``retry_at`` (monotonic)."""
+
+    query_id: str
+    retry_at: float
 
 
 class LeaseLapsed(NamedTuple):
-    """The query's lease was lost: another writer may change the blob."""
+    """The lease is not owned any more (refused, expired, never granted) at ``now``: retried
+    after ``backoff(failures in a row)`` seconds (None: at once). ``contested``: the store
+    said so (another lease holds the blob, or ours was broken)."""
 
     query_id: str
+    reason: str
+    now: float
+    backoff: Callable[[int], float] | None = None
+    contested: bool = False
 
 
 class BlobCreated(NamedTuple):
@@ -241,10 +277,13 @@ class BlobCreated(NamedTuple):
     version: str
 
 
-class LeaseReleased(NamedTuple):
-    """The lease was released while the query stays: a new one starts at its next write."""
+class LeaseLetGo(NamedTuple):
+    """The lease was released (shutdown, retired); ``anew``: the query stays (released for
+    retirement, then seen again), and a new lease starts at its next write."""
 
     query_id: str
+    reason: str
+    anew: bool = False
 
 
 class AdminOp(NamedTuple):
@@ -286,10 +325,13 @@ Event = (
     | SnapshotTaken
     | Doubted
     | Listed
-    | LeaseReported
+    | LeaseAcquiring
+    | LeaseAcquired
+    | LeaseRenewed
+    | RenewFailed
     | LeaseLapsed
     | BlobCreated
-    | LeaseReleased
+    | LeaseLetGo
     | AdminOp
     | Retired
 )
