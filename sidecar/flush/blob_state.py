@@ -174,7 +174,7 @@ class BlobStates:
             metrics,
             clock=clock,
             jitter=jitter,
-            tell=self._do,
+            held_elsewhere=self._held_elsewhere,
         )
         #: Set when the flush loop should run a pass now (an ack started waiting, or one
         #: deferred during a pass still waits at its end); the loop clears it.
@@ -329,6 +329,11 @@ class BlobStates:
         if floor is not None:
             return floor
         return NO_BLOB if stored.batch_id is None else stored.batch_id
+
+    def _held_elsewhere(self, query_id: str) -> None:
+        """The store refused the query's lease as another's: its waiting acks can never be
+        made durable here."""
+        self._do(HeldElsewhere(query_id))
 
     # --- the rows applies return (``sidecar.ingest.coalescer.RowSink``, blob ack mode) --------
 

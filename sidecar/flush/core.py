@@ -119,11 +119,9 @@ from sidecar.flush.events import (
     FlushMarked,
     FlushStarted,
     HeldElsewhere,
-    LeaseAcquired,
-    LeaseAcquiring,
     LeaseLapsed,
-    LeaseLetGo,
-    LeaseRenewed,
+    LeaseReleased,
+    LeaseReported,
     LeftPending,
     Listed,
     NotOwner,
@@ -131,7 +129,6 @@ from sidecar.flush.events import (
     PassEnded,
     RecheckWanted,
     RedisSaid,
-    RenewFailed,
     Report,
     Retired,
     RetryIn,
@@ -379,13 +376,17 @@ class FlushCore(Generic[W, L]):
                 self.record(query_id).unverified = True
             case Listed(query_id, version):
                 self._listed(query_id, version)
-            case LeaseAcquired() | LeaseRenewed() | LeaseAcquiring() | RenewFailed() | LeaseLetGo():
-                self._lease(event)
-            case LeaseLapsed(query_id, reason, now, backoff, contested):
-                return self._lost(query_id, reason, now, backoff, contested)
+            case LeaseReported(query_id, version):
+                self._lease_version(query_id, version)
+            case LeaseLapsed(query_id):
+                self._lapsed(query_id)
             case BlobCreated(query_id, version):
                 self._evidence(q := self.record(query_id))
                 self._advance(q, Created(version), self._stamp)
+            case LeaseReleased(query_id):
+                # Released for retirement, then seen again: a new lease starts in ACQUIRING.
+                if (q := self._queries.get(query_id)) is not None:
+                    q.lease = QueryLease(query_id, q.lease.label)
             case AdminOp(query_id):
                 self._admin_op(query_id)
             case Retired(query_id):
@@ -482,8 +483,8 @@ class FlushCore(Generic[W, L]):
         return isinstance(blob, Seen) and blob.stored.version == version and blob.batch >= batch
 
     def unverified(self) -> list[str]:
-        """The queries whose blob must be read and compared with Redis (:class:`LeaseAcquired`,
-        :class:`LeaseRenewed`, :class:`Listed`, :class:`Doubted`)."""
+        """The queries whose blob must be read and compared with Redis (:class:`LeaseReported`,
+        :class:`Listed`, :class:`Doubted`)."""
         return [q.query_id for q in self._queries.values() if q.unverified]
 
     def plan(self, query_id: str, batch: int) -> Plan:
@@ -496,7 +497,7 @@ class FlushCore(Generic[W, L]):
             case Seen() if q.confirming:
                 return Plan(Step.READ)  # an ack waits for a read made after it
             case Seen() if q.unverified and blob.read_under != self._held_term(q):
-                return Plan(Step.READ)  # compared with Redis first (a lease call, Doubted)
+                return Plan(Step.READ)  # compared with Redis first (LeaseReported, Doubted)
             case Seen() if q.unverified:
                 # Read under this term by another part (an ack's read) and not compared with
                 # Redis since: the row alone, then judged. A SKIP would leave it due for ever.
@@ -720,56 +721,11 @@ class FlushCore(Generic[W, L]):
             actions.append(Report(q.behind))
         return actions
 
-    def _lease(
-        self, event: LeaseAcquired | LeaseRenewed | LeaseAcquiring | RenewFailed | LeaseLetGo
-    ) -> None:
-        """The lease's own moves (``sidecar.flush.lease``: its table refuses the rest); those
-        that report the blob's version check what was seen of it."""
-        q = self._queries.get(event.query_id)
-        if q is None:
-            return
-        lease = q.lease
-        match event:
-            case LeaseAcquiring(_, reason):
-                lease.acquiring(reason)
-            case LeaseAcquired(query_id, term, started, duration_s, renew_in_s, version):
-                lease.acquired(term, started, duration_s, renew_in_s)
-                # Whatever was known of the blob before this term is checked against it.
-                self._lease_version(query_id, version)
-            case LeaseRenewed(query_id, started, duration_s, renew_in_s, version):
-                if lease.renewed(started, duration_s, renew_in_s):
-                    # The blob changed under the lease (a store that went back, a restore)?
-                    self._lease_version(query_id, version)
-            case RenewFailed(_, retry_at):
-                lease.renew_again_at(retry_at)
-            case LeaseLetGo(query_id, reason, anew):
-                lease.released(reason)
-                if anew:  # released for retirement, then seen again: a new one, ACQUIRING
-                    q.lease = QueryLease(query_id, lease.label)
-
-    def _lost(
-        self,
-        query_id: str,
-        reason: str,
-        now: float,
-        backoff: Callable[[int], float] | None,
-        contested: bool,
-    ) -> list[Action[W]]:
-        """:class:`LeaseLapsed`: LOST (``sidecar.flush.lease``), and what the blob holds may
-        change under another writer now; contested, the acks waiting are answered
-        ``not_owner``: this daemon cannot make them durable."""
-        q = self._queries.get(query_id)
-        if q is None:
-            return []
-        q.lease.lost(reason, now, backoff, contested=contested)
-        self._lapsed(query_id)
-        return self._held_elsewhere(query_id, None) if contested else []
-
     def _lease_version(self, query_id: str, version: str | None) -> None:
-        """A lease call reported the blob at ``version``. A blob seen at another version
-        changed under the lease (the store went back, or was restored): forgotten. Unless it
-        is seen at that very version (or being written), the query is unverified: due, read
-        and compared with Redis at the next flush check."""
+        """:class:`LeaseReported`. A blob seen at another version changed under the lease (the
+        store went back, or was restored): forgotten. Unless it is seen at that very version
+        (or being written), the query is unverified: due, read and compared with Redis at the
+        next flush check."""
         q = self._queries.get(query_id)
         if q is None or version is None:
             return
@@ -849,7 +805,7 @@ class FlushCore(Generic[W, L]):
         return actions
 
     def _lapsed(self, query_id: str) -> None:
-        """The lease was lost: what the blob holds may change under another writer."""
+        """:class:`LeaseLapsed`: what the blob holds may change under another writer."""
         q = self._queries.get(query_id)
         if q is not None:
             self._evidence(q)

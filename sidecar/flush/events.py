@@ -22,7 +22,6 @@ ready. Actions without data are :class:`Do` members, so that two of them never c
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from typing import Generic, NamedTuple, TypeVar
 
 from sidecar.buffer.rows import PendingQuery
@@ -222,52 +221,17 @@ class Listed(NamedTuple):
     version: str | None
 
 
-class LeaseAcquiring(NamedTuple):
-    """The lease, LOST, is tried again (its backoff elapsed, or at once)."""
+class LeaseReported(NamedTuple):
+    """The lease was acquired or renewed, the store reporting the blob at ``version``."""
 
     query_id: str
-    reason: str
-
-
-class LeaseAcquired(NamedTuple):
-    """The store granted the lease under a new ``term``, the call begun at ``started``,
-    reporting the blob at ``version`` (None: not reported)."""
-
-    query_id: str
-    term: int
-    started: float
-    duration_s: float
-    renew_in_s: float
-    version: str | None = None
-
-
-class LeaseRenewed(NamedTuple):
-    """A renewal begun at ``started`` succeeded, reporting the blob at ``version``."""
-
-    query_id: str
-    started: float
-    duration_s: float
-    renew_in_s: float
-    version: str | None = None
-
-
-class RenewFailed(NamedTuple):
-    """A renewal failed without being refused: try again at ``retry_at`` (monotonic)."""
-
-    query_id: str
-    retry_at: float
+    version: str | None
 
 
 class LeaseLapsed(NamedTuple):
-    """The lease is not owned any more (refused, expired, never granted) at ``now``: retried
-    after ``backoff(failures in a row)`` seconds (None: at once). ``contested``: the store
-    said so (another lease holds the blob, or ours was broken)."""
+    """The query's lease was lost: another writer may change the blob."""
 
     query_id: str
-    reason: str
-    now: float
-    backoff: Callable[[int], float] | None = None
-    contested: bool = False
 
 
 class BlobCreated(NamedTuple):
@@ -277,13 +241,10 @@ class BlobCreated(NamedTuple):
     version: str
 
 
-class LeaseLetGo(NamedTuple):
-    """The lease was released (shutdown, retired); ``anew``: the query stays (released for
-    retirement, then seen again), and a new lease starts at its next write."""
+class LeaseReleased(NamedTuple):
+    """The lease was released while the query stays: a new one starts at its next write."""
 
     query_id: str
-    reason: str
-    anew: bool = False
 
 
 class AdminOp(NamedTuple):
@@ -325,13 +286,10 @@ Event = (
     | SnapshotTaken
     | Doubted
     | Listed
-    | LeaseAcquiring
-    | LeaseAcquired
-    | LeaseRenewed
-    | RenewFailed
+    | LeaseReported
     | LeaseLapsed
     | BlobCreated
-    | LeaseLetGo
+    | LeaseReleased
     | AdminOp
     | Retired
 )

@@ -42,9 +42,8 @@ from sidecar.flush.events import (
     BlobWritten,
     Do,
     Doubted,
-    LeaseAcquired,
     LeaseLapsed,
-    LeaseRenewed,
+    LeaseReported,
     Listed,
     RedisSaid,
     Report,
@@ -183,7 +182,7 @@ def test_the_marker_is_known_only_as_seen_under_the_lease_held_now() -> None:
     rewind_point = SnapshotRef(50, "s50", "t2")
     core.step(BlobRead(Q, marked(50, rewind_point, '"v50"'), core.stamp, term=4))
     assert core.snapshot_marker(Q) == (True, rewind_point)
-    core.step(LeaseLapsed(Q, "lost", 0.0))  # the lease lost: another process may reset it meanwhile
+    core.step(LeaseLapsed(Q))  # the lease lost: another process may reset it meanwhile
     assert core.snapshot_marker(Q)[0] is False
 
 
@@ -207,8 +206,7 @@ def test_a_reset_to_another_timeline_drops_the_snapshot_the_next_flush_would_nam
 def held_core(term: int = 4) -> FlushCore[object, None]:
     """A core whose query Q has its lease HELD under ``term``."""
     core: FlushCore[object, None] = FlushCore(Backoff(1, 2), clock=lambda: 0.0, shell=lambda: None)
-    core.record(Q)
-    core.step(LeaseAcquired(Q, term, 0.0, 60.0, 20.0))
+    core.record(Q).lease.acquired(term, 0.0, 60.0, 20.0)
     assert core.held_term(Q) == term
     return core
 
@@ -285,15 +283,15 @@ def test_a_renewal_reporting_another_version_makes_the_blob_unverified() -> None
     core = held_core()
     core.step(BlobRead(Q, AT_3.stored, core.stamp, term=4))
     core.step(RedisSaid(Q, 3, 0, core.stamp, "", judge=True))
-    core.step(LeaseRenewed(Q, 0.0, 60.0, 20.0, '"v3"'))  # the version seen: nothing to check
+    core.step(LeaseReported(Q, '"v3"'))  # the version seen: nothing to check
     assert core.unverified() == [] and core.plan(Q, 7).step is Step.WRITE
-    core.step(LeaseRenewed(Q, 0.0, 60.0, 20.0, '"v9"'))  # changed under the lease
+    core.step(LeaseReported(Q, '"v9"'))  # changed under the lease
     assert core.unverified() == [Q] and core.due(Q) and core.plan(Q, 7).step is Step.READ
     core.step(BlobRead(Q, AT_3.stored, core.stamp, term=4))
     core.step(RedisSaid(Q, 3, 0, core.stamp, "", judge=True))  # compared: nothing behind
     assert core.unverified() == [] and core.behind(Q) is None
     core.step(Doubted(Q))  # an ack's confirming read failed: read at the next check
-    core.step(LeaseLapsed(Q, "lost", 0.0))  # then the lease is lost: whoever holds it next judges
+    core.step(LeaseLapsed(Q))  # then the lease is lost: whoever holds it next judges
     assert core.unverified() == []
 
 
@@ -330,8 +328,7 @@ def test_an_idle_query_writes_its_document_again_to_name_its_newest_snapshot() -
     core: FlushCore[object, None] = FlushCore(
         Backoff(1, 2), clock=lambda: clock[0], shell=lambda: None
     )
-    core.record(Q)
-    core.step(LeaseAcquired(Q, 4, 0.0, 60.0, 20.0))
+    core.record(Q).lease.acquired(4, 0.0, 60.0, 20.0)
     core.step(BlobRead(Q, marked(6, SnapshotRef(5, "s5", "t"), '"v6"'), core.stamp, term=4))
     assert not core.marker_due(Q, 10.0) and core.plan(Q, 6).step is Step.SKIP
     core.step(SnapshotTaken(Q, SnapshotRef(7, "s7", "t")))  # ahead of the document: not yet

@@ -64,10 +64,8 @@ from sidecar.flush.events import (
     Event,
     Flushed,
     FlushMarked,
-    LeaseAcquired,
-    LeaseAcquiring,
     LeaseLapsed,
-    LeaseRenewed,
+    LeaseReported,
     NotOwner,
     RedisSaid,
     RowsApplied,
@@ -166,7 +164,7 @@ class CoreSimulation(RuleBasedStateMachine):
         #: and lease term they began under.
         self.read_in_flight: tuple[int, int | None, Stored] | None = None
         self.redis_in_flight: tuple[int, int | None, int, str | None] | None = None
-        self.tell(LeaseAcquired(self.q.query_id, 1, self.now, 60, 20), "the lease acquired")
+        self.q.lease.acquired(1, self.now, 60, 20)
         self.model.holder, self.model.term = "ours", 1
 
     @property
@@ -330,7 +328,8 @@ class CoreSimulation(RuleBasedStateMachine):
         blob = m.blob
         if not self._ours():  # the store refuses the lease: lost
             self.tell(WriteRefused(Q), "a write refused")
-            self.tell(LeaseLapsed(Q, "refused on a write", self.now, contested=True), "lost")
+            self.tell(LeaseLapsed(Q), "the lease lost")
+            self.q.lease.lost("refused on a write", self.now, contested=True)
             return
         if blob is None or blob.etag != base.stored.version:
             self.tell(WriteRefused(Q), "a write refused")
@@ -398,8 +397,8 @@ class CoreSimulation(RuleBasedStateMachine):
     def ours_learns_the_lease_is_lost(self, refused: bool) -> None:
         """A renewal refused (another lease holds the blob: acks are answered ``not_owner``),
         or the lease expired unrenewed (the store did not answer): the core is told."""
-        reason = "renewal refused" if refused else "expired"
-        self.tell(LeaseLapsed(Q, reason, self.now, contested=refused), "the lease lost")
+        self.q.lease.lost("renewal refused" if refused else "expired", self.now, contested=refused)
+        self.tell(LeaseLapsed(Q), "the lease lost")
 
     @precondition(lambda self: self.model.holder is None and not self._ours())
     @rule()
@@ -408,19 +407,19 @@ class CoreSimulation(RuleBasedStateMachine):
         blob's version, the lease manager tells it."""
         m, lease = self.model, self.q.lease
         if lease.state is LeaseState.HELD:
-            self.tell(LeaseLapsed(Q, "expired", self.now), "the lease lost")
+            lease.lost("expired", self.now)
+            self.tell(LeaseLapsed(Q), "the lease lost")
         if lease.state is LeaseState.LOST:
-            self.tell(LeaseAcquiring(Q, "retry"), "the lease tried again")
+            lease.acquiring("retry")
         m.holder, m.term = "ours", m.term + 1
-        version = m.blob.etag if m.blob is not None else None
-        self.tell(LeaseAcquired(Q, m.term, self.now, 60, 20, version), "a lease call")
+        lease.acquired(m.term, self.now, 60, 20)
+        self.tell(LeaseReported(Q, m.blob.etag if m.blob is not None else None), "a lease call")
 
     @precondition(lambda self: self._ours())
     @rule()
     def ours_renews(self) -> None:
         m = self.model
-        version = m.blob.etag if m.blob is not None else None
-        self.tell(LeaseRenewed(Q, self.now, 60, 20, version), "a lease call")
+        self.tell(LeaseReported(Q, m.blob.etag if m.blob is not None else None), "a lease call")
 
     @precondition(lambda self: self.model.holder == "ours" and self.model.blob is None)
     @rule()
