@@ -27,7 +27,6 @@ from anyio.abc import TaskGroup, TaskStatus
 from sidecar.backoff import Backoff, next_tick
 from sidecar.errors import LeaseConflict, LeaseLost, SidecarError
 from sidecar.flush.core import FlushCore, QueryState
-from sidecar.flush.events import BlobCreated, LeaseLapsed, LeaseReleased, LeaseReported
 from sidecar.flush.lease import (
     CHECK_EVERY_S,
     RENEW_RETRY_S,
@@ -170,7 +169,7 @@ class LeaseManager:
         try:
             version = await self._store.create_if_absent(query_id)
             if version is not None:
-                self._core.step(BlobCreated(query_id, version))
+                self._core.created(query_id, version)
             started = self._clock()
             reported = await self._store.acquire_lease(query_id, self.lease_id, self._duration_s)
         except LeaseConflict:
@@ -184,7 +183,7 @@ class LeaseManager:
         lease.acquired(next(self._terms), started, self._duration_s, renew_in)
         self._metrics.lease_held.labels(lease.label).set(1)
         # Whatever was known of the blob before this term is checked against it.
-        self._core.step(LeaseReported(query_id, reported))
+        self._core.lease_version(query_id, reported)
         return lease
 
     def lost(self, query_id: str, reason: str) -> None:
@@ -208,7 +207,7 @@ class LeaseManager:
         backoff = None if immediately else self._backoff.delay
         if lease.lost(reason, self._clock(), backoff, contested=contested):
             self._metrics.lease_held.labels(lease.label).set(0)
-        self._core.step(LeaseLapsed(lease.query_id))  # another writer may change the blob now
+        self._core.lapsed(lease.query_id)  # another writer may change the blob now
         if contested:
             self._held_elsewhere(lease.query_id)
 
@@ -301,7 +300,7 @@ class LeaseManager:
                     started, self._duration_s, renew_delay(self.renew_every_s, self._jitter())
                 ):
                     # The blob changed under the lease (a store that went back, a restore)?
-                    self._core.step(LeaseReported(q.query_id, reported))
+                    self._core.lease_version(q.query_id, reported)
         finally:
             q.shell.renewing = False
 
@@ -313,7 +312,7 @@ class LeaseManager:
 
     async def retire(self, query_id: str) -> bool:
         """Release the query's lease (the query is idle), so a standby can take it at once;
-        its record, with the lease, is dropped next (the event ``Retired``). False when a
+        its record, with the lease, is dropped next (``FlushCore.forget``). False when a
         renewal or re-acquisition is under way: try again later.
         ``checkpoint_sidecar_lease_held`` is left as it is (its series is the retirement's
         to remove: another id of the same name may hold its own lease)."""
@@ -328,7 +327,7 @@ class LeaseManager:
                 await self._release_locked(q, "query retired (idle)", metric=False)
                 # Dropped with its record next; if the query stays instead (seen again
                 # meanwhile), its next write acquires a new lease.
-                self._core.step(LeaseReleased(query_id))
+                self._core.new_lease(query_id)
         finally:
             q.shell.renewing = False
         return True

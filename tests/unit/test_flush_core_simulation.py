@@ -6,10 +6,9 @@ of interleavings a second.
 lease manager) with fakes at the SDK edges; it is the one that finds what the wiring does
 wrong, at ~8 examples a second. This one drives the decisions only — every input the shell
 gives the core (a read with the stamp and lease term it began under, Redis' word read at a
-stamp, a write's answer, the lease lost or acquired, acks: each an event told through the
-core's one door, ``FlushCore.step``) in any order the shell allows, including a read or a
-Redis read that began before other news and ends after it — against a model of what each
-party really holds. The shell's part is played here in a few lines per
+stamp, a write's answer, the lease lost or acquired, acks) in any order the shell allows,
+including a read or a Redis read that began before other news and ends after it — against a
+model of what each party really holds. The shell's part is played here in a few lines per
 step, as ``blob_state`` and ``lease_manager`` play it.
 
 Checked after every step:
@@ -51,29 +50,7 @@ from hypothesis.stateful import (
 from sidecar.backoff import Backoff
 from sidecar.buffer.lua import NO_BLOB
 from sidecar.buffer.rows import PendingQuery
-from sidecar.flush.blob import Seen, Writing
-from sidecar.flush.core import FlushCore, Plan, QueryState, Step
-from sidecar.flush.events import (
-    AckGone,
-    AckWanted,
-    Action,
-    Answer,
-    BlobCreated,
-    BlobRead,
-    BlobWritten,
-    Event,
-    Flushed,
-    FlushMarked,
-    LeaseLapsed,
-    LeaseReported,
-    NotOwner,
-    RedisSaid,
-    RowsApplied,
-    Skipped,
-    WriteBegun,
-    WriteRefused,
-    WriteUnsure,
-)
+from sidecar.flush.core import Ack, FlushCore, Plan, QueryState, Seen, Step, Writing
 from sidecar.flush.flusher import WRITE_TRIES
 from sidecar.flush.lease import LeaseState
 from sidecar.model.document import CheckpointDocument, Stored, Writer, reset_document
@@ -171,16 +148,7 @@ class CoreSimulation(RuleBasedStateMachine):
     def q(self) -> QueryState[Waiter, None]:
         return self.core.record(Q, "q")
 
-    def tell(self, event: Event[Waiter], how: str) -> list[Action[Waiter]]:
-        """Tell the core ``event`` through its one door, as the shell does; the acks its
-        actions answer are held against the model."""
-        actions = self.core.step(event)
-        for action in actions:
-            if isinstance(action, Answer):
-                self.settle(action.waiters, how)
-        return actions
-
-    def settle(self, answered: tuple[Waiter, ...], how: str) -> None:
+    def settle(self, answered: list[Waiter], how: str) -> None:
         for w in answered:
             if w.best < w.batch:
                 self.violations.append(
@@ -225,7 +193,7 @@ class CoreSimulation(RuleBasedStateMachine):
             Q, 1, 0, "v", m.applied, checkpoint_of(Q, m.applied), m.flushed, int(self.now * 1000),
             m.resets, m.flushed_reset,
         )  # fmt: skip
-        self.tell(RowsApplied((row,), self.core.stamp), "an apply's row")
+        self.settle(self.core.applied([row], self.core.stamp), "an apply's row")
 
     @precondition(lambda self: self.model.applied >= 0)
     @rule(back=st.integers(0, 2))
@@ -234,15 +202,18 @@ class CoreSimulation(RuleBasedStateMachine):
         batch = max(0, self.model.applied - back)
         blob = self.model.blob
         w = Waiter(batch, blob.batch if blob is not None else NO_BLOB)
-        self.waiting.append(w)
-        for action in self.tell(AckWanted(Q, batch, w), "at once"):
-            if isinstance(action, NotOwner):
-                self.waiting.remove(w)
+        match self.core.ack(Q, batch, w):
+            case Ack.DURABLE:
+                self.settle([w], "at once")
+            case Ack.NOT_OWNER:
+                pass
+            case _:
+                self.waiting.append(w)
 
     @precondition(lambda self: bool(self.waiting))
     @rule()
     def an_ack_times_out(self) -> None:
-        self.tell(AckGone(Q, self.waiting.pop(0)), "never")
+        self.core.ack_gone(Q, self.waiting.pop(0))
 
     # --- reads: the blob, and Redis' word, each possibly overtaken by other news ----------------
 
@@ -271,7 +242,8 @@ class CoreSimulation(RuleBasedStateMachine):
 
     def _read_ends(self, read: tuple[int, int | None, Stored]) -> None:
         since, term, stored = read
-        self.tell(BlobRead(Q, stored, since, term), "a read")
+        _, answered = self.core.read(Q, stored, since, term)
+        self.settle(answered, "a read")
 
     @precondition(lambda self: self.redis_in_flight is None)
     @rule()
@@ -285,7 +257,8 @@ class CoreSimulation(RuleBasedStateMachine):
         assert self.redis_in_flight is not None
         since, flushed, resets, recorded = self.redis_in_flight
         self.redis_in_flight = None
-        self.tell(RedisSaid(Q, flushed, resets, since, recorded, judge), "Redis' word")
+        answered = self.core.redis_says(Q, flushed, resets, since, recorded, judge=judge)
+        self.settle(answered, "Redis' word")
 
     # --- one flush, as the flusher runs it (one try) --------------------------------------------
 
@@ -305,44 +278,46 @@ class CoreSimulation(RuleBasedStateMachine):
             if plan.step in (Step.READ, Step.COMPARE):
                 if plan.step is Step.READ:
                     self.read()
-                said = RedisSaid(Q, m.flushed, m.resets, core.stamp, m.flushed_reset, judge=True)
-                self.tell(said, "the flush's Redis read")
+                answered = core.redis_says(
+                    Q, m.flushed, m.resets, core.stamp, m.flushed_reset, judge=True
+                )
+                self.settle(answered, "the flush's Redis read")
                 plan = core.plan(Q, batch)
             if plan.step is Step.READ or plan.step is Step.COMPARE:
                 continue
             if plan.step is Step.SKIP:
-                self.tell(Skipped(Q), "a skip")
-                self.tell(Flushed(Q), "a flush's end")
+                self.settle(core.skipped(Q), "a skip")
+                core.flushed(Q)
                 return
             if plan.step is Step.REFUSE:
                 return
             base = plan.base
             assert plan.step is Step.WRITE and base is not None
-            if not self.tell(WriteBegun(Q, base), "a write begun"):
+            if not core.begin_write(Q, base):
                 continue
             self._write(batch, base, unsure)
             return
 
     def _write(self, batch: int, base: Seen, unsure: bool) -> None:
-        m = self.model
+        m, core = self.model, self.core
         blob = m.blob
         if not self._ours():  # the store refuses the lease: lost
-            self.tell(WriteRefused(Q), "a write refused")
-            self.tell(LeaseLapsed(Q), "the lease lost")
+            core.refused(Q)
+            core.lapsed(Q)
             self.q.lease.lost("refused on a write", self.now, contested=True)
             return
         if blob is None or blob.etag != base.stored.version:
-            self.tell(WriteRefused(Q), "a write refused")
+            core.refused(Q)
             return
         landed = self._land(document(batch, blob.doc, OURS))
         if unsure:
-            self.tell(WriteUnsure(Q), "a write of unknown outcome")
+            core.unsure(Q)
             return
-        self.tell(BlobWritten(Q, landed.stored()), "our write")
+        self.settle(core.wrote(Q, landed.stored()), "our write")
         assert landed.doc is not None
         m.flushed, m.flushed_reset = batch, landed.doc.reset_at or ""
-        self.tell(FlushMarked(Q), "the flush marked")
-        self.tell(Flushed(Q), "a flush's end")
+        core.marked(Q)
+        core.flushed(Q)
 
     # --- the lease, and the other writer --------------------------------------------------------
 
@@ -398,7 +373,7 @@ class CoreSimulation(RuleBasedStateMachine):
         """A renewal refused (another lease holds the blob: acks are answered ``not_owner``),
         or the lease expired unrenewed (the store did not answer): the core is told."""
         self.q.lease.lost("renewal refused" if refused else "expired", self.now, contested=refused)
-        self.tell(LeaseLapsed(Q), "the lease lost")
+        self.core.lapsed(Q)
 
     @precondition(lambda self: self.model.holder is None and not self._ours())
     @rule()
@@ -408,24 +383,24 @@ class CoreSimulation(RuleBasedStateMachine):
         m, lease = self.model, self.q.lease
         if lease.state is LeaseState.HELD:
             lease.lost("expired", self.now)
-            self.tell(LeaseLapsed(Q), "the lease lost")
+            self.core.lapsed(Q)
         if lease.state is LeaseState.LOST:
             lease.acquiring("retry")
         m.holder, m.term = "ours", m.term + 1
         lease.acquired(m.term, self.now, 60, 20)
-        self.tell(LeaseReported(Q, m.blob.etag if m.blob is not None else None), "a lease call")
+        self.core.lease_version(Q, m.blob.etag if m.blob is not None else None)
 
     @precondition(lambda self: self._ours())
     @rule()
     def ours_renews(self) -> None:
         m = self.model
-        self.tell(LeaseReported(Q, m.blob.etag if m.blob is not None else None), "a lease call")
+        self.core.lease_version(Q, m.blob.etag if m.blob is not None else None)
 
     @precondition(lambda self: self.model.holder == "ours" and self.model.blob is None)
     @rule()
     def the_lease_creates_the_blob(self) -> None:
         blob = self.put(None)
-        self.tell(BlobCreated(Q, blob.etag), "the lease's creation")
+        self.core.created(Q, blob.etag)
 
     @precondition(lambda self: len(self.model.history) >= 2)
     @rule(back=st.integers(1, 2))
@@ -470,22 +445,21 @@ class AnsweredFromMemory(FlushCore[Waiter, None]):
     """An ack of a batch the blob held as last known here answered at once (fixed: confirmed
     by a read made after it: another writer, or the store, may have lowered the blob since)."""
 
-    def step(self, event: Event[Waiter]) -> list[Action[Waiter]]:
-        if isinstance(event, AckWanted):
-            q = self.record(event.query_id)
-            if not q.lease.held_elsewhere() and q.blob.durable >= event.batch:
-                return [Answer((event.waiter,))]
-        return super().step(event)
+    def ack(self, query_id: str, batch: int, waiter: Waiter) -> Ack:
+        q = self.record(query_id)
+        if not q.lease.held_elsewhere() and q.blob.durable >= batch:
+            return Ack.DURABLE
+        return super().ack(query_id, batch, waiter)
 
 
 class ReadKeptAfterNewerNews(FlushCore[Waiter, None]):
     """A read begun before newer evidence (the lease lost, a write's answer) kept when it
     ends (fixed: evidence stamps)."""
 
-    def step(self, event: Event[Waiter]) -> list[Action[Waiter]]:
-        if isinstance(event, BlobRead):
-            return super().step(event._replace(since=self.stamp))
-        return super().step(event)
+    def read(
+        self, query_id: str, stored: Stored, since: int, term: int | None = None
+    ) -> tuple[int, list[Waiter]]:
+        return super().read(query_id, stored, self.stamp, term)
 
 
 class ForeignResetWrittenOver(FlushCore[Waiter, None]):
@@ -502,13 +476,12 @@ class ConfirmedByAnEarlierRead(FlushCore[Waiter, None]):
     the batch in between (fixed here, found by this simulation: each ack has its stamp, and
     only evidence begun at or after it answers it)."""
 
-    def step(self, event: Event[Waiter]) -> list[Action[Waiter]]:
-        actions = super().step(event)
-        if isinstance(event, AckWanted):
-            q, waiter = self.record(event.query_id), event.waiter  # as if made before any evidence
-            q.acks = [a._replace(made=0) if a.waiter is waiter else a for a in q.acks]
-            q.confirming = [a._replace(made=0) if a.waiter is waiter else a for a in q.confirming]
-        return actions
+    def ack(self, query_id: str, batch: int, waiter: Waiter) -> Ack:
+        answer = super().ack(query_id, batch, waiter)
+        q = self.record(query_id)  # as if made before any evidence
+        q.acks = [a._replace(made=0) if a.waiter is waiter else a for a in q.acks]
+        q.confirming = [a._replace(made=0) if a.waiter is waiter else a for a in q.confirming]
+        return answer
 
 
 #: Another daemon broke the lease ours still thinks it holds and wrote batch 0.
