@@ -13,7 +13,7 @@ waiting ack's future and the per-query locks (kept on the query's record: the fl
 lock, the floor read's, the lease's), and wakes the flush loop when an ack starts waiting.
 
 Every write names the version it replaces (``If-Match``): :meth:`BlobStates.write` takes the
-:class:`~sidecar.flush.core.Seen` it was planned from, so there is no way to write a blob whose
+:class:`~sidecar.flush.blob.Seen` it was planned from, so there is no way to write a blob whose
 version is not known. A write the store refuses as another writer's is counted
 (``checkpoint_sidecar_write_conflicts_total``), the blob is read again (and its writer logged),
 and the caller plans again from what it holds: never below it.
@@ -44,7 +44,7 @@ import anyio
 
 from sidecar.backoff import Backoff
 from sidecar.buffer.lua import NO_BLOB
-from sidecar.buffer.rows import PendingQuery
+from sidecar.buffer.rows import PendingEntry, PendingQuery
 from sidecar.errors import (
     CorruptRecord,
     LeaseLost,
@@ -53,7 +53,46 @@ from sidecar.errors import (
     StoreUnavailable,
     VersionConflict,
 )
-from sidecar.flush.core import Ack, FlushCore, Plan, Seen
+from sidecar.flush.blob import Behind, Seen
+from sidecar.flush.core import FlushCore, Plan
+from sidecar.flush.events import (
+    AckGone,
+    AckWanted,
+    Action,
+    AdminOp,
+    Answer,
+    BlobRead,
+    BlobWritten,
+    Built,
+    Checked,
+    Do,
+    Doubted,
+    Event,
+    Flushed,
+    FlushFailed,
+    FlushMarked,
+    FlushStarted,
+    HeldElsewhere,
+    LeftPending,
+    Listed,
+    PassBegun,
+    PassEnded,
+    RecheckWanted,
+    RedisSaid,
+    Report,
+    Retired,
+    RetryIn,
+    RowsApplied,
+    RowsVoid,
+    Skipped,
+    SnapshotTaken,
+    UseRow,
+    WriteBegun,
+    WriteNotSent,
+    WriteRefused,
+    WriteUnsure,
+)
+from sidecar.flush.events import NotOwner as AnswerNotOwner
 from sidecar.flush.lease import Held, Ownership
 from sidecar.flush.lease_manager import LeaseManager, LeaseStore
 from sidecar.flush.shell import QueryShell
@@ -135,7 +174,7 @@ class BlobStates:
             metrics,
             clock=clock,
             jitter=jitter,
-            held_elsewhere=self._held_elsewhere,
+            tell=self._do,
         )
         #: Set when the flush loop should run a pass now (an ack started waiting, or one
         #: deferred during a pass still waits at its end); the loop clears it.
@@ -185,7 +224,7 @@ class BlobStates:
         Raises:
             SidecarError: the blob store cannot be read now.
         """
-        due = self._core.recheck_due(query_id, RECHECK_EVERY_S)
+        due = Do.READ in self._do(RecheckWanted(query_id, RECHECK_EVERY_S))
         if not (due or always):
             return None
         return await self._read_floor(query_id, again=True)
@@ -204,8 +243,7 @@ class BlobStates:
                 # are stored in Redis meanwhile, as if there were no blob.
                 log.warning("query=%s: no floor from an unreadable blob: %s", query_id, exc)
                 return NO_BLOB
-            floor, answered = self._core.read(query_id, stored, since, term)
-            self._answer(answered)
+            floor = self._told_read(query_id, stored, since, term)
             if floor != NO_BLOB and self._with_blob is not None:
                 self._with_blob.add(query_id)
             return floor
@@ -235,19 +273,13 @@ class BlobStates:
         """
         loop = asyncio.get_running_loop()
         waiter: Waiter = loop.create_future()
-        match self._core.ack(query_id, batch_id, waiter):
-            case Ack.DURABLE:
-                return True
-            case Ack.NOT_OWNER:
-                raise self._not_owner(query_id, batch_id)
-            case Ack.WAKE:
-                self.wake.set()
-            case Ack.CONFIRM:  # the batch was in the blob: a read now says if it still is
-                try:
-                    await self.read(query_id)
-                except SidecarError as exc:  # the flush's next read answers it, or the time
-                    log.debug("query=%s: the blob not read for an ack: %s", query_id, exc)
-                    self._core.unverify(query_id)
+        if Do.READ in self._do(AckWanted(query_id, batch_id, waiter)):
+            # The batch was in the blob as last known: a read now says if it still is.
+            try:
+                await self.read(query_id)
+            except SidecarError as exc:  # the flush's next read answers it, or the time
+                log.debug("query=%s: the blob not read for an ack: %s", query_id, exc)
+                self._do(Doubted(query_id))
         timer = (
             None
             if timeout_s is None
@@ -258,7 +290,7 @@ class BlobStates:
         finally:
             if timer is not None:
                 timer.cancel()
-            self._core.ack_gone(query_id, waiter)
+            self._do(AckGone(query_id, waiter))
         if outcome is Durability.NOT_OWNER:
             raise self._not_owner(query_id, batch_id)
         return outcome is Durability.DURABLE
@@ -274,15 +306,29 @@ class BlobStates:
             "once ownership moves (see /readyz)"
         )
 
-    def _answer(self, waiters: list[Waiter]) -> None:
-        for waiter in waiters:
-            _settle(waiter, Durability.DURABLE)
+    def _do(self, event: Event[Waiter]) -> list[Action[Waiter]]:
+        """Tell the core ``event`` and carry out what every caller does alike: settle the
+        acks it answers, wake the flush loop. The actions, for the caller's own part."""
+        actions = self._core.step(event)
+        for action in actions:
+            match action:
+                case Answer(waiters):
+                    for waiter in waiters:
+                        _settle(waiter, Durability.DURABLE)
+                case AnswerNotOwner(waiters):
+                    for waiter in waiters:
+                        _settle(waiter, Durability.NOT_OWNER)
+                case Do.WAKE:
+                    self.wake.set()
+        return actions
 
-    def _held_elsewhere(self, query_id: str) -> None:
-        """The store refused the query's lease as another's: its waiting acks can never be
-        made durable here."""
-        for waiter in self._core.held_elsewhere(query_id, None):
-            _settle(waiter, Durability.NOT_OWNER)
+    def _told_read(self, query_id: str, stored: Stored, since: int, term: int | None = None) -> int:
+        """Tell the core a read of the blob; the floor to use after it."""
+        self._do(BlobRead(query_id, stored, since, term))
+        floor = self._core.floor(query_id)
+        if floor is not None:
+            return floor
+        return NO_BLOB if stored.batch_id is None else stored.batch_id
 
     # --- the rows applies return (``sidecar.ingest.coalescer.RowSink``, blob ack mode) --------
 
@@ -291,18 +337,23 @@ class BlobStates:
         return self._core.stamp
 
     def applied(self, rows: list[PendingQuery], since: int) -> None:
-        self._answer(self._core.applied(rows, since))
+        self._do(RowsApplied(tuple(rows), since))
 
     def void(self, query_ids: list[str]) -> None:
-        self._core.rows_void(query_ids)
+        self._do(RowsVoid(tuple(query_ids)))
 
     def take_row(self, query_id: str) -> tuple[PendingQuery, int] | None:
         """The row the last apply returned, for a flush an ack waits on (no Redis read for
         it); None otherwise."""
-        return self._core.take_row(query_id)
+        for action in self._do(FlushStarted(query_id)):
+            if isinstance(action, UseRow):
+                return action.row, action.since
+        return None
 
-    def checked(self, pending: set[str], now_ms: int) -> None:
-        self._core.checked(pending, now_ms)
+    def checked(self, entries: list[PendingEntry], since: int, now_ms: int) -> None:
+        """A flush check listed ``entries`` (its read begun at stamp ``since``): which are
+        pending, and Redis' flushed batch of each, in one event."""
+        self._do(Checked(tuple(entries), since, now_ms))
 
     # --- what the flusher asks and tells ---------------------------------------------------
 
@@ -336,7 +387,7 @@ class BlobStates:
 
     def recovering(self, query_ids: set[str]) -> None:
         """What a previous run left pending: due until flushed."""
-        self._core.recovering(query_ids)
+        self._do(LeftPending(frozenset(query_ids)))
 
     def busy(self, query_id: str) -> bool:
         """Updates pending in Redis at the last check, an ack waits on the query, or it is in
@@ -350,12 +401,11 @@ class BlobStates:
     def begin(self, query_ids: list[str]) -> None:
         """The queries enter a pass of the flush loop."""
         for query_id in query_ids:
-            self._core.begin(query_id)
+            self._do(PassBegun(query_id))
 
     def end(self, query_id: str) -> None:
         """The pass is done with the query; an ack deferred meanwhile wakes the loop."""
-        if self._core.end(query_id):
-            self.wake.set()
+        self._do(PassEnded(query_id))
 
     def current(self, query_id: str, since: int) -> bool:
         """Whether a Redis row of the query read at stamp ``since`` may still be flushed."""
@@ -373,21 +423,16 @@ class BlobStates:
     ) -> None:
         """Redis' flushed batch of the query, its reset count and the reset record of the
         document that batch is in, read at stamp ``since``; ``judge``: read by a flush right
-        after its read of the blob (``FlushCore.redis_says``)."""
-        answered = self._core.redis_says(
-            query_id, batch_id, resets, since, recorded_reset, judge=judge
-        )
-        self._answer(answered)
-        if judge:  # only a judging read finds the blob behind
-            self._report(query_id)
+        after its read of the blob (the event ``RedisSaid``)."""
+        told = RedisSaid(query_id, batch_id, resets, since, recorded_reset, judge)
+        for action in self._do(told):
+            if isinstance(action, Report):  # only a judging read finds the blob behind
+                self._report(query_id, action.behind)
 
-    def _report(self, query_id: str) -> None:
+    def _report(self, query_id: str, behind: Behind) -> None:
         """Say, once per finding, that the query's blob was found below Redis
-        (``sidecar.flush.core.Behind``): what happened, in an operator's words, and what
+        (``sidecar.flush.blob.Behind``): what happened, in an operator's words, and what
         follows."""
-        behind = self._core.take_behind(query_id)
-        if behind is None:
-            return
         label = self._core.label(query_id) or query_id
         if behind.reset is None:
             self._metrics.store_lost_writes.inc()
@@ -452,7 +497,7 @@ class BlobStates:
         for query_id, (flushed, version) in recorded.items():
             now = listed.get(query_id)
             if now != version and not self._core.seen_at(query_id, now, flushed):
-                self._core.listed(query_id, now)
+                self._do(Listed(query_id, now))
                 odd.append(query_id)
         return odd
 
@@ -484,10 +529,9 @@ class BlobStates:
         except Exception as exc:
             log.debug("query=%s: the blob's writer not read: %s", query_id, exc)
             return
-        self._answer(self._core.read(query_id, stored, since)[1])
+        self._told_read(query_id, stored, since)
         holder = _writer_of(stored.document)
-        for waiter in self._core.held_elsewhere(query_id, holder):
-            _settle(waiter, Durability.NOT_OWNER)
+        self._do(HeldElsewhere(query_id, holder))
         if self._core.get(query_id) is not q:
             return  # retired while the blob was read
         q.shell.elsewhere = (label, holder)
@@ -518,7 +562,7 @@ class BlobStates:
         """
         since, term = self._core.stamp, self._core.held_term(query_id)
         stored = await self._store.read_stored(query_id)
-        self._answer(self._core.read(query_id, stored, since, term)[1])
+        self._told_read(query_id, stored, since, term)
         return stored
 
     async def stored(self, query_id: str) -> Seen:
@@ -539,7 +583,7 @@ class BlobStates:
 
     def snapshot_taken(self, query_id: str, ref: SnapshotRef) -> None:
         """A snapshot of the query was written: its next document names it."""
-        self._core.snapshot_taken(query_id, ref)
+        self._do(SnapshotTaken(query_id, ref))
 
     def snapshot_of(self, query_id: str) -> SnapshotRef | None:
         """The newest snapshot of the query known here (the next document names it)."""
@@ -548,7 +592,10 @@ class BlobStates:
     def snapshot_marker(self, query_id: str) -> tuple[bool, SnapshotRef | None]:
         """The snapshot the query's document names (its marker: always kept), and whether
         that is known (seen under the lease held now; else the blob is read soon)."""
-        return self._core.snapshot_marker(query_id)
+        known, marker = self._core.snapshot_marker(query_id)
+        if not known and query_id in self._core:
+            self._do(Doubted(query_id))  # read at the next flush check
+        return known, marker
 
     async def owner_check(self, query_id: str, label: str) -> Ownership | None:
         """None unless this daemon holds the query's lease (acquired if due); else a check,
@@ -561,7 +608,7 @@ class BlobStates:
 
     def note_thinned(self, query_id: str, thinned: bool) -> bool:
         """Whether a document's history was thinned; True the first time in a row."""
-        return self._core.thinned(query_id, thinned)
+        return Do.LOG_THINNED in self._do(Built(query_id, thinned))
 
     async def write(
         self, query_id: str, lease: Held, base: Seen, doc: CheckpointDocument, body: bytes
@@ -580,7 +627,7 @@ class BlobStates:
         """
         if not self.leases.holds(lease):
             return None  # lost (and maybe taken again) since the plan: the next pass starts over
-        if not self._core.begin_write(query_id, base):  # no await since holds()
+        if Do.SEND not in self._do(WriteBegun(query_id, base)):  # no await since holds()
             raise Replan(f"query {query_id}: its blob was seen changed since the plan")
         assert base.stored.version is not None  # a plan never writes a blob seen absent
         try:
@@ -592,20 +639,20 @@ class BlobStates:
                 version=base.stored.version,
             )
         except VersionConflict:
-            self._core.refused(query_id)
+            self._do(WriteRefused(query_id))
             await self._conflict(query_id, "checkpoint", doc.batch_id)
             raise
         except (StoreUnavailable, anyio.get_cancelled_exc_class()):
-            self._core.unsure(query_id)  # it may have landed
+            self._do(WriteUnsure(query_id))  # it may have landed
             raise
         except LeaseLost:
-            self._core.refused(query_id)  # not written; another owner may write now
+            self._do(WriteRefused(query_id))  # not written; another owner may write now
             raise
         except BaseException:
-            self._core.abandoned(query_id)
+            self._do(WriteNotSent(query_id))
             raise
         stored = Stored(version, doc)
-        self._answer(self._core.wrote(query_id, stored))
+        self._do(BlobWritten(query_id, stored))
         return stored
 
     async def _conflict(self, query_id: str, what: str, batch_id: int) -> None:
@@ -635,21 +682,24 @@ class BlobStates:
 
     def marked(self, query_id: str) -> None:
         """Redis recorded the flush (``mark_flushed``): its flushed batch is the blob's again."""
-        self._core.marked(query_id)
+        self._do(FlushMarked(query_id))
 
     def skipped(self, query_id: str) -> None:
         """The blob already held the row's batch (or newer): acks answered."""
-        self._answer(self._core.skipped(query_id))
+        self._do(Skipped(query_id))
 
     def flushed(self, query_id: str) -> None:
         """The flush is complete: its retry schedule starts over."""
-        self._core.flushed(query_id)
+        self._do(Flushed(query_id))
 
     def failed(
         self, query_id: str, *, retriable: bool, retry_after_s: float | None = None
     ) -> float:
         """A flush failed: seconds until its next try."""
-        return self._core.failed(query_id, retriable=retriable, retry_after_s=retry_after_s)
+        for action in self._do(FlushFailed(query_id, retriable, retry_after_s)):
+            if isinstance(action, RetryIn):
+                return action.delay_s
+        raise AssertionError("a failed flush is always given its next try")
 
     def failures(self, query_id: str) -> int:
         return self._core.failures(query_id)
@@ -672,38 +722,38 @@ class BlobStates:
         row read before it ends runs after (a row read while the op was under way, before it
         wrote Redis, is as stale as one read before it began)."""
         async with self._core.record(query_id).shell.flush:
-            self._core.admin_op(query_id)
+            self._do(AdminOp(query_id))
             try:
                 yield
             finally:
-                self._core.admin_op(query_id)
+                self._do(AdminOp(query_id))
 
     def begin_write(self, query_id: str, lease: Held, base: Seen) -> bool:
         """An admin op's write over ``base`` is about to be sent under ``lease``: False (and
         nothing begun) when the lease was lost, or the blob seen to change, since it was read."""
-        return self.leases.holds(lease) and self._core.begin_write(query_id, base)
+        return self.leases.holds(lease) and Do.SEND in self._do(WriteBegun(query_id, base))
 
     def reset(self, query_id: str, stored: Stored) -> None:
         """A reset's write landed: the floor and acks follow it down."""
-        self._answer(self._core.reset(query_id, stored))
+        self._do(BlobWritten(query_id, stored, reset=True))
 
     def archived(self, query_id: str) -> None:
         """An admin op moved the blob away (retire --archive): there is none now."""
-        self._core.wrote(query_id, Stored(None, None))
+        self._do(BlobWritten(query_id, Stored(None, None)))
 
     async def write_refused(self, query_id: str, what: str, batch_id: int) -> None:
         """An admin op's write was refused as another writer's (read again, counted)."""
-        self._core.refused(query_id)
+        self._do(WriteRefused(query_id))
         await self._conflict(query_id, what, batch_id)
 
     def unknown(self, query_id: str, *, lowered_to: int | None = None) -> None:
         """An admin op's write has an unknown outcome (a reset's may have lowered the blob to
         ``lowered_to``): read the blob again before the next write."""
-        self._core.unsure(query_id, lowered_to=lowered_to)
+        self._do(WriteUnsure(query_id, lowered_to))
 
     def not_sent(self, query_id: str) -> None:
         """An admin op's write was refused before it ran (nothing written)."""
-        self._core.abandoned(query_id)
+        self._do(WriteNotSent(query_id))
 
     # --- retirement --------------------------------------------------------------------------
 
@@ -720,7 +770,7 @@ class BlobStates:
         if had_blob and self._with_blob is not None:
             self._with_blob.add(query_id)
         self._owned(query_id)  # its series too
-        self._core.forget(query_id)
+        self._do(Retired(query_id))
 
 
 def _writer_of(doc: CheckpointDocument | None) -> str:

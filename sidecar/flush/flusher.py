@@ -251,7 +251,9 @@ class Flusher:
         for query_id in self._quarantined.in_redis():
             if query_id not in pending:
                 self._quarantined.readable(query_id, "redis")  # flushed or deleted meanwhile
-        self._blobs.checked(pending, now_ms)  # on each record; rows flushed since dropped
+        # Redis' word on every listed query, told at once: which are pending (rows flushed
+        # since they were applied are dropped) and each one's flushed batch.
+        self._blobs.checked(entries, since, now_ms)
         if not self._recovered:
             self._recovering(pending)
         due: list[tuple[float, str]] = []
@@ -265,9 +267,6 @@ class Flusher:
                     self._track(query_id, label)
                 m.pending_updates.labels(label).set(count or 0)
                 m.checkpoint_age.labels(label).set(age_s)
-            self._blobs.flushed_in_redis(
-                query_id, e.flushed_batch_id, e.resets, since, e.flushed_reset
-            )
             # Nothing pending is skipped unless an ack waits on it (answered only by a read or
             # a write of the blob: Redis' flushed batch is not evidence) or its blob must be
             # read and compared with Redis.

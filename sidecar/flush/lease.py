@@ -1,6 +1,10 @@
 """The lease on one query's blob, as a state machine. Pure: the calls to the store are
-``sidecar.flush.lease_manager``'s, which drives these records; each hangs off its query's
-record in ``sidecar.flush.core`` (retiring a query removes both at once).
+``sidecar.flush.lease_manager``'s, which tells each outcome to the flush core as an event
+(``LeaseAcquired``, ``LeaseRenewed``, ``LeaseLapsed``, ``LeaseLetGo``, …:
+``sidecar.flush.events``); the core's ``step`` moves the lease here and, in the same step,
+what the record knows of the blob (a lease lost forgets it; one acquired checks it). Each
+lease hangs off its query's record in ``sidecar.flush.core`` (retiring a query removes both
+at once).
 
 Invariant: **a checkpoint blob is written only while its lease is HELD.** A writer gets a
 :class:`Held` (the query and its term) only in HELD and only while the lease is known to be

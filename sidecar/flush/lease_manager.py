@@ -1,7 +1,9 @@
 """Blob lease ownership: the calls to the store that acquire, renew and release each query's
 lease, and the loop that keeps them. The state machine itself is ``sidecar.flush.lease``;
 each lease hangs off its query's record in ``sidecar.flush.core``, so this module keeps no
-map of its own: retiring a query drops its lease with everything else.
+map of its own: retiring a query drops its lease with everything else. It asks the records
+and tells the core every outcome as an event (``sidecar.flush.events``), through the shell,
+which carries out what follows (a lease refused as another's answers the acks waiting).
 
 Each daemon process has its own lease id (``sidecar.daemon.ownership``: handed over only to
 the same container restarted in its pod), so two daemons never both hold a query's lease,
@@ -27,6 +29,16 @@ from anyio.abc import TaskGroup, TaskStatus
 from sidecar.backoff import Backoff, next_tick
 from sidecar.errors import LeaseConflict, LeaseLost, SidecarError
 from sidecar.flush.core import FlushCore, QueryState
+from sidecar.flush.events import (
+    BlobCreated,
+    Event,
+    LeaseAcquired,
+    LeaseAcquiring,
+    LeaseLapsed,
+    LeaseLetGo,
+    LeaseRenewed,
+    RenewFailed,
+)
 from sidecar.flush.lease import (
     CHECK_EVERY_S,
     RENEW_RETRY_S,
@@ -73,12 +85,13 @@ class LeaseManager:
         *,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
-        held_elsewhere: Callable[[str], None] = lambda query_id: None,
+        tell: Callable[[Event[Any]], object] | None = None,
     ) -> None:
-        """``core``: the records the leases hang off; ``clock``: monotonic seconds, for every
-        lease deadline; ``jitter``: uniform in [0, 1), spreads renewals (:func:`renew_delay`);
-        ``held_elsewhere``: told the query id each time the store refuses its lease because
-        another holds it (its waiting acks are answered ``not_owner``)."""
+        """``core``: the records the leases hang off, asked here, told through ``tell`` (the
+        shell's, which carries out the actions: a lease refused as another's answers the acks
+        waiting ``not_owner``; default: the core's own step); ``clock``: monotonic seconds,
+        for every lease deadline; ``jitter``: uniform in [0, 1), spreads renewals
+        (:func:`renew_delay`)."""
         self._store = store
         self._core = core
         self.lease_id = lease_id
@@ -86,7 +99,7 @@ class LeaseManager:
         self._metrics = metrics
         self._clock = clock
         self._jitter = jitter
-        self._held_elsewhere = held_elsewhere
+        self._tell = tell or core.step
         #: Set when a lease is first wanted: with none, the loop has nothing to time and
         #: sleeps until then (an idle daemon does not wake four times a second).
         self._first = anyio.Event()
@@ -164,12 +177,12 @@ class LeaseManager:
         if lease.state is LeaseState.LOST:
             if now < lease.retry_at:
                 return None
-            lease.acquiring(f"retry {lease.failures}")
+            self._tell(LeaseAcquiring(q.query_id, f"retry {lease.failures}"))
         query_id = q.query_id
         try:
             version = await self._store.create_if_absent(query_id)
             if version is not None:
-                self._core.created(query_id, version)
+                self._tell(BlobCreated(query_id, version))
             started = self._clock()
             reported = await self._store.acquire_lease(query_id, self.lease_id, self._duration_s)
         except LeaseConflict:
@@ -180,10 +193,9 @@ class LeaseManager:
             return None
         # A new term: a write planned under an earlier one is not made under this one.
         renew_in = renew_delay(self.renew_every_s, self._jitter())
-        lease.acquired(next(self._terms), started, self._duration_s, renew_in)
+        term = next(self._terms)
+        self._tell(LeaseAcquired(query_id, term, started, self._duration_s, renew_in, reported))
         self._metrics.lease_held.labels(lease.label).set(1)
-        # Whatever was known of the blob before this term is checked against it.
-        self._core.lease_version(query_id, reported)
         return lease
 
     def lost(self, query_id: str, reason: str) -> None:
@@ -205,11 +217,11 @@ class LeaseManager:
         self, lease: QueryLease, reason: str, *, immediately: bool = False, contested: bool = False
     ) -> None:
         backoff = None if immediately else self._backoff.delay
-        if lease.lost(reason, self._clock(), backoff, contested=contested):
+        held = lease.state is not LeaseState.LOST
+        # Another writer may change the blob now; contested, the acks waiting are not ours.
+        self._tell(LeaseLapsed(lease.query_id, reason, self._clock(), backoff, contested))
+        if held:
             self._metrics.lease_held.labels(lease.label).set(0)
-        self._core.lapsed(lease.query_id)  # another writer may change the blob now
-        if contested:
-            self._held_elsewhere(lease.query_id)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep the leases, until cancelled (with none, sleep until the first is wanted):
@@ -285,7 +297,7 @@ class LeaseManager:
                 return
             except SidecarError as exc:
                 self._metrics.lease_renewals.labels("error").inc()
-                lease.renew_again_at(self._clock() + RENEW_RETRY_S)
+                self._tell(RenewFailed(q.query_id, self._clock() + RENEW_RETRY_S))
                 log.warning(
                     "lease query=%s renewal failed (retry in %.0fs; valid for %.1fs more): %s",
                     lease.label,
@@ -296,11 +308,8 @@ class LeaseManager:
                 return
             self._metrics.lease_renewals.labels("ok").inc()
             async with q.shell.lease:
-                if lease.renewed(
-                    started, self._duration_s, renew_delay(self.renew_every_s, self._jitter())
-                ):
-                    # The blob changed under the lease (a store that went back, a restore)?
-                    self._core.lease_version(q.query_id, reported)
+                renew_in = renew_delay(self.renew_every_s, self._jitter())
+                self._tell(LeaseRenewed(q.query_id, started, self._duration_s, renew_in, reported))
         finally:
             q.shell.renewing = False
 
@@ -312,7 +321,7 @@ class LeaseManager:
 
     async def retire(self, query_id: str) -> bool:
         """Release the query's lease (the query is idle), so a standby can take it at once;
-        its record, with the lease, is dropped next (``FlushCore.forget``). False when a
+        its record, with the lease, is dropped next (the event ``Retired``). False when a
         renewal or re-acquisition is under way: try again later.
         ``checkpoint_sidecar_lease_held`` is left as it is (its series is the retirement's
         to remove: another id of the same name may hold its own lease)."""
@@ -324,10 +333,9 @@ class LeaseManager:
         q.shell.renewing = True  # no renewal starts while it is being released
         try:
             async with q.shell.lease:
-                await self._release_locked(q, "query retired (idle)", metric=False)
                 # Dropped with its record next; if the query stays instead (seen again
                 # meanwhile), its next write acquires a new lease.
-                self._core.new_lease(query_id)
+                await self._release_locked(q, "query retired (idle)", metric=False, anew=True)
         finally:
             q.shell.renewing = False
         return True
@@ -337,7 +345,7 @@ class LeaseManager:
             await self._release_locked(q)
 
     async def _release_locked(
-        self, q: Record, reason: str = "shutdown", *, metric: bool = True
+        self, q: Record, reason: str = "shutdown", *, metric: bool = True, anew: bool = False
     ) -> None:
         lease = q.lease
         if lease.state is LeaseState.HELD:
@@ -347,7 +355,7 @@ class LeaseManager:
                 log.warning(
                     "lease query=%s release failed (it expires by itself): %s", lease.label, exc
                 )
-        if lease.state is not LeaseState.RELEASED:
-            lease.released(reason)
-            if metric:
-                self._metrics.lease_held.labels(lease.label).set(0)
+        released = lease.state is LeaseState.RELEASED
+        self._tell(LeaseLetGo(q.query_id, reason, anew))
+        if not released and metric:
+            self._metrics.lease_held.labels(lease.label).set(0)

@@ -34,8 +34,8 @@ from sidecar.buffer.redis_buffer import Outcome, RedisBuffer
 from sidecar.config import Config
 from sidecar.errors import AdminRefused, StoreUnavailable, VersionConflict
 from sidecar.flush import blob_state
+from sidecar.flush.blob import Seen
 from sidecar.flush.blob_state import BlobStates
-from sidecar.flush.core import Seen
 from sidecar.flush.flusher import AUDIT_EVERY_S, Flusher
 from sidecar.flush.lease import Held, Ownership
 from sidecar.model.checkpoint import Checkpoint

@@ -166,9 +166,7 @@ class SnapshotBlobs:
             self._account.call("list snapshot blobs"),
             self._account.not_created_yet(),
         ):
-            pages = self._account.container_client.list_blobs(
-                name_starts_with=prefix
-            ).by_page()
+            pages = self._account.container_client.list_blobs(name_starts_with=prefix).by_page()
             async for page in pages:
                 self._count("list")
                 async for item in page:

@@ -12,8 +12,9 @@ import pytest
 
 from sidecar.buffer.lua import NO_BLOB
 from sidecar.errors import CorruptRecord, LeaseConflict, NotOwner, VersionConflict
+from sidecar.flush.blob import Seen
 from sidecar.flush.blob_state import LISTING_MAX_AGE_S, RECHECK_EVERY_S, BlobStates, Durability
-from sidecar.flush.core import Seen
+from sidecar.flush.events import AckWanted, Answer, BlobRead, RedisSaid
 from sidecar.model.document import Stored, encode_document
 from sidecar.telemetry.metrics import Metrics
 from tests.helpers import Clock
@@ -91,7 +92,7 @@ async def test_a_blob_read_begun_before_a_reset_does_not_raise_its_floor_back() 
         await anyio.wait_all_tasks_blocked()
         async with states.exclusive(QID):
             now = Stored(store.versions[QID], document(QID, 9))  # as a read under it finds
-            states._core.read(QID, now, states.stamp())
+            states._core.step(BlobRead(QID, now, states.stamp()))
             base = Seen(now)
             held = await states.held(QID, "q")
             assert held is not None and states.begin_write(QID, held, base)
@@ -209,14 +210,16 @@ async def test_redis_flushed_batch_answers_no_ack_only_a_read_of_the_blob_does()
     states = states_of(FakeBlobStore())
     core = states._core
     waiter: asyncio.Future[Durability] = asyncio.get_running_loop().create_future()
-    core.ack(QID, 5, waiter)
+    core.step(AckWanted(QID, 5, waiter))
     since = core.stamp
-    assert core.read(QID, Stored('"v3"', document(QID, 3)), core.stamp) == (3, [])
-    assert core.redis_says(QID, 9, 0, since) == []
+    assert core.step(BlobRead(QID, Stored('"v3"', document(QID, 3)), core.stamp)) == []
+    assert core.floor(QID) == 3
+    assert core.step(RedisSaid(QID, 9, 0, since)) == []
     assert core.waiting() == [QID]
-    assert core.redis_says(QID, 9, 0, core.stamp) == []
+    assert core.step(RedisSaid(QID, 9, 0, core.stamp)) == []
     assert core.waiting() == [QID]
-    assert core.read(QID, Stored('"v9"', document(QID, 9)), core.stamp)[1] == [waiter]
+    read = BlobRead(QID, Stored('"v9"', document(QID, 9)), core.stamp)
+    assert core.step(read) == [Answer((waiter,))]
     assert core.waiting() == []
 
 

@@ -6,9 +6,10 @@ of interleavings a second.
 lease manager) with fakes at the SDK edges; it is the one that finds what the wiring does
 wrong, at ~8 examples a second. This one drives the decisions only — every input the shell
 gives the core (a read with the stamp and lease term it began under, Redis' word read at a
-stamp, a write's answer, the lease lost or acquired, acks) in any order the shell allows,
-including a read or a Redis read that began before other news and ends after it — against a
-model of what each party really holds. The shell's part is played here in a few lines per
+stamp, a write's answer, the lease lost or acquired, acks: each an event told through the
+core's one door, ``FlushCore.step``) in any order the shell allows, including a read or a
+Redis read that began before other news and ends after it — against a model of what each
+party really holds. The shell's part is played here in a few lines per
 step, as ``blob_state`` and ``lease_manager`` play it.
 
 Checked after every step:
@@ -50,7 +51,31 @@ from hypothesis.stateful import (
 from sidecar.backoff import Backoff
 from sidecar.buffer.lua import NO_BLOB
 from sidecar.buffer.rows import PendingQuery
-from sidecar.flush.core import Ack, FlushCore, Plan, QueryState, Seen, Step, Writing
+from sidecar.flush.blob import Seen, Writing
+from sidecar.flush.core import FlushCore, Plan, QueryState, Step
+from sidecar.flush.events import (
+    AckGone,
+    AckWanted,
+    Action,
+    Answer,
+    BlobCreated,
+    BlobRead,
+    BlobWritten,
+    Event,
+    Flushed,
+    FlushMarked,
+    LeaseAcquired,
+    LeaseAcquiring,
+    LeaseLapsed,
+    LeaseRenewed,
+    NotOwner,
+    RedisSaid,
+    RowsApplied,
+    Skipped,
+    WriteBegun,
+    WriteRefused,
+    WriteUnsure,
+)
 from sidecar.flush.flusher import WRITE_TRIES
 from sidecar.flush.lease import LeaseState
 from sidecar.model.document import CheckpointDocument, Stored, Writer, reset_document
@@ -141,14 +166,23 @@ class CoreSimulation(RuleBasedStateMachine):
         #: and lease term they began under.
         self.read_in_flight: tuple[int, int | None, Stored] | None = None
         self.redis_in_flight: tuple[int, int | None, int, str | None] | None = None
-        self.q.lease.acquired(1, self.now, 60, 20)
+        self.tell(LeaseAcquired(self.q.query_id, 1, self.now, 60, 20), "the lease acquired")
         self.model.holder, self.model.term = "ours", 1
 
     @property
     def q(self) -> QueryState[Waiter, None]:
         return self.core.record(Q, "q")
 
-    def settle(self, answered: list[Waiter], how: str) -> None:
+    def tell(self, event: Event[Waiter], how: str) -> list[Action[Waiter]]:
+        """Tell the core ``event`` through its one door, as the shell does; the acks its
+        actions answer are held against the model."""
+        actions = self.core.step(event)
+        for action in actions:
+            if isinstance(action, Answer):
+                self.settle(action.waiters, how)
+        return actions
+
+    def settle(self, answered: tuple[Waiter, ...], how: str) -> None:
         for w in answered:
             if w.best < w.batch:
                 self.violations.append(
@@ -193,7 +227,7 @@ class CoreSimulation(RuleBasedStateMachine):
             Q, 1, 0, "v", m.applied, checkpoint_of(Q, m.applied), m.flushed, int(self.now * 1000),
             m.resets, m.flushed_reset,
         )  # fmt: skip
-        self.settle(self.core.applied([row], self.core.stamp), "an apply's row")
+        self.tell(RowsApplied((row,), self.core.stamp), "an apply's row")
 
     @precondition(lambda self: self.model.applied >= 0)
     @rule(back=st.integers(0, 2))
@@ -202,18 +236,15 @@ class CoreSimulation(RuleBasedStateMachine):
         batch = max(0, self.model.applied - back)
         blob = self.model.blob
         w = Waiter(batch, blob.batch if blob is not None else NO_BLOB)
-        match self.core.ack(Q, batch, w):
-            case Ack.DURABLE:
-                self.settle([w], "at once")
-            case Ack.NOT_OWNER:
-                pass
-            case _:
-                self.waiting.append(w)
+        self.waiting.append(w)
+        for action in self.tell(AckWanted(Q, batch, w), "at once"):
+            if isinstance(action, NotOwner):
+                self.waiting.remove(w)
 
     @precondition(lambda self: bool(self.waiting))
     @rule()
     def an_ack_times_out(self) -> None:
-        self.core.ack_gone(Q, self.waiting.pop(0))
+        self.tell(AckGone(Q, self.waiting.pop(0)), "never")
 
     # --- reads: the blob, and Redis' word, each possibly overtaken by other news ----------------
 
@@ -242,8 +273,7 @@ class CoreSimulation(RuleBasedStateMachine):
 
     def _read_ends(self, read: tuple[int, int | None, Stored]) -> None:
         since, term, stored = read
-        _, answered = self.core.read(Q, stored, since, term)
-        self.settle(answered, "a read")
+        self.tell(BlobRead(Q, stored, since, term), "a read")
 
     @precondition(lambda self: self.redis_in_flight is None)
     @rule()
@@ -257,8 +287,7 @@ class CoreSimulation(RuleBasedStateMachine):
         assert self.redis_in_flight is not None
         since, flushed, resets, recorded = self.redis_in_flight
         self.redis_in_flight = None
-        answered = self.core.redis_says(Q, flushed, resets, since, recorded, judge=judge)
-        self.settle(answered, "Redis' word")
+        self.tell(RedisSaid(Q, flushed, resets, since, recorded, judge), "Redis' word")
 
     # --- one flush, as the flusher runs it (one try) --------------------------------------------
 
@@ -278,46 +307,43 @@ class CoreSimulation(RuleBasedStateMachine):
             if plan.step in (Step.READ, Step.COMPARE):
                 if plan.step is Step.READ:
                     self.read()
-                answered = core.redis_says(
-                    Q, m.flushed, m.resets, core.stamp, m.flushed_reset, judge=True
-                )
-                self.settle(answered, "the flush's Redis read")
+                said = RedisSaid(Q, m.flushed, m.resets, core.stamp, m.flushed_reset, judge=True)
+                self.tell(said, "the flush's Redis read")
                 plan = core.plan(Q, batch)
             if plan.step is Step.READ or plan.step is Step.COMPARE:
                 continue
             if plan.step is Step.SKIP:
-                self.settle(core.skipped(Q), "a skip")
-                core.flushed(Q)
+                self.tell(Skipped(Q), "a skip")
+                self.tell(Flushed(Q), "a flush's end")
                 return
             if plan.step is Step.REFUSE:
                 return
             base = plan.base
             assert plan.step is Step.WRITE and base is not None
-            if not core.begin_write(Q, base):
+            if not self.tell(WriteBegun(Q, base), "a write begun"):
                 continue
             self._write(batch, base, unsure)
             return
 
     def _write(self, batch: int, base: Seen, unsure: bool) -> None:
-        m, core = self.model, self.core
+        m = self.model
         blob = m.blob
         if not self._ours():  # the store refuses the lease: lost
-            core.refused(Q)
-            core.lapsed(Q)
-            self.q.lease.lost("refused on a write", self.now, contested=True)
+            self.tell(WriteRefused(Q), "a write refused")
+            self.tell(LeaseLapsed(Q, "refused on a write", self.now, contested=True), "lost")
             return
         if blob is None or blob.etag != base.stored.version:
-            core.refused(Q)
+            self.tell(WriteRefused(Q), "a write refused")
             return
         landed = self._land(document(batch, blob.doc, OURS))
         if unsure:
-            core.unsure(Q)
+            self.tell(WriteUnsure(Q), "a write of unknown outcome")
             return
-        self.settle(core.wrote(Q, landed.stored()), "our write")
+        self.tell(BlobWritten(Q, landed.stored()), "our write")
         assert landed.doc is not None
         m.flushed, m.flushed_reset = batch, landed.doc.reset_at or ""
-        core.marked(Q)
-        core.flushed(Q)
+        self.tell(FlushMarked(Q), "the flush marked")
+        self.tell(Flushed(Q), "a flush's end")
 
     # --- the lease, and the other writer --------------------------------------------------------
 
@@ -372,8 +398,8 @@ class CoreSimulation(RuleBasedStateMachine):
     def ours_learns_the_lease_is_lost(self, refused: bool) -> None:
         """A renewal refused (another lease holds the blob: acks are answered ``not_owner``),
         or the lease expired unrenewed (the store did not answer): the core is told."""
-        self.q.lease.lost("renewal refused" if refused else "expired", self.now, contested=refused)
-        self.core.lapsed(Q)
+        reason = "renewal refused" if refused else "expired"
+        self.tell(LeaseLapsed(Q, reason, self.now, contested=refused), "the lease lost")
 
     @precondition(lambda self: self.model.holder is None and not self._ours())
     @rule()
@@ -382,25 +408,25 @@ class CoreSimulation(RuleBasedStateMachine):
         blob's version, the lease manager tells it."""
         m, lease = self.model, self.q.lease
         if lease.state is LeaseState.HELD:
-            lease.lost("expired", self.now)
-            self.core.lapsed(Q)
+            self.tell(LeaseLapsed(Q, "expired", self.now), "the lease lost")
         if lease.state is LeaseState.LOST:
-            lease.acquiring("retry")
+            self.tell(LeaseAcquiring(Q, "retry"), "the lease tried again")
         m.holder, m.term = "ours", m.term + 1
-        lease.acquired(m.term, self.now, 60, 20)
-        self.core.lease_version(Q, m.blob.etag if m.blob is not None else None)
+        version = m.blob.etag if m.blob is not None else None
+        self.tell(LeaseAcquired(Q, m.term, self.now, 60, 20, version), "a lease call")
 
     @precondition(lambda self: self._ours())
     @rule()
     def ours_renews(self) -> None:
         m = self.model
-        self.core.lease_version(Q, m.blob.etag if m.blob is not None else None)
+        version = m.blob.etag if m.blob is not None else None
+        self.tell(LeaseRenewed(Q, self.now, 60, 20, version), "a lease call")
 
     @precondition(lambda self: self.model.holder == "ours" and self.model.blob is None)
     @rule()
     def the_lease_creates_the_blob(self) -> None:
         blob = self.put(None)
-        self.core.created(Q, blob.etag)
+        self.tell(BlobCreated(Q, blob.etag), "the lease's creation")
 
     @precondition(lambda self: len(self.model.history) >= 2)
     @rule(back=st.integers(1, 2))
@@ -445,21 +471,22 @@ class AnsweredFromMemory(FlushCore[Waiter, None]):
     """An ack of a batch the blob held as last known here answered at once (fixed: confirmed
     by a read made after it: another writer, or the store, may have lowered the blob since)."""
 
-    def ack(self, query_id: str, batch: int, waiter: Waiter) -> Ack:
-        q = self.record(query_id)
-        if not q.lease.held_elsewhere() and q.blob.durable >= batch:
-            return Ack.DURABLE
-        return super().ack(query_id, batch, waiter)
+    def step(self, event: Event[Waiter]) -> list[Action[Waiter]]:
+        if isinstance(event, AckWanted):
+            q = self.record(event.query_id)
+            if not q.lease.held_elsewhere() and q.blob.durable >= event.batch:
+                return [Answer((event.waiter,))]
+        return super().step(event)
 
 
 class ReadKeptAfterNewerNews(FlushCore[Waiter, None]):
     """A read begun before newer evidence (the lease lost, a write's answer) kept when it
     ends (fixed: evidence stamps)."""
 
-    def read(
-        self, query_id: str, stored: Stored, since: int, term: int | None = None
-    ) -> tuple[int, list[Waiter]]:
-        return super().read(query_id, stored, self.stamp, term)
+    def step(self, event: Event[Waiter]) -> list[Action[Waiter]]:
+        if isinstance(event, BlobRead):
+            return super().step(event._replace(since=self.stamp))
+        return super().step(event)
 
 
 class ForeignResetWrittenOver(FlushCore[Waiter, None]):
@@ -476,12 +503,13 @@ class ConfirmedByAnEarlierRead(FlushCore[Waiter, None]):
     the batch in between (fixed here, found by this simulation: each ack has its stamp, and
     only evidence begun at or after it answers it)."""
 
-    def ack(self, query_id: str, batch: int, waiter: Waiter) -> Ack:
-        answer = super().ack(query_id, batch, waiter)
-        q = self.record(query_id)  # as if made before any evidence
-        q.acks = [a._replace(made=0) if a.waiter is waiter else a for a in q.acks]
-        q.confirming = [a._replace(made=0) if a.waiter is waiter else a for a in q.confirming]
-        return answer
+    def step(self, event: Event[Waiter]) -> list[Action[Waiter]]:
+        actions = super().step(event)
+        if isinstance(event, AckWanted):
+            q, waiter = self.record(event.query_id), event.waiter  # as if made before any evidence
+            q.acks = [a._replace(made=0) if a.waiter is waiter else a for a in q.acks]
+            q.confirming = [a._replace(made=0) if a.waiter is waiter else a for a in q.confirming]
+        return actions
 
 
 #: Another daemon broke the lease ours still thinks it holds and wrote batch 0.
