@@ -1,7 +1,8 @@
 # Shared by the set-up scripts (sourced, not run): log lines tagged with $LOG_TAG, a fatal
 # error, and Debian package installs that say what to do where they cannot run.
 
-log() { printf '[%s] %s\n' "$LOG_TAG" "$*"; }
+# Each line says the seconds since its script began: where a fresh machine's set-up goes.
+log() { printf '[%s +%ds] %s\n' "$LOG_TAG" "$SECONDS" "$*"; }
 die() { printf '[%s] ERROR: %s\n' "$LOG_TAG" "$*" >&2; exit 1; }
 
 APT_UPDATED=""

@@ -28,6 +28,7 @@ workers=${TEST_WORKERS:-2}
 # One seed for the property tests and the simulation's 150 examples (TEST_HYPOTHESIS_SEED):
 # the suite answers the same way every run; searching belongs to the deep pass below and to
 # `make simulate` (a random draw once hit a case already kept as OPEN, failing a CI run).
+log "the main pass: the whole suite with PySpark 4 on $workers worker(s)"
 .venv/bin/python -m pytest -n "$workers" --dist loadgroup --durations=25 \
     --hypothesis-seed="${TEST_HYPOTHESIS_SEED:-220}" "$@" || exit $?
 
@@ -44,6 +45,7 @@ if [ $# -eq 0 ] && [ "${DEEP_EXAMPLES:-1500}" -gt 0 ]; then
     trap 'kill "$deep_pid" 2>/dev/null; rm -f "$deep_log" "$deep_stop"' EXIT
 fi
 
+log "the PySpark 3.5 pass: the Spark tests again with PySpark 3.5"
 .venv-spark35/bin/python -m pytest -n "$workers" --dist load -m "spark and not spark4" "$@"
 rc=$?
 if [ $rc -eq 5 ] && [ $# -gt 0 ]; then
@@ -62,4 +64,5 @@ if [ -n "$deep_pid" ]; then
     rm -f "$deep_log" "$deep_stop"
     [ $rc -ne 0 ] || rc=$deep_rc
 fi
+log "done (exit $rc)"
 exit $rc
