@@ -59,7 +59,8 @@ HELP = {
     "flushing and acknowledgements": {
         "count_threshold": "flush a query after this many applied updates",
         "time_threshold_s": "flush a query when its oldest unflushed update is this old, seconds",
-        "flush_interval_s": "how often thresholds are checked, seconds",
+        "flush_interval_s": "how often thresholds are checked, seconds (further apart while a "
+        "check takes over a fifth of it)",
         "flush_concurrency": "queries flushed at the same time",
         "ack_mode": "redis: ack once buffered in Redis; blob: ack once the batch is in the blob",
         "blob_ack_timeout_s": "in blob ack mode, reply not_durable after waiting this long",

@@ -78,6 +78,12 @@ WRITE_TRIES = 3
 #: that lost writes before a restart, a restore of an idle query's blob) is found within this.
 #: One listing of the namespace (no download) and one Redis script a minute.
 AUDIT_EVERY_S = 60.0
+#: The share of the event loop flush checks may take at most: the next check waits at least
+#: the last one's duration over this, whatever ``flush_interval_s``. A check lists every
+#: query with updates pending and decides on each (~15-30 µs a query here): thousands of
+#: queries on a short interval would otherwise take the loop that answers the socket, and a
+#: slower loop leaves more pending, which makes checks slower still.
+CHECK_SHARE = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +133,8 @@ class Flusher:
         self._loop = anyio.CancelScope()
         self._loop_done = anyio.Event()
         self._started = False
+        #: Checks spaced beyond the interval (CHECK_SHARE): said when it begins and ends.
+        self._paced = False
 
     # --- retirement of idle queries (sidecar.daemon.retirement) ----------------------------
 
@@ -153,8 +161,9 @@ class Flusher:
                         next_audit = anyio.current_time() + self._audit_every_s
                         tg.start_soon(self._audit)
                     if anyio.current_time() >= next_check:
-                        next_check = next_tick(anyio.current_time(), self._config.flush_interval_s)
+                        began = anyio.current_time()
                         found = await self._check() or []
+                        next_check = self._next_check(began, anyio.current_time() - began)
                     else:
                         found = [q for q in self._blobs.waiting() if self._blobs.ready(q)]
                     due = [q for q in found if not self._blobs.in_flight(q)]
@@ -166,6 +175,32 @@ class Flusher:
                         await wake.wait()
                     wake.clear()  # before the pass: a wake during it starts one more
         self._loop_done.set()
+
+    def _next_check(self, began: float, took_s: float) -> float:
+        """When the check after one begun at ``began`` that took ``took_s`` is due
+        (:func:`next_check_at`; a waiting ack still wakes the loop at once)."""
+        self._metrics.flush_check_seconds.set(took_s)
+        interval = self._config.flush_interval_s
+        at = next_check_at(began, took_s, interval)
+        # Said when it begins, and when checks would take under half their share again (not
+        # at every check near the edge).
+        spaced = took_s / CHECK_SHARE
+        paced = spaced > interval or (self._paced and spaced > interval / 2)
+        if paced and not self._paced:
+            log.warning(
+                "a flush check took %.0f ms (%d queries tracked): checks are now spaced "
+                "%.2f s apart instead of every %s s, so they take at most %d%% of the loop; "
+                "with this many queries pending, raise SIDECAR_FLUSH_INTERVAL_S",
+                took_s * 1000,
+                len(self._blobs),
+                spaced,
+                interval,
+                round(CHECK_SHARE * 100),
+            )
+        elif self._paced and not paced:
+            log.info("flush checks are back to every %s s", interval)
+        self._paced = paced
+        return at
 
     async def _audit(self) -> None:
         """Hold the store's listing against Redis' record of each query's last flush; a blob
@@ -609,3 +644,10 @@ class Flusher:
         # failure the final flush should keep retrying until the grace period ends: only
         # an operator can fix it (the update stays in Redis).
         return isinstance(exc, CorruptRecord | UnrecordedReset)
+
+
+def next_check_at(began: float, took_s: float, interval_s: float) -> float:
+    """The next flush check after one begun at ``began`` that took ``took_s``: at the next
+    tick of the interval's grid (``sidecar.backoff.next_tick``), unless checks would then
+    take over :data:`CHECK_SHARE` of the loop; then ``took_s / CHECK_SHARE`` after it began."""
+    return max(next_tick(began, interval_s), began + took_s / CHECK_SHARE)

@@ -191,6 +191,13 @@ _SPECS: tuple[_Spec, ...] = (
         "every SIDECAR_FLUSH_INTERVAL_S",
     ),
     _Spec(
+        "flush_check_seconds",
+        Gauge,
+        "checkpoint_sidecar_flush_check_seconds",
+        "How long the last flush check took (Redis' listing of the pending queries and the "
+        "decision on each); checks are spaced so they take at most a fifth of the loop",
+    ),
+    _Spec(
         "flush_bodies_read",
         Counter,
         "checkpoint_sidecar_flush_bodies_read",
@@ -492,6 +499,7 @@ class Metrics:
     redis_resets: Counter
     flushes: Counter
     flush_checks: Counter
+    flush_check_seconds: Gauge
     flush_bodies_read: Counter
     flush_seconds: Histogram
     checkpoint_batch_id: Gauge

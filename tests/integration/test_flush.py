@@ -107,6 +107,7 @@ async def test_count_threshold_writes_exactly_once_per_threshold(
         metric_value(text, "checkpoint_sidecar_checkpoint_batch_id", query="orders-to-delta") == 19
     )
     assert metric_value(text, "checkpoint_sidecar_lease_held", query="orders-to-delta") == 1
+    assert metric_value(text, "checkpoint_sidecar_flush_check_seconds") > 0  # the last check's
     assert writes(azurite, config) == 5, "the graceful stop flushes the 3 pending updates once"
 
 

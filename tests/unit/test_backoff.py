@@ -92,3 +92,16 @@ def test_processes_take_their_own_place_on_the_grid() -> None:
     a = next_tick(100.0, 1.0, phase_s=0.1)
     b = next_tick(100.0, 1.0, phase_s=0.6)
     assert a - 100.0 == pytest.approx(0.1) and b - 100.0 == pytest.approx(0.6)
+
+
+def test_flush_checks_keep_to_the_grid_unless_they_would_take_over_a_fifth_of_the_loop() -> None:
+    from sidecar.flush.flusher import CHECK_SHARE, next_check_at
+
+    began = 100.0
+    # A check of a few queries (2 ms) keeps to the interval's grid.
+    assert next_check_at(began, 0.002, 0.05) == next_tick(began, 0.05)
+    # One over thousands (60 ms, longer than the 50 ms interval): 300 ms after it began.
+    assert next_check_at(began, 0.060, 0.05) == pytest.approx(began + 0.060 / CHECK_SHARE)
+    assert CHECK_SHARE == 0.2
+    # The same check on a 1 s interval is a small share: the grid still rules.
+    assert next_check_at(began, 0.060, 1.0) == next_tick(began, 1.0)
