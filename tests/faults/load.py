@@ -186,6 +186,20 @@ class Load:
                 raise AssertionError(f"no blob after {timeout_s}s for some of {batches}")
             await anyio.sleep(0.1)
 
+    async def wait_pending(self, timeout_s: float = 30) -> None:
+        """Wait until Redis holds an acknowledged update not yet flushed (a query's
+        ``pending`` above 0): a kill now leaves something for the next daemon to recover."""
+        deadline = time.monotonic() + timeout_s
+        async with self._redis() as r:
+            while True:
+                keys = [self.keys.query(q.query_id) for q in self.queries]
+                counts = [await r.hget(key, "pending") for key in keys]
+                if any(int(c or 0) > 0 for c in counts):
+                    return
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"nothing pending in Redis after {timeout_s}s: {counts}")
+                await anyio.sleep(0.005)
+
     async def blob_batches(self) -> dict[str, int | None]:
         """Each query's batch in its blob now (None: no readable document)."""
         async with self._store() as store:

@@ -97,7 +97,7 @@ def test_processes_take_their_own_place_on_the_grid() -> None:
 def test_flush_checks_keep_to_the_grid_unless_they_would_take_over_a_fifth_of_the_loop() -> None:
     from sidecar.flush.flusher import CHECK_SHARE, next_check_at
 
-    began = 100.0
+    began = next_tick(100.0, 1.0)  # the loop wakes on the grid: a tick of both periods below
     # A check of a few queries (2 ms) keeps to the interval's grid.
     assert next_check_at(began, 0.002, 0.05) == next_tick(began, 0.05)
     # One over thousands (60 ms, longer than the 50 ms interval): 300 ms after it began.
