@@ -30,24 +30,6 @@ LOG_TAG=setup
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
 
-# --- Azurite (Azure Storage emulator), installed beside the Python environments -----------
-# npm's download (~35 s) runs while pip installs below; its end is waited for before "ready".
-if ! command -v npm >/dev/null 2>&1; then
-    apt_install nodejs npm
-fi
-azurite_dir="$TOOLS/azurite"
-azurite_stamp="$azurite_dir/.version"
-azurite_pid=""
-if [ "$(cat "$azurite_stamp" 2>/dev/null)" != "$AZURITE_VERSION" ]; then
-    log "installing azurite@$AZURITE_VERSION into $azurite_dir (beside the Python environments)"
-    mkdir -p "$azurite_dir"
-    azurite_log=$(mktemp /tmp/azurite-install.XXXXXX.log)
-    npm install --silent --no-audit --no-fund --prefix "$azurite_dir" \
-        "azurite@$AZURITE_VERSION" > "$azurite_log" 2>&1 &
-    azurite_pid=$!
-    trap 'kill "$azurite_pid" 2>/dev/null; rm -f "$azurite_log"' EXIT
-fi
-
 # --- Python --------------------------------------------------------------------------
 "$PYTHON" - <<'PY' || die "Python >= 3.11 is required (found $("$PYTHON" --version 2>&1)); set PYTHON=/path/to/python3.11"
 import sys
@@ -117,13 +99,16 @@ kubectl kustomize --help >/dev/null 2>&1 \
     || die "$(command -v kubectl) has no 'kubectl kustomize' (kubectl 1.14 or later has): install Debian's kubernetes-client, or put a newer kubectl first on the PATH (or set KUBECTL_BIN for the tests)"
 log "kubectl: $(kubectl version --client --short 2>/dev/null || kubectl version --client 2>/dev/null | head -1)"
 
-if [ -n "$azurite_pid" ]; then
-    if ! wait "$azurite_pid"; then
-        cat "$azurite_log" >&2
-        die "npm could not install azurite@$AZURITE_VERSION (its output above); check that the npm registry is reachable, then run 'make setup' again"
-    fi
-    trap - EXIT
-    rm -f "$azurite_log"
+# --- Azurite (Azure Storage emulator) ----------------------------------------------------
+if ! command -v npm >/dev/null 2>&1; then
+    apt_install nodejs npm
+fi
+azurite_dir="$TOOLS/azurite"
+azurite_stamp="$azurite_dir/.version"
+if [ "$(cat "$azurite_stamp" 2>/dev/null)" != "$AZURITE_VERSION" ]; then
+    log "installing azurite@$AZURITE_VERSION into $azurite_dir"
+    mkdir -p "$azurite_dir"
+    npm install --silent --no-audit --no-fund --prefix "$azurite_dir" "azurite@$AZURITE_VERSION" >/dev/null
     echo "$AZURITE_VERSION" > "$azurite_stamp"
 fi
 log "azurite: $AZURITE_VERSION ($azurite_dir/node_modules/.bin/azurite-blob)"
