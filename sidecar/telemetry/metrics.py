@@ -194,8 +194,9 @@ _SPECS: tuple[_Spec, ...] = (
         "flush_check_seconds",
         Gauge,
         "checkpoint_sidecar_flush_check_seconds",
-        "How long the last flush check took (Redis' listing of the pending queries and the "
-        "decision on each); checks are spaced so they take at most a fifth of the loop",
+        "The daemon loop's CPU time during the last flush check (Redis' listing of the "
+        "pending queries parsed, and the decision on each); checks are spaced so they take "
+        "at most a fifth of the loop",
     ),
     _Spec(
         "flush_bodies_read",
