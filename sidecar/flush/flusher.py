@@ -164,10 +164,10 @@ class Flusher:
                         began, cpu = anyio.current_time(), time.thread_time()
                         checked = await self._check()
                         found = checked or []
-                        # The loop's CPU time meanwhile, not the wall time: a slow or absent
-                        # Redis (a check that failed) costs the loop nothing to wait on.
-                        took_s = time.thread_time() - cpu if checked is not None else 0.0
-                        next_check = self._next_check(began, took_s)
+                        if checked is None:  # Redis not read: nothing to measure, the grid
+                            next_check = next_tick(began, self._config.flush_interval_s)
+                        else:  # the loop's CPU time meanwhile: waiting on Redis costs nothing
+                            next_check = self._next_check(began, time.thread_time() - cpu)
                     else:
                         found = [q for q in self._blobs.waiting() if self._blobs.ready(q)]
                     due = [q for q in found if not self._blobs.in_flight(q)]

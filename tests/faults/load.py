@@ -190,9 +190,9 @@ class Load:
         """Wait until Redis holds an acknowledged update not yet flushed (a query's
         ``pending`` above 0): a kill now leaves something for the next daemon to recover."""
         deadline = time.monotonic() + timeout_s
+        keys = [self.keys.query(q.query_id) for q in self.queries]
         async with self._redis() as r:
             while True:
-                keys = [self.keys.query(q.query_id) for q in self.queries]
                 counts = [await r.hget(key, "pending") for key in keys]
                 if any(int(c or 0) > 0 for c in counts):
                     return
