@@ -24,19 +24,22 @@ import zlib
 from collections.abc import Callable, Hashable
 
 #: This process's place on the grid, in seconds: sidecars started on one node together (one
-#: monotonic clock) do not all tick at the same instant, at Redis or at the store.
-_PHASE_S = random.random()
+#: monotonic clock) do not all tick at the same instant, at Redis or at the store. Read at
+#: each tick: a simulation pins it, so that the same steps always tick at the same instants.
+GRID_PHASE_S = random.random()
 #: A tick fired a hair early (timer rounding) is still that tick, not a reason for another.
 _EARLY = 1e-6
 
 
-def next_tick(now: float, every_s: float, *, phase_s: float = _PHASE_S) -> float:
+def next_tick(now: float, every_s: float, *, phase_s: float | None = None) -> float:
     """The first instant after ``now`` (the loop's clock) on this process's grid of period
-    ``every_s``: ``phase_s + k * every_s``. Periods that divide each other share instants (a
-    0.25 s grid holds every 1 s tick), so loops that sleep until their next tick wake together.
-    The wait is at most ``every_s``; a loop woken early (an event) keeps to the grid."""
-    k = math.floor((now - phase_s) / every_s + _EARLY) + 1
-    return phase_s + k * every_s
+    ``every_s``: ``phase_s + k * every_s`` (:data:`GRID_PHASE_S` unless given). Periods that
+    divide each other share instants (a 0.25 s grid holds every 1 s tick), so loops that sleep
+    until their next tick wake together. The wait is at most ``every_s``; a loop woken early
+    (an event) keeps to the grid."""
+    phase = GRID_PHASE_S if phase_s is None else phase_s
+    k = math.floor((now - phase) / every_s + _EARLY) + 1
+    return phase + k * every_s
 
 
 def spread(key: str) -> float:

@@ -111,11 +111,14 @@ class Flusher:
         on_durable: Callable[[ckpt.Checkpoint], None] | None = None,
         track: Callable[[str, str], None] | None = None,
         audit_every_s: float = AUDIT_EVERY_S,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         """``blobs``: each query's blob state (lease, floor, acks), asked and told here.
         ``track(query_id, label)``: called for each query a pass finds pending, so that
         idle-query retirement knows every query the flusher holds state for.
-        ``audit_every_s``: the period of the store's audit against Redis."""
+        ``audit_every_s``: the period of the store's audit against Redis. ``cpu_clock``: the
+        loop's CPU time, which spaces checks out (:data:`CHECK_SHARE`); a simulation's is
+        constant, so its checks keep the interval's grid whatever the machine's load."""
         self._config = config
         self._buffer = buffer
         self._blobs = blobs
@@ -125,6 +128,7 @@ class Flusher:
         self._on_durable = on_durable
         self._track = track
         self._audit_every_s = audit_every_s
+        self._cpu_clock = cpu_clock
         self._limiter = anyio.CapacityLimiter(config.flush_concurrency)
         self._row_reads = anyio.CapacityLimiter(ROW_READS)
         self._quarantined = Quarantine(metrics)
@@ -161,13 +165,13 @@ class Flusher:
                         next_audit = anyio.current_time() + self._audit_every_s
                         tg.start_soon(self._audit)
                     if anyio.current_time() >= next_check:
-                        began, cpu = anyio.current_time(), time.thread_time()
+                        began, cpu = anyio.current_time(), self._cpu_clock()
                         checked = await self._check()
                         found = checked or []
                         if checked is None:  # Redis not read: nothing to measure, the grid
                             next_check = next_tick(began, self._config.flush_interval_s)
                         else:  # the loop's CPU time meanwhile: waiting on Redis costs nothing
-                            next_check = self._next_check(began, time.thread_time() - cpu)
+                            next_check = self._next_check(began, self._cpu_clock() - cpu)
                     else:
                         found = [q for q in self._blobs.waiting() if self._blobs.ready(q)]
                     due = [q for q in found if not self._blobs.in_flight(q)]

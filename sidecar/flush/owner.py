@@ -86,11 +86,14 @@ class FlushOwner:
         jitter: Callable[[], float] = random.random,
         backoff: Backoff | None = None,
         audit_every_s: float = AUDIT_EVERY_S,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         """``on_durable``: told each checkpoint durable in its blob (the position sinks);
         ``track``: told each query a flush pass sees (retirement); ``clock``, ``jitter``,
         ``backoff``: of the leases, retries and rechecks (a simulation's: virtual time, no
-        randomness); ``audit_every_s``: how often the store's listing is held against Redis."""
+        randomness); ``audit_every_s``: how often the store's listing is held against Redis;
+        ``cpu_clock``: the flush loop's CPU time, which spaces its checks out (a simulation's
+        is constant: the same steps, the same checks)."""
         self._store, self._buffer = store, buffer
         self._keep_rows = config.ack_mode == "blob"
         self._blobs = BlobStates(
@@ -113,6 +116,7 @@ class FlushOwner:
             on_durable=on_durable,
             track=track,
             audit_every_s=audit_every_s,
+            cpu_clock=cpu_clock,
         )
 
     # --- the ack path (``sidecar.ingest``) ---------------------------------------------------
