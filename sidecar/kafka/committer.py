@@ -263,8 +263,11 @@ class KafkaCommitter(SinkLoop[_Group]):
             async with self._call("end offsets"):
                 ends = await consumer.end_offsets([TopicPartition(*k) for k in keys])
         except SidecarError as exc:
-            # Commits report the brokers' state (kafka_up); lag just waits for the next poll.
-            log.debug("kafka end offsets unavailable: %s", exc)
+            # Commits report the brokers' state (kafka_up); lag waits, backed off: a poll that
+            # waits out kafka_timeout_s at every pass would hold each pass, and a new batch's
+            # commit behind it, that long while the brokers are down.
+            delay = self._backoff.failed(_END_OFFSETS)
+            log.debug("kafka end offsets unavailable (next poll in %.1fs): %s", delay, exc)
             return
         except Exception as exc:  # a bug here or in the client: contained, never fatal
             self._failed(_END_OFFSETS, "kafka end offsets", exc)
