@@ -12,6 +12,8 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from aiokafka.structs import TopicPartition
+
 from sidecar.errors import LeaseConflict, LeaseLost, StoreUnavailable, VersionConflict
 from sidecar.model import checkpoint as ckpt
 from sidecar.model.document import (
@@ -156,3 +158,20 @@ class FakeBlobStore:
     async def listed_versions(self) -> dict[str, str]:
         self._call()
         return dict(self.versions)
+
+
+class FakeKafkaConsumer:
+    """What the Kafka committer asks of an aiokafka consumer besides its calls to the
+    brokers (``sidecar.kafka.client.open_consumer``'s: manual assignment, never joined)."""
+
+    def __init__(self) -> None:
+        self._assigned: set[TopicPartition] = set()
+
+    def assignment(self) -> set[TopicPartition]:
+        return self._assigned
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        self._assigned = set(tps)
+
+    async def stop(self) -> None:
+        return None

@@ -90,7 +90,7 @@ from sidecar.model.offsets import EVENTHUBS_SOURCE_PREFIXES
 from sidecar.store.blobs import BlobStore
 from sidecar.telemetry.metrics import Metrics
 from sidecar.wire.protocol import ClientConnection, Get, Progress, Reset, Retire, SourceSpec
-from tests.unit.fakes import WRITER, FakeBlobStore, Lease, checkpoint
+from tests.unit.fakes import WRITER, FakeBlobStore, FakeKafkaConsumer, Lease, checkpoint
 from tests.unit.simloop import VirtualTimeLoop
 
 QUERIES = ("q1", "q2")
@@ -386,16 +386,10 @@ class SimKafka:
         return SimConsumer(self, group)
 
 
-class SimConsumer:
+class SimConsumer(FakeKafkaConsumer):
     def __init__(self, kafka: SimKafka, group: str) -> None:
+        super().__init__()
         self.kafka, self.group = kafka, group
-        self._assigned: set[TopicPartition] = set()
-
-    def assignment(self) -> set[TopicPartition]:
-        return self._assigned
-
-    def assign(self, tps: list[TopicPartition]) -> None:
-        self._assigned = set(tps)
 
     async def committed(self, tp: TopicPartition) -> int | None:
         await self.kafka.sim.store._slow()
@@ -412,9 +406,6 @@ class SimConsumer:
 
     async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         return {tp: 1_000_000 for tp in tps}
-
-    async def stop(self) -> None:
-        return None
 
 
 def sources_of(c: ckpt.Checkpoint) -> ckpt.Checkpoint:

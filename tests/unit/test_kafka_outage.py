@@ -18,7 +18,7 @@ from sidecar.kafka import client as kafka_client
 from sidecar.kafka.committer import KafkaCommitter
 from sidecar.model import checkpoint as ckpt
 from sidecar.telemetry.metrics import Metrics
-from tests.unit.fakes import checkpoint
+from tests.unit.fakes import FakeKafkaConsumer, checkpoint
 from tests.unit.simloop import VirtualTimeLoop
 
 CONFIG = Config(namespace="unit", kafka_bootstrap_servers="unit:9092", kafka_timeout_s=2)
@@ -43,16 +43,10 @@ class Brokers:
         return Consumer(self)
 
 
-class Consumer:
+class Consumer(FakeKafkaConsumer):
     def __init__(self, brokers: Brokers) -> None:
+        super().__init__()
         self.brokers = brokers
-        self._assigned: set[TopicPartition] = set()
-
-    def assignment(self) -> set[TopicPartition]:
-        return self._assigned
-
-    def assign(self, tps: list[TopicPartition]) -> None:
-        self._assigned = set(tps)
 
     async def committed(self, tp: TopicPartition) -> int | None:
         await self.brokers._reach()
@@ -66,9 +60,6 @@ class Consumer:
         self.brokers.polls += 1
         await self.brokers._reach()
         return {tp: 100 for tp in tps}
-
-    async def stop(self) -> None:
-        return None
 
 
 def of_kafka(batch: int) -> ckpt.Checkpoint:
