@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable
 
 #: This process's place on the grid, in seconds: sidecars started on one node together (one
 #: monotonic clock) do not all tick at the same instant, at Redis or at the store. Read at
-#: each tick: a simulation pins it, so that the same steps always tick at the same instants.
+#: each tick: a simulation sets it, so that the same steps always tick at the same instants.
 GRID_PHASE_S = random.random()
 #: A tick fired a hair early (timer rounding) is still that tick, not a reason for another.
 _EARLY = 1e-6
