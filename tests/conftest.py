@@ -10,7 +10,7 @@ import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,26 @@ from tests.services import Azurite, DaemonProcess, KafkaBroker, RedisServer
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+
+LOG_TAIL_LINES = 40
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test's report ends with the tail of each log in its ``short_tmp`` (the
+    daemons', the JVM sender's): a failure in CI says what the processes saw, not only
+    what the test asserted."""
+    report = yield
+    tmp = getattr(item, "funcargs", {}).get("short_tmp")
+    if report.failed and call.when == "call" and isinstance(tmp, Path):
+        for log in sorted(tmp.glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            text = "\n".join(line[:300] for line in lines)
+            report.sections.append((f"{log.name} (last {LOG_TAIL_LINES} lines)", text))
+    return report
 
 
 @pytest.fixture(scope="session")
