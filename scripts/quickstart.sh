@@ -150,8 +150,10 @@ log "query $QUERY_NAME: batch $batch in the blob $((SECONDS - start)) s after 'u
 # Which Java the driver ran and how its listener reached the daemon (Spark's and the
 # listener's own log lines): the Unix socket, or tcp: through the endpoint file below Java 16.
 driver_log="$(podman logs "${project}_driver_1" 2>&1 || true)"
-log "driver: $(printf '%s\n' "$driver_log" | grep -o -m1 'Java version [0-9][0-9._]*' || echo 'Java version unknown');" \
-    "$(printf '%s\n' "$driver_log" | grep -o -m1 'listener sends to [^ ]*' || echo 'listener route unknown')"
+# Here-strings, not pipes: grep -m1 exits at its first match, and under pipefail the writer's
+# SIGPIPE (a long log) would fail the pipeline and print the fallback after the match.
+log "driver: $(grep -o -m1 'Java version [0-9][0-9._]*' <<< "$driver_log" || echo 'Java version unknown');" \
+    "$(grep -o -m1 'listener sends to [^ ]*' <<< "$driver_log" || echo 'listener route unknown')"
 podman exec "$sidecar" checkpoint-sidecar list
 curl_metrics="$(python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$ADMIN_PORT/metrics', timeout=5).read().decode())")"
 printf '%s\n' "$curl_metrics" | grep -E '^checkpoint_sidecar_(listener_seen|store_up|checkpoint_batch_id)' || true
