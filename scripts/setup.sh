@@ -142,7 +142,7 @@ run_beside() {  # run_beside NAME COMMAND...: in the background, its output in a
 }
 trap 'for job in "${background[@]}"; do kill "${job%%:*}" 2>/dev/null || true; done' EXIT
 # The second environment, PySpark 3.5: `make test` runs the Spark tests that are not
-# PySpark-4-only (marker `spark and not spark4`) again there. Same Python; no dev tools. No
+# PySpark-4-only (markers: docs/development.md) again there. Same Python; no dev tools. No
 # pyarrow or pandas version of its own: those tests use neither (the pyarrow-based
 # Kafka-shaped demo source is PySpark 4 only). The first install downloads pyspark 3.5's sdist
 # (~300 MB) and builds its wheel once (pip caches it); afterwards the stamp file skips it.

@@ -36,6 +36,7 @@ def test_the_rounds_are_a_function_of_the_seed_alone() -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.one_spark
 @pytest.mark.slow
 @pytest.mark.timeout(max(600, 4 * SECONDS))
 def test_a_seeded_snapshot_nemesis_restores_right_and_leaks_nothing(
@@ -45,6 +46,11 @@ def test_a_seeded_snapshot_nemesis_restores_right_and_leaks_nothing(
     short_tmp: Path,
     tmp_path: Path,
 ) -> None:
+    """Under PySpark 4 only (``one_spark``): its faults are the daemon's and the store's. What
+    Spark's version changes, the files a stateful query's checkpoint holds and a run resumed
+    from a restored one, runs under 3.5 in test_snapshot_e2e.py (a lost checkpoint restored
+    and rewound with its state, HDFS and RocksDB with changelog) and test_snapshot_restore.py
+    (a query restarted from a cut, maintenance deleting files)."""
     soak = SnapshotSoak(spark, daemon_env, azurite.port, short_tmp, tmp_path, SEED, ROUNDS, SECONDS)
     report = soak.run()
     print(f"snapshot soak: {report}")

@@ -1,9 +1,9 @@
 """The Spark bridge with a real local PySpark, a real daemon process, Redis and Azurite.
 
 Marked ``spark``: `make test` runs this module under PySpark 4 (.venv) and again under
-PySpark 3.5 (.venv-spark35, ``-m "spark and not spark4"``). Tests of the Kafka-shaped Python
-data source (``pyspark.sql.datasource``, PySpark 4 only) are also marked ``spark4``; the
-others use ``rate-micro-batch``, a built-in source of both versions with deterministic
+PySpark 3.5 (.venv-spark35, the markers in docs/development.md). Tests of the Kafka-shaped
+Python data source (``pyspark.sql.datasource``, PySpark 4 only) are also marked ``spark4``;
+the others use ``rate-micro-batch``, a built-in source of both versions with deterministic
 offsets (``{"offset": rowsPerBatch * batches, "timestamp": …}``).
 """
 
