@@ -46,6 +46,9 @@ QID = "5e1d0000-0000-4000-8000-000000000001"
 #: reads a new query's floor from its blob, which waits for the store to open after ready
 #: (the SDK imported, a listing): well under a second here, unbounded on a loaded CI machine.
 DELIVERY_S = 30
+#: Both clients' wait for a reply: a slow first reply (the floor read above) would otherwise
+#: cost a resend and a new connection, which some tests count.
+REPLY_TIMEOUT_S = 20.0
 
 
 def payload(batch: int, query_id: str = QID, partitions: int = 3) -> bytes:
@@ -64,7 +67,7 @@ class Client(Protocol):
 
 class PythonClient:
     def __init__(self, socket_path: str) -> None:
-        self.sender = python_sender.Sender(socket_path, timeout_s=5.0)
+        self.sender = python_sender.Sender(socket_path, timeout_s=REPLY_TIMEOUT_S)
 
     def offer(self, query_id: str, data: bytes) -> None:
         self.sender.offer(query_id, data)
@@ -96,7 +99,11 @@ def make_client(
     def make(socket_path: str, **settings: str) -> Client:
         client: Client
         if request.param == "jvm":
-            conf = {"socketPath": socket_path, "backoffMaxMs": "200", "replyTimeoutMs": "5000"}
+            conf = {
+                "socketPath": socket_path,
+                "backoffMaxMs": "200",
+                "replyTimeoutMs": str(int(REPLY_TIMEOUT_S * 1000)),
+            }
             client = JavaClient(harness_classpath, {**conf, **settings}, short_tmp / "jvm.log")
         else:
             client = PythonClient(socket_path)
