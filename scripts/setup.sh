@@ -35,14 +35,14 @@ source scripts/lib.sh
 import sys
 sys.exit(0 if sys.version_info >= (3, 11) else 1)
 PY
-# A virtual environment in two steps: venv_deps DIR PYSPARK_VERSION EXTRAS creates DIR once and
-# installs PySpark and the dependencies of this package's EXTRAS (comma-separated), read
+# A virtual environment in two steps. venv_deps DIR PYSPARK_VERSION EXTRAS creates DIR once
+# and installs PySpark and the dependencies of this package's EXTRAS (comma-separated), read
 # from pyproject.toml, nothing built: it may run beside another (the largest download and
-# unpacking). No bytecode compiled up front (--no-compile: Python compiles a module at its
-# first import and keeps it; most of PySpark's and pandas' are never imported here). venv_package DIR PYSPARK_VERSION EXTRAS then installs this package itself,
-# editable and without dependencies: one at a time (it writes its metadata into the
-# checkout). Both are skipped when DIR's stamp file records this pin and is newer than
-# pyproject.toml.
+# unpacking). No bytecode is compiled up front (--no-compile: Python compiles a module at its
+# first import and keeps it; most of PySpark's and pandas' are never imported here).
+# venv_package DIR PYSPARK_VERSION EXTRAS then installs this package itself, editable and
+# without dependencies: one at a time (it writes its metadata into the checkout). Both are
+# skipped when DIR's stamp file records this pin and is newer than pyproject.toml.
 venv_stale() {
     [ ! -f "$1/.installed" ] || [ pyproject.toml -nt "$1/.installed" ] \
         || [ "$(cat "$1/.installed")" != "pyspark==$2" ]
