@@ -64,7 +64,8 @@ print(*project["dependencies"], *(d for e in sys.argv[1].split(",") for d in ext
 PY
 )
     [ "${#deps[@]}" -gt 1 ] || die "no dependencies read from pyproject.toml for [$extras]"
-    "$dir/bin/python" -m pip install -q --disable-pip-version-check --no-compile "${deps[@]}" "pyspark==$pyspark"
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check --no-compile \
+        "${deps[@]}" "pyspark==$pyspark"
 }
 venv_package() {
     local dir="$1" pyspark="$2" extras="$3"
