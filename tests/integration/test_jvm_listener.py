@@ -192,7 +192,7 @@ CONF_ONLY_DRIVER = textwrap.dedent(
     ]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and any(
-        (q.lastProgress or {}).get("batchId", -1) < 8 for q in queries
+        (q.lastProgress or {}).get("batchId", -1) < 3 for q in queries
     ):
         time.sleep(0.2)
     for q in queries:
