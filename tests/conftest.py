@@ -17,13 +17,20 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from sidecar.config import Config
-from tests.services import Azurite, DaemonProcess, KafkaBroker, RedisServer
+from tests.services import TEST_JVM_OPTIONS, Azurite, DaemonProcess, KafkaBroker, RedisServer
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
 LOG_TAIL_LINES = 40
+
+# Every PySpark driver the tests start (the session's, and the drivers run as processes,
+# which inherit it) launches its JVM with the tests' options, unless the caller chose its own.
+if TEST_JVM_OPTIONS:
+    os.environ.setdefault(
+        "PYSPARK_SUBMIT_ARGS", f"--driver-java-options '{' '.join(TEST_JVM_OPTIONS)}' pyspark-shell"
+    )
 
 
 @pytest.hookimpl(wrapper=True)

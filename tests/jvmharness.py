@@ -9,7 +9,7 @@ from pathlib import Path
 
 import spark_bridge
 from spark_bridge.handle import SenderStats
-from tests.services import REPO_ROOT
+from tests.services import REPO_ROOT, TEST_JVM_OPTIONS
 
 
 def compile_harness(out: Path) -> str:
@@ -48,6 +48,7 @@ class JavaClient:
         self.proc = subprocess.Popen(
             [
                 java,
+                *TEST_JVM_OPTIONS,
                 "-cp",
                 classpath,
                 "io.checkpointsidecar.SenderHarness",

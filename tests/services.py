@@ -39,6 +39,12 @@ AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
+#: Options for the JVMs the tests start (Spark drivers through ``PYSPARK_SUBMIT_ARGS``, the
+#: Spark Connect server, the sender harness): C1 only. They live seconds to minutes, and C2's
+#: compilations were a third of a short Spark driver's CPU here (55-58 -> 34-43 CPU-s); the
+#: suite is CPU-bound. Behaviour is the same (the JIT tier changes speed, not semantics);
+#: ``TEST_JVM_OPTIONS=""`` runs them with the JVM's defaults.
+TEST_JVM_OPTIONS = os.environ.get("TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1").split()
 #: How much of a service's log an error message quotes.
 LOG_TAIL_CHARS = 3000
 

@@ -41,7 +41,7 @@ from sidecar.model import checkpoint as ckpt
 from sidecar.wire.protocol import encode_request
 from tests.faults.test_hostile_clients import Client
 from tests.helpers import metric_value, wait_blob, wait_for
-from tests.services import REPO_ROOT, Azurite, DaemonProcess, RedisServer
+from tests.services import REPO_ROOT, TEST_JVM_OPTIONS, Azurite, DaemonProcess, RedisServer
 
 pytestmark = pytest.mark.spark4
 
@@ -77,7 +77,9 @@ class ConnectServer:
             "spark.connect.grpc.binding.port": "0",
             "spark.ui.enabled": "false",
             "spark.local.dir": str(local),
-            "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={local}",
+            "spark.driver.extraJavaOptions": " ".join(
+                [f"-Djava.io.tmpdir={local}", *TEST_JVM_OPTIONS]
+            ),
             "spark.sql.warehouse.dir": str(self.dir / "warehouse"),
         }
         # The spark-connect jar ships in the pyspark wheel's jars/: no --packages needed.
