@@ -311,12 +311,18 @@ print(json.dumps({
 
 
 @pytest.mark.spark
+@pytest.mark.one_spark
 def test_a_driver_configured_by_the_templates_spark_conf_alone_resumes_from_the_daemon(
     bridge_venv: Path, daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path
 ) -> None:
     """``starting_offsets("q")`` in a real PySpark session whose only pointer to the daemon is
     ``spark.checkpointSidecar.socketPath`` (no argument, no SIDECAR_SOCKET_PATH, not the
-    default path), with only the bridge's wheel installed: the daemon's saved offsets."""
+    default path), with only the bridge's wheel installed: the daemon's saved offsets.
+
+    Under PySpark 4 only (``one_spark``): what is packaged does not depend on Spark's version,
+    and building the dist and the venv was most of its 57 s under 3.5. What does, the session's
+    conf read by the bridge, runs under 3.5 in test_spark.py
+    (``test_the_bridge_finds_the_daemon_by_the_sessions_spark_conf_alone``)."""
     import py4j
     import pyspark
 

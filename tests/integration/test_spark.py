@@ -21,8 +21,10 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 import spark_bridge
 from sidecar.model import checkpoint as ckpt
+from spark_bridge.sender import Sender
 from tests.helpers import as_json, spark_conf, wait_blob, wait_for
 from tests.services import DaemonProcess
+from tests.sparkshapes import kafka_progress
 
 pytestmark = pytest.mark.spark
 
@@ -252,6 +254,26 @@ def test_daemon_killed_and_restarted_mid_query_the_blob_catches_up(
     assert ckpt.offset_value(doc.sources[0].end_offset) == end_offsets(last)
     assert handle.stats().reconnects >= 1
     assert q.exception() is None
+
+
+def test_the_bridge_finds_the_daemon_by_the_sessions_spark_conf_alone(
+    spark: SparkSession,
+    env: dict[str, str],
+    daemon: DaemonProcess,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``starting_offsets`` with no socket argument and no ``SIDECAR_SOCKET_PATH``, in a
+    session whose conf names the socket (what the shipped templates set): the daemon's saved
+    offsets. Under both PySparks (``SparkSession.getActiveSession`` and ``conf.get``); a
+    driver with only the bridge's wheel does the same under PySpark 4 in test_dist.py."""
+    query_id = "5e1d0000-0000-4000-8000-0000000000cd"
+    sender = Sender(env["SIDECAR_SOCKET_PATH"], timeout_s=10)
+    sender.offer(query_id, json.dumps(kafka_progress(query_id, 6)).encode())
+    assert sender.close(15)
+    monkeypatch.delenv("SIDECAR_SOCKET_PATH", raising=False)
+    with spark_conf(spark, {spark_bridge.SOCKET_CONF: env["SIDECAR_SOCKET_PATH"]}):
+        offsets = spark_bridge.starting_offsets(query_id)
+    assert json.loads(offsets) == kafka_progress(query_id, 6)["sources"][0]["endOffset"]
 
 
 def test_query_unaffected_when_the_daemon_is_absent(spark: SparkSession, short_tmp: Path) -> None:
