@@ -38,15 +38,16 @@ EH_NAMESPACE = "fence.servicebus.windows.net"
 
 
 def test_a_killed_daemons_late_write_is_refused_after_its_successor_wrote(
-    daemon_env: dict[str, str], procs: list[DaemonProcess], tmp_path: Path, azurite: Azurite
+    daemon_env: dict[str, str], procs: list[DaemonProcess], short_tmp: Path, azurite: Azurite
 ) -> None:
+    # The daemons' logs in short_tmp: a failure's report ends with them (tests/conftest.py).
     with StoreFaultProxy(azurite.port) as proxy:
         env = daemon_env | {
             "AZURE_STORAGE_CONNECTION_STRING": proxy.connection_string(),
             "SIDECAR_COUNT_THRESHOLD": "1",
             "SIDECAR_LEASE_DURATION_S": "60",
         }
-        first = DaemonProcess(env, tmp_path / "first.log")
+        first = DaemonProcess(env, short_tmp / "first.log")
         procs.append(first)
         first.start()
         assert post_progress(first.socket_path, rate_progress(QID, 10)).ok
@@ -59,15 +60,23 @@ def test_a_killed_daemons_late_write_is_refused_after_its_successor_wrote(
         proxy.faults = []
 
         # The same container restarted: it takes the lease id over, and writes at once.
-        second = DaemonProcess(first.settings, tmp_path / "second.log")
+        second = DaemonProcess(first.settings, short_tmp / "second.log")
         procs.append(second)
         second.start()
         assert post_progress(second.socket_path, rate_progress(QID, 20)).ok
         assert wait_blob(daemon_env, QID, 20).batch_id == 20
 
-        assert proxy.deliver_held() == [412]  # If-Match: the version it read is gone
+        held = [_request_line_and_condition(raw) for raw in proxy.held]
+        # If-Match: the version it read is gone
+        assert proxy.deliver_held() == [412], (held, proxy.struck, proxy.requests)
     doc = read_blob(daemon_env, QID)
     assert doc is not None and doc.batch_id == 20
+
+
+def _request_line_and_condition(raw: bytes) -> str:
+    """A held request's first line and its If-Match (for a failure's message)."""
+    lines = raw.split(b"\r\n\r\n", 1)[0].decode(errors="replace").split("\r\n")
+    return " ".join([lines[0], *(h for h in lines if h.lower().startswith("if-match"))])
 
 
 async def test_an_old_pods_eventhubs_final_commit_never_lowers_a_sequence_number(
