@@ -41,7 +41,7 @@ AZURITE_KEY = (
 )
 #: Options for the JVMs the tests start (Spark drivers through ``PYSPARK_SUBMIT_ARGS``, the
 #: Spark Connect server, the sender harness): C1 only. They live seconds to minutes, and C2's
-#: compilations were a third of a short Spark driver's CPU here (55-58 -> 34-43 CPU-s); the
+#: compilations were a third of a short Spark driver's CPU here (54-58 -> 34-43 CPU-s); the
 #: suite is CPU-bound. Behaviour is the same (the JIT tier changes speed, not semantics);
 #: ``TEST_JVM_OPTIONS=""`` runs them with the JVM's defaults.
 TEST_JVM_OPTIONS = os.environ.get("TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1").split()

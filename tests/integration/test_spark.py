@@ -267,13 +267,14 @@ def test_the_bridge_finds_the_daemon_by_the_sessions_spark_conf_alone(
     offsets. Under both PySparks (``SparkSession.getActiveSession`` and ``conf.get``); a
     driver with only the bridge's wheel does the same under PySpark 4 in test_dist.py."""
     query_id = "5e1d0000-0000-4000-8000-0000000000cd"
+    progress = kafka_progress(query_id, 6)
     sender = Sender(env["SIDECAR_SOCKET_PATH"], timeout_s=10)
-    sender.offer(query_id, json.dumps(kafka_progress(query_id, 6)).encode())
+    sender.offer(query_id, json.dumps(progress).encode())
     assert sender.close(15)
     monkeypatch.delenv("SIDECAR_SOCKET_PATH", raising=False)
     with spark_conf(spark, {spark_bridge.SOCKET_CONF: env["SIDECAR_SOCKET_PATH"]}):
         offsets = spark_bridge.starting_offsets(query_id)
-    assert json.loads(offsets) == kafka_progress(query_id, 6)["sources"][0]["endOffset"]
+    assert json.loads(offsets) == progress["sources"][0]["endOffset"]
 
 
 def test_query_unaffected_when_the_daemon_is_absent(spark: SparkSession, short_tmp: Path) -> None:
