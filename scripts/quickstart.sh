@@ -42,6 +42,10 @@ log() { printf '[%s] %s\n' "$LOG_TAG" "$*" >&2; }  # stdout: what functions retu
 podman() { bash scripts/podman.sh "$@"; }
 
 podman_tools
+# The script's scratch files (the image's SBOM, the services image's root file system,
+# podman-compose's output), removed however it ends.
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
 PODMAN_COMPOSE="${PODMAN_COMPOSE:-.venv/bin/podman-compose}"
 [ -x "$PODMAN_COMPOSE" ] || die "no $PODMAN_COMPOSE: run 'make setup' (or set PODMAN_COMPOSE to a podman-compose >= 1.0.6)"
 
@@ -49,7 +53,7 @@ PODMAN_COMPOSE="${PODMAN_COMPOSE:-.venv/bin/podman-compose}"
 if [ -z "${CHECKPOINT_SIDECAR_IMAGE:-}" ]; then
     CHECKPOINT_SIDECAR_IMAGE=localhost/checkpoint-sidecar:test
     log "sidecar image: $CHECKPOINT_SIDECAR_IMAGE (scripts/build_image.sh)"
-    ENGINE=podman IMAGE="$CHECKPOINT_SIDECAR_IMAGE" SBOM_FILE="$(mktemp -d)/sbom.json" \
+    ENGINE=podman IMAGE="$CHECKPOINT_SIDECAR_IMAGE" SBOM_FILE="$scratch/sbom.json" \
         bash scripts/build_image.sh >/dev/null
 fi
 if [ -z "${SPARK_IMAGE:-}" ]; then
@@ -67,7 +71,7 @@ services_image() {
         log "Redis and Azurite image: $image (present)"
     else
         log "building $image (Debian bookworm + redis-server, Node.js, Azurite $azurite_version)"
-        work="$(mktemp -d)"
+        work="$scratch/services" && mkdir -p "$work"
         # Azurite's node_modules as `make setup` installed them; a symlink puts its command
         # where the official image has it. /data: both services' working directory.
         mmdebstrap --quiet --variant=minbase --include="$SERVICES_PACKAGES" \
@@ -118,13 +122,13 @@ down() {
     podman network rm "${project}_default" >/dev/null 2>&1 || true
 }
 if [ -z "${KEEP:-}" ]; then
-    trap 'down' EXIT
+    trap 'down; rm -rf "$scratch"' EXIT
 fi
 
 podman_network_check podman
 start=$SECONDS
 log "starting project $project: sidecar $CHECKPOINT_SIDECAR_IMAGE, driver $SPARK_IMAGE, Redis/Azurite $REDIS_IMAGE"
-up_log="$(mktemp)"
+up_log="$scratch/up.log"
 "${compose[@]}" up -d >"$up_log" 2>&1 || { tail -40 "$up_log" >&2; die "podman-compose up failed"; }
 
 sidecar="${project}_sidecar_1"
