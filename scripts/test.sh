@@ -2,8 +2,8 @@
 # `make test` (and so .ci/run): the suite with PySpark 4 (.venv); then the Spark tests again
 # with PySpark 3.5 (.venv-spark35) and, beside them, the flush simulation's deep pass
 # (scripts/deep_simulation.sh): up to DEEP_EXAMPLES examples (default 1,500: what the last
-# rounds' defects needed) in runs of 150 with seeds 1, 2, ..., stopped between runs once the
-# PySpark 3.5 pass ended and DEEP_MIN_EXAMPLES (default 600) ran, or after DEEP_BUDGET_S
+# rounds' defects needed) in runs of 75 with seeds 1, 2, ..., stopped between runs once the
+# PySpark 3.5 pass ended and DEEP_MIN_EXAMPLES (default 300) ran, or after DEEP_BUDGET_S
 # (default 600), at the lowest CPU priority, its output shown once it ends. The whole 1,500
 # and more: `make simulate`.
 # Beside the Spark tests only, not the main pass: with it beside the whole suite, two
@@ -38,8 +38,8 @@ if [ $# -eq 0 ] && [ "${DEEP_EXAMPLES:-1500}" -gt 0 ]; then
         "${DEEP_BUDGET_S:-600} s, beside the PySpark 3.5 pass"
     deep_log=$(mktemp /tmp/deep-simulation.XXXXXX.log)
     deep_stop="$deep_log.stop"
-    nice -n 19 scripts/deep_simulation.sh "${DEEP_EXAMPLES:-1500}" 150 \
-        "${DEEP_BUDGET_S:-600}" "${DEEP_MIN_EXAMPLES:-600}" "$deep_stop" > "$deep_log" 2>&1 &
+    nice -n 19 scripts/deep_simulation.sh "${DEEP_EXAMPLES:-1500}" 75 \
+        "${DEEP_BUDGET_S:-600}" "${DEEP_MIN_EXAMPLES:-300}" "$deep_stop" > "$deep_log" 2>&1 &
     deep_pid=$!
     # Stopped with the script (an interrupt, CI's timeout): a background job outlives it.
     trap 'kill "$deep_pid" 2>/dev/null; rm -f "$deep_log" "$deep_stop"' EXIT

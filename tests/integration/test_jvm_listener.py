@@ -210,9 +210,18 @@ CONF_ONLY_DRIVER = textwrap.dedent(
 )
 
 
+@pytest.mark.one_spark
 def test_conf_only_registration_with_20_queries_drops_no_event_and_loses_no_last_batch(
     env: dict[str, str], daemon: DaemonProcess, short_tmp: Path
 ) -> None:
+    """20 queries of one session whose listener Spark created from the conf alone: no event
+    dropped, every query's last batch saved, ``attach`` finds that listener and ``close`` drains
+    it.
+
+    Under PySpark 4 only (``one_spark``): the load is on the listener's own sender and queue, the
+    same jar under both. What depends on Spark's version, the listener created from the conf,
+    found by ``attach`` and closed, runs under 3.5 in test_template_runtimes.py
+    (``test_the_templates_listener_conf_delivers_the_last_batch_on_the_drivers_java``)."""
     script = short_tmp / "driver.py"
     script.write_text(CONF_ONLY_DRIVER)
     driver_env = {k: v for k, v in os.environ.items() if not k.startswith("SIDECAR_")}
