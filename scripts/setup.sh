@@ -178,7 +178,7 @@ install_azurite() {
 # Everything from apt is there now (apt takes one lock: it runs above, one step at a time).
 # What is left waits on the network and the disk more than on a core: .venv-spark35's
 # dependencies and Azurite install beside .venv's, each into its own log, shown when it ends
-# (a fresh clone's set-up here: 169 s one step after another, 92 s so; with uv 43 s, Azurite's
+# (a fresh clone's set-up here: 169 s one step after another, 92 s so; with uv 36 s, Azurite's
 # 361 MB of node_modules the longest step, so it starts first). The jar needs .venv's PySpark;
 # this package goes into .venv-spark35 last (one editable install at a time).
 background=()
