@@ -79,6 +79,27 @@ def _wait_for_port(
     raise ServiceError(f"{what} did not open port {port} within {timeout_s}s; see {log}")
 
 
+def _wait_redis_loaded(port: int, log: Path, timeout_s: float = 30.0) -> None:
+    """Until the redis-server on ``port`` answers a PING with anything but LOADING: a restarted
+    Redis accepts connections at once and refuses every command while it replays its data."""
+    deadline = time.monotonic() + timeout_s
+    reply = b""
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0) as conn:
+                conn.sendall(b"PING\r\n")
+                reply = conn.recv(128)
+        except OSError:
+            reply = b""
+        # +PONG, or e.g. -NOAUTH from a Redis with a password: either way, loaded.
+        if reply and not reply.startswith(b"-LOADING"):
+            return
+        time.sleep(0.05)
+    raise ServiceError(
+        f"redis-server on port {port} still answers {reply!r} after {timeout_s}s; see {log}"
+    )
+
+
 class Service:
     """Something a test starts and closes: ``with`` starts it and closes it afterwards, and a
     start that fails closes what it had started (processes, temp dirs)."""
@@ -181,6 +202,15 @@ class RedisServer(_Process):
             )
         self.binary = binary
         super().__init__()
+
+    def start(self, *, loaded: bool = True) -> None:
+        """Start (or restart on the same port and data dir) and wait until it accepts and, with
+        ``loaded``, has loaded its data (until then a restarted Redis answers LOADING to every
+        command: a test that reads what it kept would fail). ``loaded=False``: it may still be
+        loading."""
+        super().start()
+        if loaded:
+            _wait_redis_loaded(self.port, self.log_path)
 
     def _command(self) -> list[str]:
         return [

@@ -385,7 +385,7 @@ async def test_redis_down_at_start_keeps_no_driver_back_and_its_position_lands_w
     finally:
         if sender is not None:
             await anyio.to_thread.run_sync(sender.close)
-        redis.stop()
+        redis.close()  # stopped, and its temp dir removed
 
 
 # --- no listener -------------------------------------------------------------------------------

@@ -103,7 +103,7 @@ def test_loading_a_redis_replaying_its_dataset_is_a_named_retriable_refusal(
         admin.close()
 
         server.stop()
-        server.start()  # listening at once, loading for seconds
+        server.start(loaded=False)  # listening at once, loading for seconds
 
         def refused() -> Reply | None:  # the first call may meet the old connection closed
             answer = post(proc, 2)
