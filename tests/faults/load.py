@@ -32,7 +32,6 @@ from typing import cast
 
 import anyio
 import redis.asyncio as aioredis
-from redis.exceptions import BusyLoadingError
 
 from sidecar.buffer.keys import Keys
 from sidecar.config import Config
@@ -160,10 +159,8 @@ class Load:
                 behind = {}
                 for q in self.queries:
                     blob = await _blob_batch(store, q.query_id)
-                    try:
-                        stored = await _redis_batch(r, self.keys, q.query_id)
-                    except BusyLoadingError:  # restarted, loading its dataset: ask again
-                        stored = None
+                    # A restarted Redis is read once loaded: RedisServer.start waits for it.
+                    stored = await _redis_batch(r, self.keys, q.query_id)
                     if blob is None or blob < q.acked or stored is None or stored < q.acked:
                         behind[q.name] = f"acked {q.acked}, blob {blob}, redis {stored}"
                 if not behind:
