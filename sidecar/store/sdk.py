@@ -5,20 +5,24 @@ azure-core's transports and cryptography for client-side encryption), more than 
 the daemon took to become ready (issue #22). Readiness does not need the store
 (docs/flush-owner.md, "Store health and readiness"), so the daemon imports the SDK in a worker
 thread right after it is ready (:func:`load`), and a tool imports it at its first store call.
-The SDK itself is used as it is: nothing of it is re-implemented here.
+The SDK itself is used as it is: nothing of it is re-implemented here. One call, the checkpoint
+write (the hot path, once per flush), is a request the store builds and sends through the SDK's
+own pipeline (its credential, transport and error mapping): ``BlobStore.write``.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import anyio
 
 if TYPE_CHECKING:
     from azure.core import MatchConditions, exceptions
     from azure.core.pipeline.transport import AioHttpTransport
+    from azure.core.rest import HttpRequest
     from azure.identity.aio import DefaultAzureCredential
     from azure.storage.blob import ContentSettings
     from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
@@ -42,6 +46,11 @@ class Sdk:
     json: ContentSettings
     #: ``If-Match`` / ``If-None-Match`` for conditional calls.
     MatchConditions: type[MatchConditions]
+    #: A request built by the store, sent through a client's pipeline (``BlobStore.write``).
+    HttpRequest: type[HttpRequest]
+    #: The storage SDK's own mapping of a refused request to its error (the code and message
+    #: read from the answer), raised: what its calls raise for the same answer.
+    storage_error: Callable[[exceptions.HttpResponseError], NoReturn]
 
 
 async def loaded(*, identity: bool = False) -> Sdk:
@@ -69,7 +78,9 @@ def load() -> Sdk:
     from azure.core import MatchConditions
     from azure.core import exceptions as e
     from azure.core.pipeline.transport import AioHttpTransport
+    from azure.core.rest import HttpRequest
     from azure.storage.blob import ContentSettings
+    from azure.storage.blob._shared.response_handlers import process_storage_error
     from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
     return Sdk(
@@ -85,4 +96,6 @@ def load() -> Sdk:
         AioHttpTransport,
         ContentSettings(content_type="application/json"),
         MatchConditions,
+        HttpRequest,
+        process_storage_error,
     )

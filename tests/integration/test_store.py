@@ -8,9 +8,10 @@ import logging
 
 import pytest
 
+from sidecar.errors import LeaseLost, StoreRefused, VersionConflict
 from sidecar.model.document import encode_document
 from sidecar.store import account as store_account
-from sidecar.store.blobs import BlobStore
+from sidecar.store.blobs import BlobStore, quoted_etag
 from sidecar.store.proxies import proxies_for, shown
 from tests.faults.store_proxy import StoreFaultProxy
 from tests.helpers import ConfigFactory
@@ -145,3 +146,51 @@ async def test_the_lease_and_the_listing_report_the_version_a_write_returned(
         assert (await store.read_stored(QID)).version == restored
     finally:
         await store.aclose()
+
+
+async def test_a_write_stores_what_the_sdk_upload_did_and_is_refused_as_it_was(
+    make_config: ConfigFactory, azurite: Azurite
+) -> None:
+    # The checkpoint write is a Put Blob built by the store and sent through the SDK's
+    # pipeline. What it leaves (bytes, content type, metadata) and how the store's refusals
+    # reach the flusher (the store's code, its own words) are what the SDK's upload_blob gave.
+    store = BlobStore(make_config(), creates_container=True)
+    lease_id = "0f0f0f0f-0000-4000-8000-00000000000b"
+    body = encode_document(document(QID, 4))
+    try:
+        await store.ensure_container()
+        created = await store.create_if_absent(QID)
+        assert created is not None
+        await store.acquire_lease(QID, lease_id, 15)
+        written = await store.write(
+            QID, body, lease_id=lease_id, query_name="orders\u00e9", version=created
+        )
+        assert written.startswith('"') and written != created
+        blob = await store.account.blob(store.blob_name(QID))
+        props = await blob.get_blob_properties()
+        assert props.content_settings.content_type == "application/json"
+        assert props.metadata == {"query_id": QID, "query_name": "orders?"}
+        assert quoted_etag(props.etag) == written
+        assert (await store.read_stored(QID)).version == written
+
+        with pytest.raises(VersionConflict, match=r"refused \(412 ConditionNotMet\)"):
+            await store.write(QID, body, lease_id=lease_id, query_name=None, version=created)
+        other_lease = "0f0f0f0f-0000-4000-8000-00000000000c"
+        with pytest.raises(LeaseLost, match=r"refused \(412 LeaseIdMismatchWithBlobOperation\)"):
+            await store.write(QID, body, lease_id=other_lease, query_name=None, version=written)
+        assert (await store.read_stored(QID)).version == written  # neither was stored
+        assert store.account.refusal is None and store.up
+    finally:
+        await store.aclose()
+
+    wrong_key = azurite.connection_string.replace(
+        "AccountKey=", "AccountKey=" + base64.b64encode(b"not the key").decode() + "x"
+    )
+    refused = BlobStore(make_config(azure_connection_string=wrong_key))
+    try:
+        with pytest.raises(StoreRefused, match=r"write checkpoint refused \(403 Authorization"):
+            await refused.write(QID, body, lease_id=lease_id, query_name=None, version=written)
+        assert refused.account.refusal is not None
+        assert refused.account.refusal.call == "write checkpoint"
+    finally:
+        await refused.aclose()
