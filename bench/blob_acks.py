@@ -5,6 +5,9 @@ Starts redis-server and Azurite (``tests.services``), then alternates rounds of:
 - ``direct``: one query's blob written straight from this process under a lease held by it
   (``BlobStore.write``, the daemon's own edge), one write per update, one at a time: the
   speed of one blob write, the peer an ack in ``ack_mode=blob`` is measured against;
+- ``sdk``: the same writes made as a user's own writer makes them, with the SDK's
+  ``BlobClient.upload_blob`` (the lease, ``If-Match``, the metadata and content type the
+  daemon's documents carry): the alternative a user would pick;
 - ``daemon-1``: the daemon as a process (``SIDECAR_ACK_MODE=blob``, every other setting at
   its default: flush interval 1 s, thresholds 100 updates / 10 s), one connection, one
   request in flight;
@@ -43,6 +46,8 @@ from typing import Any
 
 import anyio
 import msgspec
+from azure.core import MatchConditions
+from azure.storage.blob import ContentSettings
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.config import Config
@@ -79,9 +84,11 @@ def summary(name: str, latencies: list[float], seconds: float) -> Result:
     }
 
 
-async def direct(azurite: Azurite, seconds: float, writers: int = 1) -> Result:
+async def direct(
+    azurite: Azurite, seconds: float, writers: int = 1, *, sdk: bool = False
+) -> Result:
     """``writers`` queries' blobs written at once from one store client, each under its own
-    lease, one write at a time each."""
+    lease, one write at a time each; ``sdk``: each write the SDK's ``upload_blob``."""
     namespace = f"direct-{uuid.uuid4().hex[:8]}"
     store = BlobStore(
         Config(
@@ -97,12 +104,26 @@ async def direct(azurite: Azurite, seconds: float, writers: int = 1) -> Result:
         version = await store.create_if_absent(query)
         assert version is not None  # a new query: the blob was made here
         await store.acquire_lease(query, lease, 60)
+        blob = await store.account.blob(store.blob_name(query))
+        settings = ContentSettings(content_type="application/json")
         batch = 0
         while (now := time.perf_counter()) - start < seconds:
             body = msgspec.json.encode(kafka_progress(query, batch, partitions=PARTITIONS))
-            version = await store.write(
-                query, body, lease_id=lease, query_name="bench", version=version
-            )
+            if sdk:
+                answer = await blob.upload_blob(
+                    body,
+                    overwrite=True,
+                    lease=lease,  # type: ignore[arg-type]  # the SDK accepts the id string
+                    metadata={"query_id": query, "query_name": "bench"},
+                    content_settings=settings,
+                    etag=version,
+                    match_condition=MatchConditions.IfNotModified,
+                )
+                version = answer["etag"]
+            else:
+                version = await store.write(
+                    query, body, lease_id=lease, query_name="bench", version=version
+                )
             latencies.append(time.perf_counter() - now)
             batch += 1
         await store.release_lease(query, lease)
@@ -116,12 +137,18 @@ async def direct(azurite: Azurite, seconds: float, writers: int = 1) -> Result:
         elapsed = time.perf_counter() - start
     finally:
         await store.aclose()
-    return summary("direct" if writers == 1 else f"direct-{writers}", latencies, elapsed)
+    name = ("sdk" if sdk else "direct") + ("" if writers == 1 else f"-{writers}")
+    return summary(name, latencies, elapsed)
 
 
 @contextmanager
 def daemon(
-    redis: RedisServer, azurite: Azurite, tmp: Path, event_loop: str | None, extra: dict[str, str]
+    redis: RedisServer,
+    azurite: Azurite,
+    tmp: Path,
+    event_loop: str | None,
+    extra: dict[str, str],
+    code: Path | None = None,
 ) -> Iterator[DaemonProcess]:
     name = f"acks-{uuid.uuid4().hex[:8]}"
     settings = {
@@ -138,6 +165,7 @@ def daemon(
         settings["SIDECAR_EVENT_LOOP"] = event_loop
     settings.update(extra)
     proc = DaemonProcess(settings, tmp / f"{name}.log")
+    proc.code = code
     proc.start()
     try:
         yield proc
@@ -212,14 +240,19 @@ async def measure(args: argparse.Namespace) -> Result:
     with ExitStack() as stack:
         tmp, redis, azurite = services(stack, "cps-acks-")
         for _ in range(args.rounds):
-            for writers in (1, CONNECTIONS):
-                result = await direct(azurite, args.seconds, writers)
+            for writers, sdk in ((1, False), (1, True), (CONNECTIONS, False), (CONNECTIONS, True)):
+                result = await direct(azurite, args.seconds, writers, sdk=sdk)
                 runs.setdefault(result["scenario"], []).append(result)
             extra = dict(item.split("=", 1) for item in args.setting)
-            with daemon(redis, azurite, tmp, args.event_loop, extra) as proc:
-                for window, connections in ((1, 1), (WINDOW, 1), (1, CONNECTIONS)):
-                    result = await through_daemon(proc, window, args.seconds, connections)
-                    runs.setdefault(result["scenario"], []).append(result)
+            daemons: list[tuple[Path | None, str]] = [(None, "")]
+            if args.code:  # the two daemons alternate which runs first, round by round
+                daemons.insert(len(runs.get("daemon-1", [])) % 2, (args.code, "-code"))
+            for code, suffix in daemons:
+                with daemon(redis, azurite, tmp, args.event_loop, extra, code) as proc:
+                    for window, connections in ((1, 1), (WINDOW, 1), (1, CONNECTIONS)):
+                        result = await through_daemon(proc, window, args.seconds, connections)
+                        result["scenario"] += suffix
+                        runs.setdefault(result["scenario"], []).append(result)
     out: Result = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "load_avg": os.getloadavg(),
@@ -229,6 +262,7 @@ async def measure(args: argparse.Namespace) -> Result:
         "seconds": args.seconds,
         "rounds": args.rounds,
         "settings": args.setting,
+        "code": str(args.code) if args.code else None,
     }
     for name, results in runs.items():
         keys = [k for k in ("per_s", "p50_ms", "p99_ms", "blob_writes", "blob_write_mean_ms")]
@@ -238,7 +272,16 @@ async def measure(args: argparse.Namespace) -> Result:
             if any(r.get(k) is not None for r in results)
         }
     direct_s, direct_ms = out["direct"]["per_s"], out["direct"]["p50_ms"]
+    sdk_s = out["sdk"]["per_s"]
     out["ratios"] = {
+        "daemon-1 per_s / sdk": round(out["daemon-1"]["per_s"] / sdk_s, 2),
+        f"daemon-{CONNECTIONS}x1 per_s / sdk": round(
+            out[f"daemon-{CONNECTIONS}x1"]["per_s"] / sdk_s, 2
+        ),
+        "direct per_s / sdk": round(direct_s / sdk_s, 2),
+        f"direct-{CONNECTIONS} per_s / sdk-{CONNECTIONS}": round(
+            out[f"direct-{CONNECTIONS}"]["per_s"] / out[f"sdk-{CONNECTIONS}"]["per_s"], 2
+        ),
         "daemon-1 per_s / direct": round(out["daemon-1"]["per_s"] / direct_s, 2),
         "daemon-1 p50 / direct write p50": round(out["daemon-1"]["p50_ms"] / direct_ms, 2),
         f"daemon-{WINDOW} per_s / direct": round(out[f"daemon-{WINDOW}"]["per_s"] / direct_s, 2),
@@ -249,6 +292,11 @@ async def measure(args: argparse.Namespace) -> Result:
             out[f"daemon-{CONNECTIONS}x1"]["per_s"] / out[f"direct-{CONNECTIONS}"]["per_s"], 2
         ),
     }
+    if args.code:
+        for name in ("daemon-1", f"daemon-{WINDOW}", f"daemon-{CONNECTIONS}x1"):
+            out["ratios"][f"{name} per_s / {name}-code"] = round(
+                out[name]["per_s"] / out[f"{name}-code"]["per_s"], 2
+            )
     return out
 
 
@@ -258,6 +306,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--event-loop", choices=["auto", "asyncio", "uvloop"])
     parser.add_argument("--out", type=Path, help="also write the result here (JSON)")
+    parser.add_argument(
+        "--code", type=Path, help="also run the daemon of this checkout (A/B: `-code` scenarios)"
+    )
     parser.add_argument(
         "--setting", action="append", default=[], help="SIDECAR_X=value for the daemon"
     )
