@@ -19,6 +19,9 @@ Starts redis-server and Azurite (``tests.services``), then alternates rounds of:
 
 Each update is a Spark-shaped Kafka progress (32 partitions, ~1.7 KB) with a strictly
 increasing batch id; only replies with ``ok=true`` count. Ack latency = send to parsed reply.
+Each daemon scenario also says where an ack's time goes (means, from the daemon's
+``ack_seconds`` and ``flush_seconds`` histograms): the client's round trip, the daemon's
+request-read-to-reply-ready, the blob writes' share of it, and the daemon's CPU per ack.
 Prints one JSON object (medians over the rounds, with the machine, the versions and the load
 average); ``--out`` also writes it to a file. Exit code 1 when an update is not acknowledged or
 a service fails. The daemon's event loop is its default unless ``--event-loop`` is given
@@ -56,7 +59,14 @@ from sidecar.store.blobs import BlobStore
 from sidecar.wire.protocol import encode_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: in no installed package
-from bench.common import BenchError, bench_main, git_commit, package_versions, services
+from bench.common import (
+    BenchError,
+    bench_main,
+    cpu_seconds,
+    git_commit,
+    package_versions,
+    services,
+)
 from tests.services import Azurite, DaemonProcess, RedisServer
 from tests.sparkshapes import kafka_progress
 
@@ -175,16 +185,20 @@ def daemon(
             raise BenchError(f"daemon exited with {code}:\n{proc.log()[-3000:]}")
 
 
-def write_seconds(proc: DaemonProcess) -> tuple[float, float]:
-    """The daemon's blob writes so far: (count, total seconds), from its /metrics."""
+def histograms(proc: DaemonProcess) -> dict[str, tuple[float, float]]:
+    """The daemon's ack and blob write histograms so far, from its /metrics: (count, total
+    seconds) of its acks (a progress read to its reply ready) and of its blob writes."""
     with urllib.request.urlopen(f"{proc.admin_url}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    found = {"count": 0.0, "sum": 0.0}
+    found = {name: [0.0, 0.0] for name in ("ack", "flush")}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name.startswith("checkpoint_sidecar_flush_seconds_"):
-                found[s.name.rsplit("_", 1)[1]] = s.value
-    return found["count"], found["sum"]
+            for name, counts in found.items():
+                if s.name.startswith(f"checkpoint_sidecar_{name}_seconds_"):
+                    kind = s.name.rsplit("_", 1)[1]
+                    if kind in ("count", "sum"):
+                        counts[kind == "sum"] += s.value
+    return {name: (counts[0], counts[1]) for name, counts in found.items()}
 
 
 async def through_daemon(
@@ -192,7 +206,7 @@ async def through_daemon(
 ) -> Result:
     """``window`` requests in flight on each of ``connections`` connections (each its own
     query) for ``seconds``."""
-    writes_before = write_seconds(proc)
+    before, cpu_before = histograms(proc), cpu_seconds(proc.pid)
     latencies: list[float] = []
 
     async def connection(start: float) -> None:
@@ -227,11 +241,21 @@ async def through_daemon(
         for _ in range(connections):
             tg.start_soon(connection, start)
     elapsed = time.perf_counter() - start
-    count, total = (a - b for a, b in zip(write_seconds(proc), writes_before, strict=True))
+    cpu = cpu_seconds(proc.pid) - cpu_before
+    after = histograms(proc)
+    (acks, ack_s), (writes, write_s) = (
+        (after[k][0] - before[k][0], after[k][1] - before[k][1]) for k in ("ack", "flush")
+    )
     name = f"daemon-{window}" if connections == 1 else f"daemon-{connections}x{window}"
     result = summary(name, latencies, elapsed)
-    result["blob_writes"] = count
-    result["blob_write_mean_ms"] = round(total / count * 1000, 2) if count else None
+    result["blob_writes"] = writes
+    result["blob_write_mean_ms"] = round(write_s / writes * 1000, 2) if writes else None
+    # Where an ack's time goes (means): the client's send to its reply parsed; in the daemon,
+    # the request read to its reply ready; of that, the blob writes' share.
+    result["client_mean_ms"] = round(sum(latencies) / len(latencies) * 1000, 3)
+    result["daemon_ack_mean_ms"] = round(ack_s / acks * 1000, 3) if acks else None
+    result["write_share_ms"] = round(write_s / acks * 1000, 3) if acks else None
+    result["daemon_cpu_ms_per_ack"] = round(cpu / len(latencies) * 1000, 3)
     return result
 
 
@@ -265,7 +289,17 @@ async def measure(args: argparse.Namespace) -> Result:
         "code": str(args.code) if args.code else None,
     }
     for name, results in runs.items():
-        keys = [k for k in ("per_s", "p50_ms", "p99_ms", "blob_writes", "blob_write_mean_ms")]
+        keys = [
+            "per_s",
+            "p50_ms",
+            "p99_ms",
+            "blob_writes",
+            "blob_write_mean_ms",
+            "client_mean_ms",
+            "daemon_ack_mean_ms",
+            "write_share_ms",
+            "daemon_cpu_ms_per_ack",
+        ]
         out[name] = {
             k: median(r[k] for r in results if r.get(k) is not None)
             for k in keys
