@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from azure.core.pipeline.transport import AioHttpTransport
     from azure.core.rest import HttpRequest
     from azure.identity.aio import DefaultAzureCredential
-    from azure.storage.blob import ContentSettings
     from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
 
@@ -42,8 +41,6 @@ class Sdk:
     BlobLeaseClient: type[BlobLeaseClient]
     BlobServiceClient: type[BlobServiceClient]
     AioHttpTransport: type[AioHttpTransport]
-    #: The content settings of a checkpoint document.
-    json: ContentSettings
     #: ``If-Match`` / ``If-None-Match`` for conditional calls.
     MatchConditions: type[MatchConditions]
     #: A request built by the store, sent through a client's pipeline (``BlobStore.write``).
@@ -79,7 +76,6 @@ def load() -> Sdk:
     from azure.core import exceptions as e
     from azure.core.pipeline.transport import AioHttpTransport
     from azure.core.rest import HttpRequest
-    from azure.storage.blob import ContentSettings
     from azure.storage.blob._shared.response_handlers import process_storage_error
     from azure.storage.blob.aio import BlobLeaseClient, BlobServiceClient
 
@@ -94,7 +90,6 @@ def load() -> Sdk:
         BlobLeaseClient,
         BlobServiceClient,
         AioHttpTransport,
-        ContentSettings(content_type="application/json"),
         MatchConditions,
         HttpRequest,
         process_storage_error,

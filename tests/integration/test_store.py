@@ -188,7 +188,8 @@ async def test_a_write_stores_what_the_sdk_upload_did_and_is_refused_as_it_was(
     )
     refused = BlobStore(make_config(azure_connection_string=wrong_key))
     try:
-        with pytest.raises(StoreRefused, match=r"write checkpoint refused \(403 Authorization"):
+        said = r"refused \(403 AuthorizationFailure\): Server failed to authenticate the request"
+        with pytest.raises(StoreRefused, match=said):
             await refused.write(QID, body, lease_id=lease_id, query_name=None, version=written)
         assert refused.account.refusal is not None
         assert refused.account.refusal.call == "write checkpoint"
