@@ -180,9 +180,9 @@ def daemon(
     try:
         yield proc
     finally:
-        code = proc.stop(signal.SIGTERM, 30)
-        if code != 0:
-            raise BenchError(f"daemon exited with {code}:\n{proc.log()[-3000:]}")
+        exited = proc.stop(signal.SIGTERM, 30)
+        if exited != 0:
+            raise BenchError(f"daemon exited with {exited}:\n{proc.log()[-3000:]}")
 
 
 def histograms(proc: DaemonProcess) -> dict[str, tuple[float, float]]:
