@@ -39,6 +39,8 @@ AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
+#: Azurite's account key with its last bytes changed: well-formed, and wrong (refused: 403).
+AZURITE_WRONG_KEY = AZURITE_KEY[:-9] + "AAAAAAAA="
 #: Options for the JVMs the tests start (Spark drivers through ``PYSPARK_SUBMIT_ARGS``, the
 #: Spark Connect server, the sender harness): C1 only. They live seconds to minutes, and C2's
 #: compilations were a third of a short Spark driver's CPU here (54-58 -> 34-43 CPU-s); the

@@ -58,6 +58,7 @@ from tests.helpers import (
 from tests.services import (
     AZURITE_ACCOUNT,
     AZURITE_KEY,
+    AZURITE_WRONG_KEY,
     Azurite,
     DaemonProcess,
     RedisServer,
@@ -71,15 +72,13 @@ FAILURES = "checkpoint_sidecar_store_failures_total"
 CHECK = "checkpoint_sidecar_config_check"
 #: The issue's bound: a store that refuses the daemon reads store_up 0 within this long.
 STORE_UP_BOUND_S = 30
-#: Azurite's account key with its last bytes changed: well-formed, and wrong.
-WRONG_KEY = AZURITE_KEY[:-9] + "AAAAAAAA="
 
 
 async def test_a_wrong_account_key_reads_store_up_0_and_the_checks_are_exported(
     make_config: ConfigFactory, azurite: Azurite, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = make_config(
-        azure_connection_string=azurite.connection_string.replace(AZURITE_KEY, WRONG_KEY)
+        azure_connection_string=azurite.connection_string.replace(AZURITE_KEY, AZURITE_WRONG_KEY)
     )
     with caplog.at_level(logging.INFO, logger="sidecar"):
         async with running_daemon(config) as daemon:  # ready: the store is not part of it
@@ -107,7 +106,7 @@ async def test_a_wrong_account_key_reads_store_up_0_and_the_checks_are_exported(
     assert "Server failed to authenticate the request" in refused[0]  # the store's words
     assert "check the credentials" in refused[0]
     assert any(m.startswith("config check storage_container: fail") for m in errors)
-    assert WRONG_KEY not in caplog.text
+    assert AZURITE_WRONG_KEY not in caplog.text
 
 
 async def test_a_container_deleted_under_the_daemon_reads_store_up_0_until_it_exists(

@@ -15,7 +15,7 @@ from sidecar.store.blobs import BlobStore, quoted_etag
 from sidecar.store.proxies import proxies_for, shown
 from tests.faults.store_proxy import StoreFaultProxy
 from tests.helpers import ConfigFactory
-from tests.services import Azurite
+from tests.services import AZURITE_KEY, AZURITE_WRONG_KEY, Azurite
 from tests.unit.fakes import document
 
 QID = "5f2c9a41-7a0e-4c7b-9d51-0f6a8e2b3c10"
@@ -183,9 +183,7 @@ async def test_a_write_stores_what_the_sdk_upload_did_and_is_refused_as_it_was(
     finally:
         await store.aclose()
 
-    wrong_key = azurite.connection_string.replace(
-        "AccountKey=", "AccountKey=" + base64.b64encode(b"not the key").decode() + "x"
-    )
+    wrong_key = azurite.connection_string.replace(AZURITE_KEY, AZURITE_WRONG_KEY)
     refused = BlobStore(make_config(azure_connection_string=wrong_key))
     try:
         said = r"refused \(403 AuthorizationFailure\): Server failed to authenticate the request"
