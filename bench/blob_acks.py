@@ -190,15 +190,19 @@ def histograms(proc: DaemonProcess) -> dict[str, tuple[float, float]]:
     seconds) of its acks (a progress read to its reply ready) and of its blob writes."""
     with urllib.request.urlopen(f"{proc.admin_url}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    found = {name: [0.0, 0.0] for name in ("ack", "flush")}
+    totals = {f"checkpoint_sidecar_{name}_seconds_{kind}": 0.0
+              for name in ("ack", "flush") for kind in ("count", "sum")}  # fmt: skip
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            for name, counts in found.items():
-                if s.name.startswith(f"checkpoint_sidecar_{name}_seconds_"):
-                    kind = s.name.rsplit("_", 1)[1]
-                    if kind in ("count", "sum"):
-                        counts[kind == "sum"] += s.value
-    return {name: (counts[0], counts[1]) for name, counts in found.items()}
+            if s.name in totals:
+                totals[s.name] += s.value  # summed over labels
+    return {
+        name: (
+            totals[f"checkpoint_sidecar_{name}_seconds_count"],
+            totals[f"checkpoint_sidecar_{name}_seconds_sum"],
+        )
+        for name in ("ack", "flush")
+    }
 
 
 async def through_daemon(
